@@ -1,0 +1,563 @@
+// CPU QuantizedSDPA.
+//
+// Work split: a task is (batch, KV head, row tile, key split). A row is one
+// (query position, query head) of the KV head's GQA group, so all query heads
+// of a KV head sit in one tile and every K/V row is unpacked once for all of
+// them. When (batch x KV heads x row tiles) alone cannot keep every thread
+// busy (decode of few KV heads), the keys are also split; each split writes an
+// unnormalised partial output with its running (max, sum), and a second pass
+// merges them by log-sum-exp. With one split the tile normalises and writes
+// the output directly, so large L needs no memory beyond per-thread scratch.
+//
+// Inside a task, keys go in chunks of kChunk:
+//   scores  s = scale*q . (code*k_scale) + sum_g k_bias_g * (scale * sum_{i in g} q_i)
+//   mask    causal limit / bool / additive, then an online softmax update
+//   values  o += p * (code*v_scale), and per group obias_g += p * v_bias_g
+// Dequantized rows live only in a D-float scratch line.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/types/half_types.h"
+
+#include "cpu/parallel.h"
+#include "cpu/quantized_codes.h"
+#include "cpu/simd_math.h"
+#include "debug.h"
+#include "quantization.h"
+#include "quantized_sdpa.h"
+
+namespace mlxq {
+
+namespace {
+
+using mx::bfloat16_t;
+using mx::float16_t;
+
+constexpr int kChunk = 32;      // keys per softmax update
+constexpr int kMaxRowTile = 32; // rows sharing one unpacked K/V row
+constexpr int kMinSplitKeys = 256;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// A 4-D strided view; strides in elements, last dimension contiguous.
+struct View {
+  const char* data;
+  int64_t stride[4];
+  size_t itemsize;
+
+  template <typename T>
+  const T* at(int64_t i0, int64_t i1, int64_t i2) const {
+    return reinterpret_cast<const T*>(
+        data + (i0 * stride[0] + i1 * stride[1] + i2 * stride[2]) * itemsize);
+  }
+
+  // Row (i0, i1, i2) of n elements as a contiguous pointer: the row itself
+  // when its last axis is contiguous (every cache and mx.quantize output),
+  // else gathered into `tmp`.
+  template <typename T>
+  const T* row(int64_t i0, int64_t i1, int64_t i2, int n, T* tmp) const {
+    const T* p = at<T>(i0, i1, i2);
+    if (stride[3] == 1) {
+      return p;
+    }
+    for (int i = 0; i < n; ++i) {
+      tmp[i] = p[i * stride[3]];
+    }
+    return tmp;
+  }
+};
+
+struct Problem {
+  int B, Hq, Hkv, L, N, Dk, Dv, rep, bits, gs;
+  float scale;
+  MaskKind mask;
+  mx::Dtype q_dtype = mx::float32;
+  mx::Dtype mask_dtype = mx::bool_;
+  View q, kw, ks, kb, vw, vs, vb, m;
+  const float* sinks; // [Hq] or null
+  int rows;           // rep * L rows per (batch, KV head)
+  int row_tile;
+  int row_tiles;
+  int splits;
+  int split_keys;
+};
+
+template <typename T>
+inline float to_float(T v) {
+  return static_cast<float>(v);
+}
+
+inline float load_float(const void* p, mx::Dtype dt) {
+  switch (dt) {
+    case mx::float16: return static_cast<float>(*static_cast<const float16_t*>(p));
+    case mx::bfloat16: return static_cast<float>(*static_cast<const bfloat16_t*>(p));
+    default: return *static_cast<const float*>(p);
+  }
+}
+
+template <typename T>
+inline void store_row(void* dst, const float* src, int n) {
+  T* d = static_cast<T*>(dst);
+  for (int i = 0; i < n; ++i) {
+    d[i] = static_cast<T>(src[i]);
+  }
+}
+
+inline void store_output(mx::Dtype dt, void* dst, const float* src, int n) {
+  switch (dt) {
+    case mx::float16: store_row<float16_t>(dst, src, n); break;
+    case mx::bfloat16: store_row<bfloat16_t>(dst, src, n); break;
+    default: store_row<float>(dst, src, n); break;
+  }
+}
+
+inline float dot(const float* __restrict a, const float* __restrict b, int n) {
+  float s = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    s += a[i] * b[i];
+  }
+  return s;
+}
+
+inline void axpy(float* __restrict y, float a, const float* __restrict x, int n) {
+  for (int i = 0; i < n; ++i) {
+    y[i] += a * x[i];
+  }
+}
+
+inline void scale_inplace(float* __restrict y, float a, int n) {
+  for (int i = 0; i < n; ++i) {
+    y[i] *= a;
+  }
+}
+
+// Per-worker scratch, sized for the largest tile it has seen.
+struct Scratch {
+  std::vector<float> buf;
+  float *qf, *qsum, *s, *o, *obias, *m, *l, *kline, *vline, *wscale, *gscale,
+      *gbias, *onat;
+  uint32_t words[kMaxHeadDim * 8 / 32 + 1];
+
+  void prepare(const Problem& P) {
+    const int RT = P.row_tile, Gk = P.Dk / P.gs, Gv = P.Dv / P.gs;
+    const int D = std::max(P.Dk, P.Dv);
+    size_t sizes[] = {
+        size_t(RT) * P.Dk, size_t(RT) * Gk, size_t(RT) * kChunk,
+        size_t(RT) * P.Dv, size_t(RT) * Gv, size_t(RT), size_t(RT),
+        size_t(P.Dk), size_t(P.Dv), size_t(D), size_t(std::max(Gk, Gv)),
+        size_t(std::max(Gk, Gv)), size_t(P.Dv)};
+    size_t total = 0;
+    for (size_t sz : sizes) {
+      total += (sz + 15) & ~size_t(15); // 64-byte aligned sub-buffers
+    }
+    if (buf.size() < total + 16) {
+      buf.assign(total + 16, 0.0f);
+    }
+    float* p = buf.data();
+    p += (16 - (reinterpret_cast<uintptr_t>(p) / sizeof(float)) % 16) % 16;
+    float** slots[] = {&qf, &qsum, &s, &o, &obias, &m, &l, &kline, &vline,
+                       &wscale, &gscale, &gbias, &onat};
+    for (int i = 0; i < 13; ++i) {
+      *slots[i] = p;
+      p += (sizes[i] + 15) & ~size_t(15);
+    }
+  }
+};
+
+// Where a tile's result goes: the final output, or one split's partial.
+struct Partials {
+  float* o; // [tasks][row_tile][Dv]
+  float* m; // [tasks][row_tile]
+  float* l;
+};
+
+template <int BITS, typename ST>
+class TileKernel {
+  using C = cpu::Codes<BITS>;
+
+ public:
+  TileKernel(const Problem& P, Scratch& S) : P_(P), S_(S) {}
+
+  // Attends rows [r0, r1) of (b, kvh) over keys [n0, n1).
+  void run(int b, int kvh, int r0, int r1, int n0, int n1) {
+    const int R = r1 - r0;
+    load_queries(b, kvh, r0, R);
+    std::fill(S_.o, S_.o + R * P_.Dv, 0.0f);
+    std::fill(S_.obias, S_.obias + R * (P_.Dv / P_.gs), 0.0f);
+    std::fill(S_.m, S_.m + R, kNegInf);
+    std::fill(S_.l, S_.l + R, 0.0f);
+    if (P_.mask == MaskKind::Causal) {
+      // Keys past the last row's causal limit are hidden from every row.
+      int last_l = (r1 - 1) / P_.rep;
+      n1 = std::min(n1, last_l + P_.N - P_.L + 1);
+    }
+    for (int c0 = n0; c0 < n1; c0 += kChunk) {
+      const int cn = std::min(kChunk, n1 - c0);
+      scores(b, kvh, R, c0, cn);
+      apply_mask(b, kvh, r0, R, c0, cn);
+      softmax_update(R, cn);
+      values(b, kvh, R, c0, cn);
+    }
+  }
+
+  // Natural-order unnormalised output of tile row rr (valid after run()).
+  const float* natural_output(int rr) {
+    const int Dv = P_.Dv;
+    const float* o = S_.o + size_t(rr) * Dv;
+    const float* ob = S_.obias + size_t(rr) * (Dv / P_.gs);
+    for (int i = 0; i < Dv; ++i) {
+      S_.onat[i] = o[C::slot(i, Dv)] + ob[i / P_.gs];
+    }
+    return S_.onat;
+  }
+
+ private:
+  void load_queries(int b, int kvh, int r0, int R) {
+    const int Dk = P_.Dk, gs = P_.gs, Gk = Dk / gs;
+    for (int rr = 0; rr < R; ++rr) {
+      const int r = r0 + rr, l = r / P_.rep, h = kvh * P_.rep + r % P_.rep;
+      const char* qrow = P_.q.data +
+          (b * P_.q.stride[0] + h * P_.q.stride[1] + l * P_.q.stride[2]) *
+              P_.q.itemsize;
+      const int64_t qstep = P_.q.stride[3] * P_.q.itemsize;
+      float* qf = S_.qf + size_t(rr) * Dk;
+      float* qs = S_.qsum + size_t(rr) * Gk;
+      for (int g = 0; g < Gk; ++g) {
+        float sum = 0.0f;
+        for (int i = g * gs; i < (g + 1) * gs; ++i) {
+          const float v =
+              load_float(qrow + i * qstep, P_.q_dtype) * P_.scale;
+          qf[C::slot(i, Dk)] = v;
+          sum += v;
+        }
+        qs[g] = sum;
+      }
+    }
+  }
+
+  void load_group_params(const View& sv, const View& bv, int b, int kvh, int n, int G) {
+    const ST* sp = sv.at<ST>(b, kvh, n);
+    const ST* bp = bv.at<ST>(b, kvh, n);
+    for (int g = 0; g < G; ++g) {
+      S_.gscale[g] = to_float(sp[g * sv.stride[3]]);
+      S_.gbias[g] = to_float(bp[g * bv.stride[3]]);
+    }
+  }
+
+  void scores(int b, int kvh, int R, int c0, int cn) {
+    const int Dk = P_.Dk, Gk = Dk / P_.gs;
+    for (int j = 0; j < cn; ++j) {
+      const int n = c0 + j;
+      load_group_params(P_.ks, P_.kb, b, kvh, n, Gk);
+      C::unpack_scaled(
+          P_.kw.row<uint32_t>(b, kvh, n, P_.Dk * BITS / 32, S_.words), S_.gscale, Dk, P_.gs, S_.kline,
+          S_.wscale);
+      for (int rr = 0; rr < R; ++rr) {
+        S_.s[rr * kChunk + j] = dot(S_.qf + size_t(rr) * Dk, S_.kline, Dk) +
+            dot(S_.gbias, S_.qsum + size_t(rr) * Gk, Gk);
+      }
+    }
+  }
+
+  void apply_mask(int b, int kvh, int r0, int R, int c0, int cn) {
+    if (P_.mask == MaskKind::Causal) {
+      for (int rr = 0; rr < R; ++rr) {
+        const int l = (r0 + rr) / P_.rep;
+        const int first_hidden = std::max(l + P_.N - P_.L + 1 - c0, 0);
+        float* s = S_.s + rr * kChunk;
+        for (int j = first_hidden; j < cn; ++j) {
+          s[j] = kNegInf;
+        }
+      }
+    } else if (P_.mask == MaskKind::Array) {
+      const View& mv = P_.m;
+      for (int rr = 0; rr < R; ++rr) {
+        const int r = r0 + rr, l = r / P_.rep, h = kvh * P_.rep + r % P_.rep;
+        const char* row = mv.data +
+            (b * mv.stride[0] + h * mv.stride[1] + l * mv.stride[2] +
+             c0 * mv.stride[3]) *
+                mv.itemsize;
+        const int64_t step = mv.stride[3] * mv.itemsize;
+        float* s = S_.s + rr * kChunk;
+        if (P_.mask_dtype == mx::bool_) {
+          for (int j = 0; j < cn; ++j) {
+            if (!*reinterpret_cast<const bool*>(row + j * step)) {
+              s[j] = kNegInf;
+            }
+          }
+        } else {
+          for (int j = 0; j < cn; ++j) {
+            s[j] += load_float(row + j * step, P_.mask_dtype);
+          }
+        }
+      }
+    }
+  }
+
+  void softmax_update(int R, int cn) {
+    const int Dv = P_.Dv, Gv = Dv / P_.gs;
+    for (int rr = 0; rr < R; ++rr) {
+      float* s = S_.s + rr * kChunk;
+      float chunk_max = kNegInf;
+      for (int j = 0; j < cn; ++j) {
+        chunk_max = std::max(chunk_max, s[j]);
+      }
+      const float m_old = S_.m[rr];
+      const float m_new = std::max(m_old, chunk_max);
+      if (m_new == kNegInf) {
+        // Every key so far is masked: no weight, nothing to rescale.
+        std::fill(s, s + cn, 0.0f);
+        continue;
+      }
+      float sum = 0.0f;
+      for (int j = 0; j < cn; ++j) {
+        s[j] = cpu::exp_nonpositive(s[j] - m_new);
+        sum += s[j];
+      }
+      const float corr = cpu::exp_nonpositive(m_old - m_new);
+      if (corr != 1.0f) {
+        scale_inplace(S_.o + size_t(rr) * Dv, corr, Dv);
+        scale_inplace(S_.obias + size_t(rr) * Gv, corr, Gv);
+      }
+      S_.l[rr] = S_.l[rr] * corr + sum;
+      S_.m[rr] = m_new;
+    }
+  }
+
+  void values(int b, int kvh, int R, int c0, int cn) {
+    const int Dv = P_.Dv, Gv = Dv / P_.gs;
+    for (int j = 0; j < cn; ++j) {
+      bool any = false;
+      for (int rr = 0; rr < R; ++rr) {
+        any |= S_.s[rr * kChunk + j] != 0.0f;
+      }
+      if (!any) {
+        continue; // masked for every row (or underflowed): skip the read
+      }
+      const int n = c0 + j;
+      load_group_params(P_.vs, P_.vb, b, kvh, n, Gv);
+      C::unpack_scaled(
+          P_.vw.row<uint32_t>(b, kvh, n, P_.Dv * BITS / 32, S_.words), S_.gscale, Dv, P_.gs, S_.vline,
+          S_.wscale);
+      for (int rr = 0; rr < R; ++rr) {
+        const float p = S_.s[rr * kChunk + j];
+        axpy(S_.o + size_t(rr) * Dv, p, S_.vline, Dv);
+        axpy(S_.obias + size_t(rr) * Gv, p, S_.gbias, Gv);
+      }
+    }
+  }
+
+  const Problem& P_;
+  Scratch& S_;
+};
+
+// Softmax denominator and output scale of one row, given its running max and
+// sum over keys and the optional sink logit. Rows that see no key (and no
+// sink mass) get 0 output.
+inline float inverse_denominator(float m, float l, const float* sink) {
+  float denom = l;
+  if (sink) {
+    const float mm = std::max(m, *sink);
+    denom = (m == kNegInf ? 0.0f : l * cpu::exp_nonpositive(m - mm)) +
+        cpu::exp_nonpositive(*sink - mm);
+    // Output terms carry exp(-m); rescale them to exp(-mm).
+    const float carried = m == kNegInf ? 0.0f : cpu::exp_nonpositive(m - mm);
+    return denom > 0.0f ? carried / denom : 0.0f;
+  }
+  return denom > 0.0f ? 1.0f / denom : 0.0f;
+}
+
+template <int BITS, typename ST>
+void run_problem(const Problem& P, void* out_data) {
+  const int n_tasks = P.B * P.Hkv * P.row_tiles * P.splits;
+  const size_t out_row = size_t(P.Dv) * mx::size_of(P.q_dtype);
+  auto out_ptr = [&](int b, int h, int l) {
+    return static_cast<char*>(out_data) +
+        ((size_t(b) * P.Hq + h) * P.L + l) * out_row;
+  };
+  const int threads = cpu::num_threads();
+  std::vector<Scratch> scratch(threads);
+  std::vector<float> part_o, part_m, part_l;
+  if (P.splits > 1) {
+    part_o.assign(size_t(n_tasks) * P.row_tile * P.Dv, 0.0f);
+    part_m.assign(size_t(n_tasks) * P.row_tile, kNegInf);
+    part_l.assign(size_t(n_tasks) * P.row_tile, 0.0f);
+  }
+  std::vector<float> normalised(size_t(threads) * P.Dv);
+
+  cpu::parallel_for(n_tasks, [&](int task, int worker) {
+    int t = task;
+    const int split = t % P.splits;
+    t /= P.splits;
+    const int tile = t % P.row_tiles;
+    t /= P.row_tiles;
+    const int kvh = t % P.Hkv;
+    const int b = t / P.Hkv;
+    const int r0 = tile * P.row_tile;
+    const int r1 = std::min(r0 + P.row_tile, P.rows);
+    const int n0 = split * P.split_keys;
+    const int n1 = std::min(n0 + P.split_keys, P.N);
+    Scratch& S = scratch[worker];
+    S.prepare(P);
+    TileKernel<BITS, ST> kernel(P, S);
+    kernel.run(b, kvh, r0, r1, n0, n1);
+    for (int rr = 0; rr < r1 - r0; ++rr) {
+      const int r = r0 + rr, l = r / P.rep, h = kvh * P.rep + r % P.rep;
+      const float* o = kernel.natural_output(rr);
+      if (P.splits > 1) {
+        const size_t slot = size_t(task) * P.row_tile + rr;
+        std::memcpy(&part_o[slot * P.Dv], o, sizeof(float) * P.Dv);
+        part_m[slot] = S.m[rr];
+        part_l[slot] = S.l[rr];
+      } else {
+        float* y = &normalised[size_t(worker) * P.Dv];
+        const float inv = inverse_denominator(
+            S.m[rr], S.l[rr], P.sinks ? P.sinks + h : nullptr);
+        for (int i = 0; i < P.Dv; ++i) {
+          y[i] = o[i] * inv;
+        }
+        store_output(P.q_dtype, out_ptr(b, h, l), y, P.Dv);
+      }
+    }
+  });
+  if (P.splits == 1) {
+    return;
+  }
+
+  // Merge the splits of each row by log-sum-exp.
+  const int merge_rows = P.B * P.Hkv * P.rows;
+  cpu::parallel_for(merge_rows, [&](int row, int worker) {
+    const int r = row % P.rows;
+    const int bk = row / P.rows; // b * Hkv + kvh
+    const int kvh = bk % P.Hkv, b = bk / P.Hkv;
+    const int tile = r / P.row_tile, rr = r % P.row_tile;
+    const int l = r / P.rep, h = kvh * P.rep + r % P.rep;
+    auto slot = [&](int split) {
+      return (size_t(bk * P.row_tiles + tile) * P.splits + split) * P.row_tile + rr;
+    };
+    float m = kNegInf;
+    for (int sp = 0; sp < P.splits; ++sp) {
+      m = std::max(m, part_m[slot(sp)]);
+    }
+    float* y = &normalised[size_t(worker) * P.Dv];
+    std::fill(y, y + P.Dv, 0.0f);
+    float lsum = 0.0f;
+    if (m != kNegInf) {
+      for (int sp = 0; sp < P.splits; ++sp) {
+        const size_t s = slot(sp);
+        if (part_m[s] == kNegInf) {
+          continue;
+        }
+        const float w = cpu::exp_nonpositive(part_m[s] - m);
+        lsum += w * part_l[s];
+        axpy(y, w, &part_o[s * P.Dv], P.Dv);
+      }
+    }
+    const float inv =
+        inverse_denominator(m, lsum, P.sinks ? P.sinks + h : nullptr);
+    scale_inplace(y, inv, P.Dv);
+    store_output(P.q_dtype, out_ptr(b, h, l), y, P.Dv);
+  });
+}
+
+template <int BITS>
+void dispatch_scale_type(const Problem& P, mx::Dtype st, void* out) {
+  switch (st) {
+    case mx::float16: return run_problem<BITS, float16_t>(P, out);
+    case mx::bfloat16: return run_problem<BITS, bfloat16_t>(P, out);
+    default: return run_problem<BITS, float>(P, out);
+  }
+}
+
+void dispatch(const Problem& P, mx::Dtype st, void* out) {
+  switch (P.bits) {
+    case 2: return dispatch_scale_type<2>(P, st, out);
+    case 3: return dispatch_scale_type<3>(P, st, out);
+    case 4: return dispatch_scale_type<4>(P, st, out);
+    case 5: return dispatch_scale_type<5>(P, st, out);
+    case 6: return dispatch_scale_type<6>(P, st, out);
+    default: return dispatch_scale_type<8>(P, st, out);
+  }
+}
+
+View view_of(const mx::array& a) {
+  View v{reinterpret_cast<const char*>(a.data<char>()), {0, 0, 0, 0}, a.itemsize()};
+  for (int d = 0; d < 4; ++d) {
+    v.stride[d] = a.strides()[d];
+  }
+  return v;
+}
+
+// Picks row tiles and key splits (see the comment at the top of the file).
+void plan(Problem& P) {
+  P.rows = P.rep * P.L;
+  const int tiles = (P.rows + kMaxRowTile - 1) / kMaxRowTile;
+  P.row_tile = (P.rows + tiles - 1) / tiles;
+  P.row_tiles = (P.rows + P.row_tile - 1) / P.row_tile;
+  const int units = P.B * P.Hkv * P.row_tiles;
+  const int want = 4 * cpu::num_threads();
+  int splits = 1;
+  if (units < want) {
+    splits = (want + units - 1) / units;
+    splits = std::min(splits, std::max(1, P.N / kMinSplitKeys));
+  }
+  P.split_keys = std::max(1, (P.N + splits - 1) / splits);
+  P.splits = std::max(1, (P.N + P.split_keys - 1) / P.split_keys);
+}
+
+} // namespace
+
+void QuantizedSDPA::eval_cpu(const std::vector<mx::array>& in, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  poison_if_enabled(out);
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : in) {
+    enc.set_input_array(a);
+  }
+  enc.set_output_array(out);
+
+  Problem P{};
+  const auto& q = in[0];
+  P.B = q.shape(0);
+  P.Hq = q.shape(1);
+  P.L = q.shape(2);
+  P.Dk = q.shape(3);
+  P.Hkv = in[1].shape(1);
+  P.N = in[1].shape(2);
+  P.Dv = out.shape(3);
+  P.rep = P.Hq / P.Hkv;
+  P.bits = params_.bits;
+  P.gs = params_.group_size;
+  P.scale = params_.scale;
+  P.mask = params_.mask;
+  P.q_dtype = q.dtype();
+  P.q = view_of(q);
+  P.kw = view_of(in[1]);
+  P.ks = view_of(in[2]);
+  P.kb = view_of(in[3]);
+  P.vw = view_of(in[4]);
+  P.vs = view_of(in[5]);
+  P.vb = view_of(in[6]);
+  size_t next = 7;
+  if (P.mask == MaskKind::Array) {
+    P.m = view_of(in[next]);
+    P.mask_dtype = in[next].dtype();
+    ++next;
+  }
+  const mx::array* sinks = params_.has_sinks ? &in[next] : nullptr;
+  const mx::Dtype st = in[2].dtype();
+
+  P.sinks = sinks ? sinks->data<float>() : nullptr;
+  plan(P);
+  // `in` is captured to keep the input buffers alive until the task runs.
+  enc.dispatch([P, st, in, out_data = out.data<void>()]() {
+    if (P.B > 0 && P.Hq > 0 && P.L > 0) {
+      dispatch(P, st, out_data);
+    }
+  });
+}
+
+} // namespace mlxq

@@ -1,0 +1,16 @@
+// eval_gpu for builds without a GPU backend (the CPU-only MLX wheel). The
+// Metal and CUDA builds replace this file with their own implementations.
+#include <stdexcept>
+
+#include "quantized_sdpa.h"
+
+namespace mlxq {
+
+void QuantizedSDPA::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error(
+      "[mlxq.quantized_sdpa] this build of mlxq has no GPU kernels; "
+      "run it on the CPU (stream=mx.cpu) or rebuild mlxq against a Metal or "
+      "CUDA build of MLX.");
+}
+
+} // namespace mlxq

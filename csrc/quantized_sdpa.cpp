@@ -1,0 +1,222 @@
+#include "quantized_sdpa.h"
+
+#include <cmath>
+
+#include "quantization.h"
+#include "validation.h"
+
+namespace mlxq {
+
+namespace {
+
+constexpr const char* kOp = "mlxq.quantized_sdpa";
+
+struct Triple {
+  const char* name;
+  const mx::array& packed;
+  const mx::array& scales;
+  const mx::array& biases;
+};
+
+// Checks one (packed, scales, biases) triple on its own and returns its
+// (elements per row, groups per row).
+void check_triple(const Triple& t) {
+  for (auto [part, a] : {std::pair<const char*, const mx::array*>{"packed", &t.packed},
+                         {"scales", &t.scales},
+                         {"biases", &t.biases}}) {
+    if (a->ndim() != 4) {
+      fail(kOp, t.name, " ", part, " must be 4-D [B, H_kv, N, ...], got shape ",
+           shape_str(a->shape()), ".");
+    }
+  }
+  if (t.packed.dtype() != mx::uint32) {
+    fail(kOp, t.name, " packed must be uint32 (as mx.quantize returns), got ",
+         dtype_str(t.packed.dtype()), ".");
+  }
+  if (!is_float_dtype(t.scales.dtype())) {
+    fail(kOp, t.name, " scales must be float32, float16 or bfloat16, got ",
+         dtype_str(t.scales.dtype()), ".");
+  }
+  if (t.biases.dtype() != t.scales.dtype()) {
+    fail(kOp, t.name, " biases dtype ", dtype_str(t.biases.dtype()),
+         " does not match its scales dtype ", dtype_str(t.scales.dtype()), ".");
+  }
+  if (t.scales.shape() != t.biases.shape()) {
+    fail(kOp, t.name, " scales shape ", shape_str(t.scales.shape()),
+         " does not match its biases shape ", shape_str(t.biases.shape()), ".");
+  }
+  for (int d = 0; d < 3; ++d) {
+    if (t.packed.shape(d) != t.scales.shape(d)) {
+      fail(kOp, t.name, " packed shape ", shape_str(t.packed.shape()),
+           " and scales shape ", shape_str(t.scales.shape()),
+           " disagree on [B, H_kv, N].");
+    }
+  }
+}
+
+// Infers (bits, group_size) of a triple whose rows hold `dim` elements, or
+// checks the given ones.
+std::pair<int, int> infer_quantization(
+    const Triple& t,
+    int dim,
+    std::optional<int> bits,
+    std::optional<int> group_size) {
+  int words = t.packed.shape(3);
+  int groups = t.scales.shape(3);
+  if (dim <= 0 || words <= 0 || groups <= 0) {
+    fail(kOp, t.name, " has an empty head dimension (packed ",
+         shape_str(t.packed.shape()), ", scales ", shape_str(t.scales.shape()),
+         ").");
+  }
+  int b = bits.value_or((words * 32) / dim);
+  int g = group_size.value_or(dim / groups);
+  if (!is_supported_bits(b)) {
+    fail(kOp, "bits must be ", supported_bits_text(), ", got ", b,
+         bits ? "." : " (inferred from the packed width).");
+  }
+  if (!is_supported_group_size(g)) {
+    fail(kOp, "group_size must be ", supported_group_sizes_text(), ", got ", g,
+         group_size ? "." : " (inferred from the scales width).");
+  }
+  if (words * 32 != dim * b) {
+    fail(kOp, t.name, " packed width ", words, " does not hold ", dim,
+         " values of ", b, " bits (expected ", (dim * b) / 32.0, ").");
+  }
+  if (groups * g != dim) {
+    fail(kOp, t.name, " scales width ", groups, " does not match ", dim,
+         " values in groups of ", g, ".");
+  }
+  return {b, g};
+}
+
+} // namespace
+
+mx::array quantized_sdpa(
+    const mx::array& q,
+    const mx::array& k_packed,
+    const mx::array& k_scales,
+    const mx::array& k_biases,
+    const mx::array& v_packed,
+    const mx::array& v_scales,
+    const mx::array& v_biases,
+    float scale,
+    const std::string& mask_mode,
+    const std::optional<mx::array>& mask,
+    const std::optional<mx::array>& sinks,
+    std::optional<int> bits,
+    std::optional<int> group_size,
+    mx::StreamOrDevice s) {
+  if (q.ndim() != 4) {
+    fail(kOp, "queries must be 4-D [B, H_q, L, D], got shape ",
+         shape_str(q.shape()), ".");
+  }
+  if (!is_float_dtype(q.dtype())) {
+    fail(kOp, "queries must be float32, float16 or bfloat16, got ",
+         dtype_str(q.dtype()), ".");
+  }
+  Triple kt{"keys", k_packed, k_scales, k_biases};
+  Triple vt{"values", v_packed, v_scales, v_biases};
+  check_triple(kt);
+  check_triple(vt);
+  if (k_scales.dtype() != v_scales.dtype()) {
+    fail(kOp, "keys and values must be quantized with the same scales dtype, got ",
+         dtype_str(k_scales.dtype()), " and ", dtype_str(v_scales.dtype()), ".");
+  }
+  for (int d = 0; d < 3; ++d) {
+    if (k_packed.shape(d) != v_packed.shape(d)) {
+      fail(kOp, "keys ", shape_str(k_packed.shape()), " and values ",
+           shape_str(v_packed.shape()), " disagree on [B, H_kv, N].");
+    }
+  }
+  int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), Dk = q.shape(3);
+  int Hkv = k_packed.shape(1), N = k_packed.shape(2);
+  if (k_packed.shape(0) != B) {
+    fail(kOp, "queries batch ", B, " does not match the keys batch ",
+         k_packed.shape(0), ".");
+  }
+  if (Hkv < 1 || Hq % Hkv != 0) {
+    fail(kOp, "the number of query heads (", Hq,
+         ") must be a multiple of the number of KV heads (", Hkv, ").");
+  }
+  if (Dk > kMaxHeadDim) {
+    fail(kOp, "query head dimension ", Dk, " exceeds the maximum ", kMaxHeadDim, ".");
+  }
+  auto [kb, kg] = infer_quantization(kt, Dk, bits, group_size);
+  int dv_words = v_packed.shape(3);
+  int Dv = (dv_words * 32) / kb;
+  auto [vb, vg] = infer_quantization(vt, Dv, kb, kg);
+  (void)vb;
+  (void)vg;
+  if (Dv > kMaxHeadDim) {
+    fail(kOp, "value head dimension ", Dv, " exceeds the maximum ", kMaxHeadDim, ".");
+  }
+  if (!std::isfinite(scale)) {
+    fail(kOp, "scale must be finite, got ", scale, ".");
+  }
+
+  QuantizedSDPAParams params{scale, kb, kg, MaskKind::None, false};
+  std::vector<mx::array> inputs = {
+      q, k_packed, k_scales, k_biases, v_packed, v_scales, v_biases};
+
+  if (!mask_mode.empty() && mask_mode != "causal") {
+    fail(kOp, "mask must be None, \"causal\" or an array, got \"", mask_mode, "\".");
+  }
+  if (mask_mode == "causal" && mask) {
+    fail(kOp, "pass either mask=\"causal\" or a mask array, not both.");
+  }
+  if (mask_mode == "causal") {
+    params.mask = MaskKind::Causal;
+  } else if (mask) {
+    const auto& m = *mask;
+    if (m.dtype() != mx::bool_ && !is_float_dtype(m.dtype())) {
+      fail(kOp, "mask array must be bool or float32/float16/bfloat16, got ",
+           dtype_str(m.dtype()), ".");
+    }
+    mx::Shape target = {B, Hq, L, N};
+    bool ok = m.ndim() <= 4;
+    for (int i = 0; ok && i < static_cast<int>(m.ndim()); ++i) {
+      int dm = m.shape(m.ndim() - 1 - i), dt = target[3 - i];
+      ok = dm == dt || dm == 1;
+    }
+    if (!ok) {
+      fail(kOp, "mask shape ", shape_str(m.shape()),
+           " cannot be broadcast to [B, H_q, L, N] = ", shape_str(target), ".");
+    }
+    params.mask = MaskKind::Array;
+    // A broadcast view: the kernel reads it through its (zero) strides.
+    inputs.push_back(mx::broadcast_to(m, target, s));
+  }
+  if (sinks) {
+    if (sinks->ndim() != 1 || sinks->shape(0) != Hq) {
+      fail(kOp, "sinks must have shape (H_q,) = (", Hq, ",), got ",
+           shape_str(sinks->shape()), ".");
+    }
+    if (!is_float_dtype(sinks->dtype())) {
+      fail(kOp, "sinks must be float32, float16 or bfloat16, got ",
+           dtype_str(sinks->dtype()), ".");
+    }
+    params.has_sinks = true;
+    inputs.push_back(mx::astype(*sinks, mx::float32, s));
+  }
+
+  auto stream = mx::to_stream(s);
+  return mx::array(
+      {B, Hq, L, Dv},
+      q.dtype(),
+      std::make_shared<QuantizedSDPA>(stream, params),
+      std::move(inputs));
+}
+
+bool QuantizedSDPA::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const QuantizedSDPA&>(other);
+  return params_ == o.params_;
+}
+
+std::vector<mx::Shape> QuantizedSDPA::output_shapes(
+    const std::vector<mx::array>& inputs) {
+  const auto& q = inputs[0];
+  int Dv = (inputs[4].shape(3) * 32) / params_.bits;
+  return {{q.shape(0), q.shape(1), q.shape(2), Dv}};
+}
+
+} // namespace mlxq

@@ -1,0 +1,82 @@
+// QuantizedSDPA: attention of float queries over K/V stored as MLX affine
+// quantized triples, without dequantizing K or V to memory.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace mlxq {
+
+namespace mx = mlx::core;
+
+enum class MaskKind { None = 0, Causal = 1, Array = 2 };
+
+struct QuantizedSDPAParams {
+  float scale;
+  int bits;
+  int group_size;
+  MaskKind mask;
+  bool has_sinks;
+
+  bool operator==(const QuantizedSDPAParams&) const = default;
+};
+
+/**
+ * Inputs, in order:
+ *   q [B, Hq, L, Dk] (f32/f16/bf16),
+ *   k_packed, k_scales, k_biases, v_packed, v_scales, v_biases
+ *     (mx.quantize triples of [B, Hkv, N, Dk] and [B, Hkv, N, Dv]),
+ *   mask broadcast to [B, Hq, L, N] (bool or float) when mask == Array,
+ *   sinks [Hq] float32 when has_sinks.
+ * Output: [B, Hq, L, Dv] in q's dtype.
+ */
+class QuantizedSDPA : public mx::UnaryPrimitive {
+ public:
+  QuantizedSDPA(mx::Stream stream, QuantizedSDPAParams params)
+      : mx::UnaryPrimitive(stream), params_(params) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  const char* name() const override {
+    return "QuantizedSDPA";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(
+      const std::vector<mx::array>& inputs) override;
+
+  const QuantizedSDPAParams& params() const {
+    return params_;
+  }
+
+ private:
+  QuantizedSDPAParams params_;
+};
+
+/**
+ * Validates every input, then builds the QuantizedSDPA node.
+ * `mask_mode` is "" or "causal"; `mask` is an optional bool/additive array
+ * broadcastable to [B, Hq, L, N] (not both). `bits`/`group_size` are inferred
+ * from the shapes when not given. Raises std::invalid_argument (ValueError in
+ * Python) naming the offending input.
+ */
+mx::array quantized_sdpa(
+    const mx::array& q,
+    const mx::array& k_packed,
+    const mx::array& k_scales,
+    const mx::array& k_biases,
+    const mx::array& v_packed,
+    const mx::array& v_scales,
+    const mx::array& v_biases,
+    float scale,
+    const std::string& mask_mode = "",
+    const std::optional<mx::array>& mask = std::nullopt,
+    const std::optional<mx::array>& sinks = std::nullopt,
+    std::optional<int> bits = std::nullopt,
+    std::optional<int> group_size = std::nullopt,
+    mx::StreamOrDevice s = {});
+
+} // namespace mlxq

@@ -1,0 +1,19 @@
+"""mlxq: fused quantized-KV attention and ring-buffer KV caches for MLX.
+
+The public API:
+
+* :func:`sdpa` — attention over plain or quantized K/V (the one call a model needs).
+* :func:`quantized_sdpa` — the fused kernel over ``mx.quantize`` triples.
+* :mod:`mlxq.reference` — plain-MLX-op compositions, the oracle for tests.
+"""
+
+from ._version_check import check_mlx_version as _check_mlx_version
+
+_check_mlx_version()
+
+from . import reference  # noqa: E402
+from .attention import quantized_sdpa, sdpa  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = ["sdpa", "quantized_sdpa", "reference", "__version__"]

@@ -1,0 +1,143 @@
+"""Attention entry points: plain K/V go to MLX, quantized triples to mlxq."""
+
+from typing import Optional, Sequence, Tuple, Union
+
+import mlx.core as mx
+
+from . import _ext
+
+QuantizedTensor = Tuple[mx.array, mx.array, mx.array]
+Mask = Union[None, str, mx.array]
+
+
+def is_quantized(x) -> bool:
+    """True for a ``(packed, scales, biases)`` triple as ``mx.quantize`` returns."""
+    return isinstance(x, (tuple, list)) and len(x) == 3
+
+
+def _split_mask(mask: Mask):
+    if mask is None:
+        return "", None
+    if isinstance(mask, str):
+        return mask, None
+    if isinstance(mask, mx.array):
+        return "", mask
+    raise ValueError(
+        f"[mlxq.sdpa] mask must be None, \"causal\" or an mx.array, got {type(mask).__name__}."
+    )
+
+
+def quantized_sdpa(
+    q: mx.array,
+    keys: Sequence[mx.array],
+    values: Sequence[mx.array],
+    *,
+    scale: float,
+    mask: Mask = None,
+    sinks: Optional[mx.array] = None,
+    group_size: Optional[int] = None,
+    bits: Optional[int] = None,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> mx.array:
+    """Fused scaled dot-product attention over affine-quantized keys and values.
+
+    Computes ``softmax(scale * q @ dequantize(K).T + mask) @ dequantize(V)``
+    without dequantizing ``K`` or ``V`` to memory: each key and value row is
+    unpacked once, in registers, for all the query heads that share it.
+
+    Args:
+        q (array): Queries ``[B, H_q, L, D_k]`` in float32, float16 or bfloat16.
+        keys (tuple(array, array, array)): ``(packed, scales, biases)`` of keys
+          ``[B, H_kv, N, D_k]`` as returned by :func:`mx.quantize`. May be a
+          strided view, such as ``buffer[..., :offset, :]`` of a cache; it is
+          read in place.
+        values (tuple(array, array, array)): The same for values
+          ``[B, H_kv, N, D_v]``.
+        scale (float): Scale applied to ``q @ K.T``.
+        mask (str or array, optional): ``None``, ``"causal"`` (bottom-right
+          aligned, as :func:`mx.fast.scaled_dot_product_attention`), or an
+          array broadcastable to ``[B, H_q, L, N]``: bool (``True`` attends) or
+          additive. Default: ``None``.
+        sinks (array, optional): Per-head logits ``[H_q]`` added to the softmax
+          denominator (attention sinks). Default: ``None``.
+        group_size (int, optional): Quantization group size (32, 64 or 128).
+          Inferred from the shapes when omitted.
+        bits (int, optional): Bits per element (2, 3, 4, 5, 6 or 8). Inferred
+          from the shapes when omitted.
+        stream (Stream, optional): Stream or device to run on.
+
+    Returns:
+        array: ``[B, H_q, L, D_v]`` in the dtype of ``q``. A query that sees no
+        key at all (every key masked) gets zeros.
+
+    Raises:
+        ValueError: If a shape, dtype, bits/group size or mask is unsupported
+          or inconsistent; the message names the offending input.
+    """
+    if not (is_quantized(keys) and is_quantized(values)):
+        raise ValueError(
+            "[mlxq.quantized_sdpa] keys and values must each be a "
+            "(packed, scales, biases) triple as mx.quantize returns."
+        )
+    mask_mode, mask_arr = _split_mask(mask)
+    return _ext.quantized_sdpa(
+        q,
+        *keys,
+        *values,
+        scale=scale,
+        mask_mode=mask_mode,
+        mask=mask_arr,
+        sinks=sinks,
+        bits=bits,
+        group_size=group_size,
+        stream=stream,
+    )
+
+
+def sdpa(
+    q: mx.array,
+    keys: Union[mx.array, Sequence[mx.array]],
+    values: Union[mx.array, Sequence[mx.array]],
+    *,
+    scale: float,
+    mask: Mask = None,
+    sinks: Optional[mx.array] = None,
+    group_size: Optional[int] = None,
+    bits: Optional[int] = None,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> mx.array:
+    """Scaled dot-product attention over plain or quantized keys and values.
+
+    Plain ``keys``/``values`` arrays go to
+    :func:`mx.fast.scaled_dot_product_attention`; ``(packed, scales, biases)``
+    triples go to mlxq's fused kernel (:func:`quantized_sdpa`), with bits and
+    group size inferred from the shapes unless given.
+
+    Args:
+        q (array): Queries ``[B, H_q, L, D_k]``.
+        keys (array or tuple): Keys ``[B, H_kv, N, D_k]``, or their quantized triple.
+        values (array or tuple): Values ``[B, H_kv, N, D_v]``, or their quantized triple.
+        scale (float): Scale applied to ``q @ K.T``.
+        mask (str or array, optional): ``None``, ``"causal"`` or an array
+          broadcastable to ``[B, H_q, L, N]`` (bool or additive).
+        sinks (array, optional): Per-head attention-sink logits ``[H_q]``.
+        group_size (int, optional): Quantization group size (triples only).
+        bits (int, optional): Quantization bits (triples only).
+        stream (Stream, optional): Stream or device to run on.
+
+    Returns:
+        array: ``[B, H_q, L, D_v]`` in the dtype of ``q``.
+
+    Example:
+        >>> k = mx.quantize(keys, group_size=64, bits=4)
+        >>> v = mx.quantize(values, group_size=64, bits=4)
+        >>> out = mlxq.sdpa(q, k, v, scale=q.shape[-1] ** -0.5, mask="causal")
+    """
+    if is_quantized(keys) or is_quantized(values):
+        return quantized_sdpa(
+            q, keys, values, scale=scale, mask=mask, sinks=sinks,
+            group_size=group_size, bits=bits, stream=stream,
+        )
+    return mx.fast.scaled_dot_product_attention(
+        q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
+    )
