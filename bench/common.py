@@ -1,0 +1,104 @@
+"""Helpers shared by the bench scripts: timing, machine info, tables, JSON.
+
+Bench scripts are plain scripts, not a package; they put their own directory on
+``sys.path`` and ``import common``.
+"""
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+
+import mlx.core as mx
+
+
+def time_fn(fn, *, warmup=2, repeats=10):
+    """Time ``fn()`` (evaluated with ``mx.eval``): ``warmup`` untimed calls, then
+    ``repeats`` timed ones. Returns a dict of milliseconds: median, min, all."""
+    for _ in range(warmup):
+        mx.eval(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mx.eval(fn())
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"median_ms": statistics.median(times), "min_ms": min(times), "times_ms": times}
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit():
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine_info():
+    """What the numbers depend on: CPU, cores, MLX version, mlxq threads."""
+    env_threads = os.environ.get("MLXQ_NUM_THREADS")
+    return {
+        "cpu": cpu_model(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "mlx_version": mx.__version__,
+        "mlx_device": str(mx.default_device()),
+        "mlxq_threads": int(env_threads) if env_threads else os.cpu_count(),
+        "mlxq_threads_source": "MLXQ_NUM_THREADS" if env_threads else "os.cpu_count()",
+        "python": platform.python_version(),
+        "git_commit": git_commit(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def print_machine(info):
+    print(f"machine : {info['cpu']} ({info['cpu_count']} cores), {info['platform']}")
+    print(f"mlx     : {info['mlx_version']} on {info['mlx_device']}")
+    print(f"mlxq    : {info['mlxq_threads']} threads ({info['mlxq_threads_source']}), "
+          f"commit {info['git_commit']}")
+    print(f"date    : {info['date']}")
+
+
+class Table:
+    """A table printed row by row as results arrive.
+
+    ``columns`` is a list of ``(header, key, fmt)``, fmt like ``"{:.2f}"``; a
+    missing or ``None`` value prints as ``-``.
+    """
+
+    def __init__(self, columns, min_width=7):
+        self.columns = columns
+        self.widths = [max(len(h), min_width) for h, _, _ in columns]
+
+    def header(self):
+        line = "  ".join(h.rjust(w) for (h, _, _), w in zip(self.columns, self.widths))
+        print(line)
+        print("-" * len(line), flush=True)
+
+    def row(self, r):
+        cells = [fmt.format(r[k]) if r.get(k) is not None else "-" for _, k, fmt in self.columns]
+        print("  ".join(c.rjust(w) for c, w in zip(cells, self.widths)), flush=True)
+
+
+def save_json(path, payload):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
+        f.write("\n")
+    print(f"saved {path}")
