@@ -41,8 +41,10 @@ struct Codes {
     if constexpr (kWordAligned) {
       const int W = dim / kPerWord;
       const int words_per_group = group_size / kPerWord;
-      for (int j = 0; j < W; ++j) {
-        word_scale[j] = group_scale[j / words_per_group];
+      for (int g = 0, j = 0; j < W; ++g) {
+        for (int t = 0; t < words_per_group; ++t, ++j) {
+          word_scale[j] = group_scale[g];
+        }
       }
       for (int k = 0; k < kPerWord; ++k) {
         float* __restrict d = dst + k * W;

@@ -76,6 +76,7 @@ struct Problem {
   MaskKind mask;
   mx::Dtype q_dtype = mx::float32;
   mx::Dtype mask_dtype = mx::bool_;
+  mx::Dtype scale_dtype = mx::float32;
   View q, kw, ks, kb, vw, vs, vb, m;
   const float* sinks; // [Hq] or null
   int rows;           // rep * L rows per (batch, KV head)
@@ -84,11 +85,6 @@ struct Problem {
   int splits;
   int split_keys;
 };
-
-template <typename T>
-inline float to_float(T v) {
-  return static_cast<float>(v);
-}
 
 inline float load_float(const void* p, mx::Dtype dt) {
   switch (dt) {
@@ -114,14 +110,6 @@ inline void store_output(mx::Dtype dt, void* dst, const float* src, int n) {
   }
 }
 
-inline float dot(const float* __restrict a, const float* __restrict b, int n) {
-  float s = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    s += a[i] * b[i];
-  }
-  return s;
-}
-
 inline void axpy(float* __restrict y, float a, const float* __restrict x, int n) {
   for (int i = 0; i < n; ++i) {
     y[i] += a * x[i];
@@ -137,56 +125,109 @@ inline void scale_inplace(float* __restrict y, float a, int n) {
 // Per-worker scratch, sized for the largest tile it has seen.
 struct Scratch {
   std::vector<float> buf;
-  float *qf, *qsum, *s, *o, *obias, *m, *l, *kline, *vline, *wscale, *gscale,
-      *gbias, *onat;
+  float *qf, *qsum, *s, *o, *obias, *m, *l, *kbuf, *vbuf, *kbias, *vbias,
+      *wscale, *gscale, *onat, *pc;
+  int act[kChunk];
   uint32_t words[kMaxHeadDim * 8 / 32 + 1];
 
   void prepare(const Problem& P) {
-    const int RT = P.row_tile, Gk = P.Dk / P.gs, Gv = P.Dv / P.gs;
-    const int D = std::max(P.Dk, P.Dv);
-    size_t sizes[] = {
-        size_t(RT) * P.Dk, size_t(RT) * Gk, size_t(RT) * kChunk,
-        size_t(RT) * P.Dv, size_t(RT) * Gv, size_t(RT), size_t(RT),
-        size_t(P.Dk), size_t(P.Dv), size_t(D), size_t(std::max(Gk, Gv)),
-        size_t(std::max(Gk, Gv)), size_t(P.Dv)};
-    size_t total = 0;
+    const size_t RT = P.row_tile, Gk = P.Dk / P.gs, Gv = P.Dv / P.gs;
+    const size_t sizes[] = {
+        RT * P.Dk, RT * Gk, RT * kChunk, RT * P.Dv, RT * Gv, RT, RT,
+        kChunk * size_t(P.Dk), kChunk * size_t(P.Dv), kChunk * Gk,
+        kChunk * Gv, size_t(std::max(P.Dk, P.Dv)), std::max(Gk, Gv),
+        size_t(P.Dv), kChunk};
+    float** slots[] = {&qf, &qsum, &s, &o, &obias, &m, &l, &kbuf, &vbuf,
+                       &kbias, &vbias, &wscale, &gscale, &onat, &pc};
+    constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
+    static_assert(n == sizeof(slots) / sizeof(slots[0]));
+    size_t total = 16;
     for (size_t sz : sizes) {
       total += (sz + 15) & ~size_t(15); // 64-byte aligned sub-buffers
     }
-    if (buf.size() < total + 16) {
-      buf.assign(total + 16, 0.0f);
+    if (buf.size() < total) {
+      buf.assign(total, 0.0f);
     }
     float* p = buf.data();
     p += (16 - (reinterpret_cast<uintptr_t>(p) / sizeof(float)) % 16) % 16;
-    float** slots[] = {&qf, &qsum, &s, &o, &obias, &m, &l, &kline, &vline,
-                       &wscale, &gscale, &gbias, &onat};
-    for (int i = 0; i < 13; ++i) {
+    for (int i = 0; i < n; ++i) {
       *slots[i] = p;
       p += (sizes[i] + 15) & ~size_t(15);
     }
   }
 };
 
-// Where a tile's result goes: the final output, or one split's partial.
-struct Partials {
-  float* o; // [tasks][row_tile][Dv]
-  float* m; // [tasks][row_tile]
-  float* l;
-};
+// Loads one row's group scales, and its group biases into bias[g * bias_stride]
+// (the kernels keep biases transposed: [group][key], so that the bias terms of
+// a whole chunk of keys are one vector FMA per group).
+inline void load_group_params(
+    const View& sv, const View& bv, mx::Dtype dt, int b, int h, int n, int G,
+    float* scale, float* bias, int bias_stride) {
+  const char* sp = sv.data + (b * sv.stride[0] + h * sv.stride[1] + n * sv.stride[2]) * sv.itemsize;
+  const char* bp = bv.data + (b * bv.stride[0] + h * bv.stride[1] + n * bv.stride[2]) * bv.itemsize;
+  const int64_t ss = sv.stride[3] * sv.itemsize, bs = bv.stride[3] * bv.itemsize;
+  for (int g = 0; g < G; ++g) {
+    scale[g] = load_float(sp + g * ss, dt);
+    bias[g * bias_stride] = load_float(bp + g * bs, dt);
+  }
+}
 
-template <int BITS, typename ST>
+// y += sum_a w[a] * x[a*d .. a*d+d). With D fixed at compile time the
+// compiler keeps y in registers across all n rows of x. (Restrict on function
+// parameters is what lets it; on local pointers GCC ignores it.)
+template <int D>
+inline void accumulate_weighted(
+    float* __restrict y,
+    const float* __restrict w,
+    const float* __restrict x,
+    int n,
+    int d) {
+  const int dim = D ? D : d;
+  for (int a = 0; a < n; ++a) {
+    const float wa = w[a];
+    const float* __restrict xa = x + size_t(a) * dim;
+    for (int i = 0; i < dim; ++i) {
+      y[i] += wa * xa[i];
+    }
+  }
+}
+
+// s[j] = q . k[j*d .. j*d+d), for j < n.
+template <int D>
+inline void dot_rows(
+    float* __restrict s,
+    const float* __restrict q,
+    const float* __restrict k,
+    int n,
+    int d) {
+  const int dim = D ? D : d;
+  for (int j = 0; j < n; ++j) {
+    const float* __restrict kj = k + size_t(j) * dim;
+    float acc = 0.0f;
+    for (int i = 0; i < dim; ++i) {
+      acc += q[i] * kj[i];
+    }
+    s[j] = acc;
+  }
+}
+
+// One tile: rows [r0, r1) of (b, kvh) against keys [n0, n1). DK/DV are the
+// head dims when known at compile time (0: read from the problem); fixed dims
+// let the compiler keep a query row, or an output row's accumulators, in
+// registers across a whole chunk of keys.
+template <int BITS, int DK, int DV>
 class TileKernel {
   using C = cpu::Codes<BITS>;
 
  public:
-  TileKernel(const Problem& P, Scratch& S) : P_(P), S_(S) {}
+  TileKernel(const Problem& P, Scratch& S)
+      : P_(P), S_(S), Dk_(DK ? DK : P.Dk), Dv_(DV ? DV : P.Dv) {}
 
-  // Attends rows [r0, r1) of (b, kvh) over keys [n0, n1).
   void run(int b, int kvh, int r0, int r1, int n0, int n1) {
     const int R = r1 - r0;
     load_queries(b, kvh, r0, R);
-    std::fill(S_.o, S_.o + R * P_.Dv, 0.0f);
-    std::fill(S_.obias, S_.obias + R * (P_.Dv / P_.gs), 0.0f);
+    std::fill(S_.o, S_.o + R * Dv_, 0.0f);
+    std::fill(S_.obias, S_.obias + R * (Dv_ / P_.gs), 0.0f);
     std::fill(S_.m, S_.m + R, kNegInf);
     std::fill(S_.l, S_.l + R, 0.0f);
     if (P_.mask == MaskKind::Causal) {
@@ -205,32 +246,30 @@ class TileKernel {
 
   // Natural-order unnormalised output of tile row rr (valid after run()).
   const float* natural_output(int rr) {
-    const int Dv = P_.Dv;
-    const float* o = S_.o + size_t(rr) * Dv;
-    const float* ob = S_.obias + size_t(rr) * (Dv / P_.gs);
-    for (int i = 0; i < Dv; ++i) {
-      S_.onat[i] = o[C::slot(i, Dv)] + ob[i / P_.gs];
+    const float* o = S_.o + size_t(rr) * Dv_;
+    const float* ob = S_.obias + size_t(rr) * (Dv_ / P_.gs);
+    for (int i = 0; i < Dv_; ++i) {
+      S_.onat[i] = o[C::slot(i, Dv_)] + ob[i / P_.gs];
     }
     return S_.onat;
   }
 
  private:
   void load_queries(int b, int kvh, int r0, int R) {
-    const int Dk = P_.Dk, gs = P_.gs, Gk = Dk / gs;
+    const int gs = P_.gs, Gk = Dk_ / gs;
+    const int64_t qstep = P_.q.stride[3] * P_.q.itemsize;
     for (int rr = 0; rr < R; ++rr) {
       const int r = r0 + rr, l = r / P_.rep, h = kvh * P_.rep + r % P_.rep;
       const char* qrow = P_.q.data +
           (b * P_.q.stride[0] + h * P_.q.stride[1] + l * P_.q.stride[2]) *
               P_.q.itemsize;
-      const int64_t qstep = P_.q.stride[3] * P_.q.itemsize;
-      float* qf = S_.qf + size_t(rr) * Dk;
+      float* qf = S_.qf + size_t(rr) * Dk_;
       float* qs = S_.qsum + size_t(rr) * Gk;
       for (int g = 0; g < Gk; ++g) {
         float sum = 0.0f;
         for (int i = g * gs; i < (g + 1) * gs; ++i) {
-          const float v =
-              load_float(qrow + i * qstep, P_.q_dtype) * P_.scale;
-          qf[C::slot(i, Dk)] = v;
+          const float v = load_float(qrow + i * qstep, P_.q_dtype) * P_.scale;
+          qf[C::slot(i, Dk_)] = v;
           sum += v;
         }
         qs[g] = sum;
@@ -238,26 +277,22 @@ class TileKernel {
     }
   }
 
-  void load_group_params(const View& sv, const View& bv, int b, int kvh, int n, int G) {
-    const ST* sp = sv.at<ST>(b, kvh, n);
-    const ST* bp = bv.at<ST>(b, kvh, n);
-    for (int g = 0; g < G; ++g) {
-      S_.gscale[g] = to_float(sp[g * sv.stride[3]]);
-      S_.gbias[g] = to_float(bp[g * bv.stride[3]]);
-    }
-  }
-
+  // s[rr][j] = q_rr . (codes_j * scale_j) + sum_g bias_j,g * qsum_rr,g
   void scores(int b, int kvh, int R, int c0, int cn) {
-    const int Dk = P_.Dk, Gk = Dk / P_.gs;
+    const int Dk = Dk_, Gk = Dk / P_.gs;
     for (int j = 0; j < cn; ++j) {
-      const int n = c0 + j;
-      load_group_params(P_.ks, P_.kb, b, kvh, n, Gk);
+      load_group_params(P_.ks, P_.kb, P_.scale_dtype, b, kvh, c0 + j, Gk,
+                        S_.gscale, S_.kbias + j, kChunk);
       C::unpack_scaled(
-          P_.kw.row<uint32_t>(b, kvh, n, P_.Dk * BITS / 32, S_.words), S_.gscale, Dk, P_.gs, S_.kline,
-          S_.wscale);
-      for (int rr = 0; rr < R; ++rr) {
-        S_.s[rr * kChunk + j] = dot(S_.qf + size_t(rr) * Dk, S_.kline, Dk) +
-            dot(S_.gbias, S_.qsum + size_t(rr) * Gk, Gk);
+          P_.kw.row<uint32_t>(b, kvh, c0 + j, Dk * BITS / 32, S_.words),
+          S_.gscale, Dk, P_.gs, S_.kbuf + size_t(j) * Dk, S_.wscale);
+    }
+    for (int rr = 0; rr < R; ++rr) {
+      float* sr = S_.s + rr * kChunk;
+      dot_rows<DK>(sr, S_.qf + size_t(rr) * Dk, S_.kbuf, cn, Dk);
+      const float* qs = S_.qsum + size_t(rr) * Gk;
+      for (int g = 0; g < Gk; ++g) {
+        axpy(sr, qs[g], S_.kbias + g * kChunk, cn);
       }
     }
   }
@@ -297,8 +332,10 @@ class TileKernel {
     }
   }
 
+  // Online softmax: turns the chunk's scores into weights relative to each
+  // row's running max, rescaling what was accumulated under the old max.
   void softmax_update(int R, int cn) {
-    const int Dv = P_.Dv, Gv = Dv / P_.gs;
+    const int Dv = Dv_, Gv = Dv / P_.gs;
     for (int rr = 0; rr < R; ++rr) {
       float* s = S_.s + rr * kChunk;
       float chunk_max = kNegInf;
@@ -327,31 +364,49 @@ class TileKernel {
     }
   }
 
+  // o_rr += sum_j p_rr,j * codes_j * scale_j ; obias_rr,g += sum_j p_rr,j * bias_j,g
+  // Only keys some row gives weight to are unpacked (masked keys are skipped).
   void values(int b, int kvh, int R, int c0, int cn) {
-    const int Dv = P_.Dv, Gv = Dv / P_.gs;
+    const int Dv = Dv_, Gv = Dv / P_.gs;
+    int na = 0;
     for (int j = 0; j < cn; ++j) {
       bool any = false;
       for (int rr = 0; rr < R; ++rr) {
         any |= S_.s[rr * kChunk + j] != 0.0f;
       }
       if (!any) {
-        continue; // masked for every row (or underflowed): skip the read
+        continue;
       }
-      const int n = c0 + j;
-      load_group_params(P_.vs, P_.vb, b, kvh, n, Gv);
+      load_group_params(P_.vs, P_.vb, P_.scale_dtype, b, kvh, c0 + j, Gv,
+                        S_.gscale, S_.vbias + na, kChunk);
       C::unpack_scaled(
-          P_.vw.row<uint32_t>(b, kvh, n, P_.Dv * BITS / 32, S_.words), S_.gscale, Dv, P_.gs, S_.vline,
-          S_.wscale);
-      for (int rr = 0; rr < R; ++rr) {
-        const float p = S_.s[rr * kChunk + j];
-        axpy(S_.o + size_t(rr) * Dv, p, S_.vline, Dv);
-        axpy(S_.obias + size_t(rr) * Gv, p, S_.gbias, Gv);
+          P_.vw.row<uint32_t>(b, kvh, c0 + j, Dv * BITS / 32, S_.words),
+          S_.gscale, Dv, P_.gs, S_.vbuf + size_t(na) * Dv, S_.wscale);
+      S_.act[na++] = j;
+    }
+    for (int rr = 0; rr < R; ++rr) {
+      const float* s = S_.s + rr * kChunk;
+      float* __restrict pc = S_.pc;
+      for (int a = 0; a < na; ++a) {
+        pc[a] = s[S_.act[a]];
+      }
+      accumulate_weighted<DV>(S_.o + size_t(rr) * Dv, pc, S_.vbuf, na, Dv);
+      // Bias terms: one register accumulator per group (not a store chain).
+      float* ob = S_.obias + size_t(rr) * Gv;
+      for (int g = 0; g < Gv; ++g) {
+        float acc = ob[g];
+        const float* vb = S_.vbias + g * kChunk;
+        for (int a = 0; a < na; ++a) {
+          acc += pc[a] * vb[a];
+        }
+        ob[g] = acc;
       }
     }
   }
 
   const Problem& P_;
   Scratch& S_;
+  const int Dk_, Dv_;
 };
 
 // Softmax denominator and output scale of one row, given its running max and
@@ -370,7 +425,7 @@ inline float inverse_denominator(float m, float l, const float* sink) {
   return denom > 0.0f ? 1.0f / denom : 0.0f;
 }
 
-template <int BITS, typename ST>
+template <int BITS, int DK, int DV>
 void run_problem(const Problem& P, void* out_data) {
   const int n_tasks = P.B * P.Hkv * P.row_tiles * P.splits;
   const size_t out_row = size_t(P.Dv) * mx::size_of(P.q_dtype);
@@ -402,7 +457,7 @@ void run_problem(const Problem& P, void* out_data) {
     const int n1 = std::min(n0 + P.split_keys, P.N);
     Scratch& S = scratch[worker];
     S.prepare(P);
-    TileKernel<BITS, ST> kernel(P, S);
+    TileKernel<BITS, DK, DV> kernel(P, S);
     kernel.run(b, kvh, r0, r1, n0, n1);
     for (int rr = 0; rr < r1 - r0; ++rr) {
       const int r = r0 + rr, l = r / P.rep, h = kvh * P.rep + r % P.rep;
@@ -463,23 +518,30 @@ void run_problem(const Problem& P, void* out_data) {
   });
 }
 
+// Compile-time head dims for the common shapes of the word-aligned widths.
 template <int BITS>
-void dispatch_scale_type(const Problem& P, mx::Dtype st, void* out) {
-  switch (st) {
-    case mx::float16: return run_problem<BITS, float16_t>(P, out);
-    case mx::bfloat16: return run_problem<BITS, bfloat16_t>(P, out);
-    default: return run_problem<BITS, float>(P, out);
+void dispatch_dims(const Problem& P, void* out) {
+  if constexpr (32 % BITS == 0) {
+    if (P.Dk == P.Dv) {
+      switch (P.Dk) {
+        case 64: return run_problem<BITS, 64, 64>(P, out);
+        case 128: return run_problem<BITS, 128, 128>(P, out);
+        case 256: return run_problem<BITS, 256, 256>(P, out);
+        default: break;
+      }
+    }
   }
+  run_problem<BITS, 0, 0>(P, out);
 }
 
-void dispatch(const Problem& P, mx::Dtype st, void* out) {
+void dispatch(const Problem& P, void* out) {
   switch (P.bits) {
-    case 2: return dispatch_scale_type<2>(P, st, out);
-    case 3: return dispatch_scale_type<3>(P, st, out);
-    case 4: return dispatch_scale_type<4>(P, st, out);
-    case 5: return dispatch_scale_type<5>(P, st, out);
-    case 6: return dispatch_scale_type<6>(P, st, out);
-    default: return dispatch_scale_type<8>(P, st, out);
+    case 2: return dispatch_dims<2>(P, out);
+    case 3: return dispatch_dims<3>(P, out);
+    case 4: return dispatch_dims<4>(P, out);
+    case 5: return dispatch_dims<5>(P, out);
+    case 6: return dispatch_dims<6>(P, out);
+    default: return dispatch_dims<8>(P, out);
   }
 }
 
@@ -548,14 +610,14 @@ void QuantizedSDPA::eval_cpu(const std::vector<mx::array>& in, mx::array& out) {
     ++next;
   }
   const mx::array* sinks = params_.has_sinks ? &in[next] : nullptr;
-  const mx::Dtype st = in[2].dtype();
+  P.scale_dtype = in[2].dtype();
 
   P.sinks = sinks ? sinks->data<float>() : nullptr;
   plan(P);
   // `in` is captured to keep the input buffers alive until the task runs.
-  enc.dispatch([P, st, in, out_data = out.data<void>()]() {
+  enc.dispatch([P, in, out_data = out.data<void>()]() {
     if (P.B > 0 && P.Hq > 0 && P.L > 0) {
-      dispatch(P, st, out_data);
+      dispatch(P, out_data);
     }
   });
 }
