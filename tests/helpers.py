@@ -1,0 +1,72 @@
+"""Helpers shared by the mlxq tests: random quantized inputs and error checks."""
+
+import mlx.core as mx
+import numpy as np
+
+DTYPES = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
+
+# DESIGN.md "Numerics": bound on ||out - ref|| / ||ref|| by query dtype.
+TOL = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 1e-2}
+
+
+def to_f64(x: mx.array) -> np.ndarray:
+    """An MLX float array as float64 NumPy (every float dtype fits f32 exactly)."""
+    return np.array(x.astype(mx.float32)).astype(np.float64)
+
+
+def quantize(x: np.ndarray, group_size: int, bits: int, dtype=mx.float32):
+    """``mx.quantize`` of ``x`` cast to ``dtype`` (which sets the scales' dtype)."""
+    triple = mx.quantize(mx.array(x).astype(dtype), group_size=group_size, bits=bits)
+    mx.eval(*triple)
+    return tuple(triple)
+
+
+def random_inputs(
+    rng,
+    *,
+    B=1,
+    Hq=8,
+    Hkv=2,
+    L=1,
+    N=64,
+    Dk=128,
+    Dv=None,
+    bits=4,
+    group_size=64,
+    q_dtype=mx.float32,
+    kv_dtype=mx.float32,
+):
+    """Random queries and quantized K/V triples of the given shapes."""
+    Dv = Dk if Dv is None else Dv
+    q = mx.array(rng.standard_normal((B, Hq, L, Dk), dtype=np.float32)).astype(q_dtype)
+    mx.eval(q)
+    k = quantize(rng.standard_normal((B, Hkv, N, Dk), dtype=np.float32), group_size, bits, kv_dtype)
+    v = quantize(rng.standard_normal((B, Hkv, N, Dv), dtype=np.float32), group_size, bits, kv_dtype)
+    return q, k, v
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def assert_close(out: mx.array, ref: np.ndarray, dtype=None, tol=None) -> float:
+    """Checks ``out`` against a float64 reference with DESIGN.md's tolerance.
+
+    Rows that the reference sets to exactly zero are rows with no visible key;
+    the kernel must give exactly 0 there too. Returns the relative error.
+    """
+    mx.eval(out)
+    if dtype is not None:
+        assert out.dtype == dtype, f"output dtype {out.dtype}, expected {dtype}"
+    assert tuple(out.shape) == ref.shape, f"output shape {out.shape}, expected {ref.shape}"
+    got = to_f64(out)
+    bad = ~np.isfinite(got)
+    assert not bad.any(), f"{bad.sum()} non-finite outputs, first at {np.argwhere(bad)[0]}"
+    dead = ~ref.any(axis=-1)
+    assert (got[dead] == 0).all(), "a row with no visible key is not exactly 0"
+    if dead.all():
+        return 0.0
+    err = rel_err(got, ref)
+    tol = TOL[out.dtype] if tol is None else tol
+    assert err <= tol, f"relative error {err:.3g} > {tol:g}"
+    return err
