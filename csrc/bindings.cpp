@@ -8,8 +8,10 @@
 
 #include "debug.h"
 #include "quantized_sdpa.h"
+#include "ring_update.h"
 
 namespace nb = nanobind;
+namespace mx = mlx::core;
 using namespace nb::literals;
 
 NB_MODULE(_ext, m) {
@@ -35,6 +37,36 @@ NB_MODULE(_ext, m) {
       "group_size"_a = nb::none(),
       "stream"_a = nb::none(),
       "Fused attention over MLX affine-quantized K/V (see mlxq.quantized_sdpa).");
+
+  m.def(
+      "ring_update",
+      &mlxq::ring_update,
+      "buffer"_a,
+      "update"_a,
+      "pos"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      "Write update rows into a ring buffer at pos (see mlxq.ring_update).");
+
+  m.def(
+      "quantized_ring_update",
+      [](const mx::array& packed, const mx::array& scales, const mx::array& biases,
+         const mx::array& update, const mlxq::Position& pos, int group_size,
+         int bits, mx::StreamOrDevice s) {
+        auto out = mlxq::quantized_ring_update(
+            packed, scales, biases, update, pos, group_size, bits, s);
+        return nb::make_tuple(out[0], out[1], out[2]);
+      },
+      "packed"_a,
+      "scales"_a,
+      "biases"_a,
+      "update"_a,
+      "pos"_a,
+      nb::kw_only(),
+      "group_size"_a,
+      "bits"_a,
+      "stream"_a = nb::none(),
+      "Quantize update rows into a quantized ring buffer (see mlxq.quantized_ring_update).");
 
   m.def(
       "_set_poison_outputs",

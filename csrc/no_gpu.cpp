@@ -14,3 +14,23 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 }
 
 } // namespace mlxq
+
+#include "ring_update.h"
+
+namespace mlxq {
+
+void RingUpdate::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error(
+      "[mlxq.ring_update] this build of mlxq has no GPU kernels; run it on "
+      "the CPU (stream=mx.cpu).");
+}
+
+void QuantizedRingUpdate::eval_gpu(
+    const std::vector<mx::array>&,
+    std::vector<mx::array>&) {
+  throw std::runtime_error(
+      "[mlxq.quantized_ring_update] this build of mlxq has no GPU kernels; "
+      "run it on the CPU (stream=mx.cpu).");
+}
+
+} // namespace mlxq

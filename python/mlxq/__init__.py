@@ -13,7 +13,15 @@ _check_mlx_version()
 
 from . import reference  # noqa: E402
 from .attention import quantized_sdpa, sdpa  # noqa: E402
+from .ring import quantized_ring_update, ring_update  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["sdpa", "quantized_sdpa", "reference", "__version__"]
+__all__ = [
+    "sdpa",
+    "quantized_sdpa",
+    "ring_update",
+    "quantized_ring_update",
+    "reference",
+    "__version__",
+]

@@ -1,0 +1,202 @@
+// CPU RingUpdate and QuantizedRingUpdate.
+//
+// The output takes over the buffer's memory when MLX says the buffer may be
+// donated (no other array holds it) and it is row-contiguous; only the T new
+// rows are then written. Otherwise the output is a fresh row-contiguous copy
+// of the buffer, and the caller's array is left unchanged.
+#include <cstring>
+#include <vector>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/types/half_types.h"
+
+#include "cpu/affine_quantize.h"
+#include "debug.h"
+#include "ring_update.h"
+
+namespace mlxq {
+
+namespace {
+
+// Points `out` at `in`'s memory when it can be updated in place; else gives
+// it new memory and returns true: the caller must copy `in` into it.
+bool take_or_allocate(const mx::array& in, mx::array& out) {
+  if (in.is_donatable() && in.flags().row_contiguous &&
+      in.data_size() == in.size()) {
+    out.copy_shared_buffer(in);
+    return false;
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  poison_if_enabled(out);
+  return true;
+}
+
+// Pointer to element (i0, i1, i2, 0) of a 4-D array, in bytes.
+const char* row_ptr(const mx::array& a, int64_t i0, int64_t i1, int64_t i2) {
+  const auto& st = a.strides();
+  return a.data<char>() + (i0 * st[0] + i1 * st[1] + i2 * st[2]) * a.itemsize();
+}
+
+// Copies one row of n elements of `a` (any last-axis stride) to dst.
+void copy_row(const mx::array& a, const char* src, char* dst, int n) {
+  const size_t item = a.itemsize();
+  const int64_t step = a.strides()[3];
+  if (step == 1) {
+    std::memcpy(dst, src, n * item);
+    return;
+  }
+  for (int i = 0; i < n; ++i) {
+    std::memcpy(dst + i * item, src + i * step * item, item);
+  }
+}
+
+// Row-contiguous copy of a whole 4-D array into dst.
+void copy_all(const mx::array& a, char* dst) {
+  const int D = a.shape(3);
+  const size_t row_bytes = size_t(D) * a.itemsize();
+  for (int b = 0; b < a.shape(0); ++b) {
+    for (int h = 0; h < a.shape(1); ++h) {
+      for (int s = 0; s < a.shape(2); ++s) {
+        copy_row(a, row_ptr(a, b, h, s), dst, D);
+        dst += row_bytes;
+      }
+    }
+  }
+}
+
+// mx::array::make_arrays gives each output of a multi-output primitive its own
+// copy of the input list, so every input is referenced once per output and
+// never looks donatable. Only the list this evaluation reads is needed now
+// (MLX detaches all outputs right after), so the siblings' copies are dropped
+// first: an input then counts as donatable exactly when a single-output
+// primitive's input would.
+void release_sibling_inputs(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs) {
+  for (auto& o : outputs) {
+    if (&o.inputs() != &inputs) {
+      o.inputs().clear();
+    }
+  }
+}
+
+// First ring row written: pos mod S (a negative array position wraps too).
+int ring_start(const mx::array& pos, int S) {
+  const int64_t p = pos.data<int32_t>()[0];
+  return static_cast<int>(((p % S) + S) % S);
+}
+
+template <typename Scalar>
+void quantize_rows(
+    const mx::array& update,
+    mx::array& packed,
+    mx::array& scales,
+    mx::array& biases,
+    int start,
+    int group_size,
+    int bits) {
+  const int B = update.shape(0), H = update.shape(1), T = update.shape(2);
+  const int D = update.shape(3), S = packed.shape(2);
+  const int W = packed.shape(3), G = scales.shape(3);
+  std::vector<float> row(D);
+  std::vector<Scalar> raw(D);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < H; ++h) {
+      for (int t = 0; t < T; ++t) {
+        copy_row(update, row_ptr(update, b, h, t),
+                 reinterpret_cast<char*>(raw.data()), D);
+        for (int i = 0; i < D; ++i) {
+          row[i] = static_cast<float>(raw[i]);
+        }
+        const int64_t r = (int64_t(b) * H + h) * S + (start + t) % S;
+        uint32_t* words = packed.data<uint32_t>() + r * W;
+        Scalar* sc = scales.data<Scalar>() + r * G;
+        Scalar* bi = biases.data<Scalar>() + r * G;
+        std::memset(words, 0, sizeof(uint32_t) * W);
+        for (int g = 0; g < G; ++g) {
+          const float* w = row.data() + g * group_size;
+          const auto q = cpu::affine_group_params(w, group_size, bits);
+          for (int j = 0; j < group_size; ++j) {
+            cpu::put_code(words, g * group_size + j, bits,
+                          cpu::affine_code(w[j], q, bits));
+          }
+          sc[g] = static_cast<Scalar>(q.scale);
+          bi[g] = static_cast<Scalar>(q.bias);
+        }
+      }
+    }
+  }
+}
+
+} // namespace
+
+void RingUpdate::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto& buffer = inputs[0];
+  const auto& update = inputs[1];
+  const auto& pos = inputs[2];
+  const bool copy = take_or_allocate(buffer, out);
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) {
+    enc.set_input_array(a);
+  }
+  enc.set_output_array(out);
+  enc.dispatch([buffer, update, pos, out = mx::array::unsafe_weak_copy(out), copy]() mutable {
+    char* dst = out.data<char>();
+    if (copy) {
+      copy_all(buffer, dst);
+    }
+    const int B = out.shape(0), H = out.shape(1), S = out.shape(2), D = out.shape(3);
+    const int T = update.shape(2);
+    const size_t row_bytes = size_t(D) * out.itemsize();
+    const int start = ring_start(pos, S);
+    for (int b = 0; b < B; ++b) {
+      for (int h = 0; h < H; ++h) {
+        for (int t = 0; t < T; ++t) {
+          const int64_t r = (int64_t(b) * H + h) * S + (start + t) % S;
+          copy_row(update, row_ptr(update, b, h, t), dst + r * row_bytes, D);
+        }
+      }
+    }
+  });
+}
+
+void QuantizedRingUpdate::eval_cpu(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs) {
+  release_sibling_inputs(inputs, outputs);
+  bool copy[3];
+  for (int i = 0; i < 3; ++i) {
+    copy[i] = take_or_allocate(inputs[i], outputs[i]);
+  }
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) {
+    enc.set_input_array(a);
+  }
+  for (auto& o : outputs) {
+    enc.set_output_array(o);
+  }
+  enc.dispatch([in = inputs,
+                packed = mx::array::unsafe_weak_copy(outputs[0]),
+                scales = mx::array::unsafe_weak_copy(outputs[1]),
+                biases = mx::array::unsafe_weak_copy(outputs[2]),
+                c0 = copy[0], c1 = copy[1], c2 = copy[2],
+                gs = group_size_, bits = bits_]() mutable {
+    if (c0) copy_all(in[0], packed.data<char>());
+    if (c1) copy_all(in[1], scales.data<char>());
+    if (c2) copy_all(in[2], biases.data<char>());
+    const int start = ring_start(in[4], packed.shape(2));
+    switch (in[3].dtype()) {
+      case mx::float16:
+        quantize_rows<mx::float16_t>(in[3], packed, scales, biases, start, gs, bits);
+        break;
+      case mx::bfloat16:
+        quantize_rows<mx::bfloat16_t>(in[3], packed, scales, biases, start, gs, bits);
+        break;
+      default:
+        quantize_rows<float>(in[3], packed, scales, biases, start, gs, bits);
+        break;
+    }
+  });
+}
+
+} // namespace mlxq

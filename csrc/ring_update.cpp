@@ -1,0 +1,154 @@
+#include "ring_update.h"
+
+#include "quantization.h"
+#include "validation.h"
+
+namespace mlxq {
+
+namespace {
+
+// Checks the position and turns it into a one-element int32 array input.
+mx::array position_input(const char* op, const Position& pos, mx::StreamOrDevice s) {
+  if (std::holds_alternative<int>(pos)) {
+    int p = std::get<int>(pos);
+    if (p < 0) {
+      fail(op, "pos must be >= 0, got ", p, ".");
+    }
+    return mx::array(p, mx::int32);
+  }
+  const auto& a = std::get<mx::array>(pos);
+  if (a.size() != 1) {
+    fail(op, "pos must be an int or a one-element integer array, got shape ",
+         shape_str(a.shape()), ".");
+  }
+  if (!mx::issubdtype(a.dtype(), mx::integer)) {
+    fail(op, "pos array must have an integer dtype, got ", dtype_str(a.dtype()), ".");
+  }
+  // A position that is already computed is checked here; one computed inside a
+  // compiled step is wrapped modulo the ring size by the kernel.
+  if (a.is_available()) {
+    auto v = mx::astype(a, mx::int64, mx::Device::cpu);
+    v.eval();
+    if (v.item<int64_t>() < 0) {
+      fail(op, "pos must be >= 0, got ", v.item<int64_t>(), ".");
+    }
+  }
+  return mx::reshape(mx::astype(a, mx::int32, s), {}, s);
+}
+
+void check_rows(const char* op, const mx::array& rows, const char* name) {
+  if (rows.ndim() != 4) {
+    fail(op, name, " must be 4-D [B, H, S, D], got shape ", shape_str(rows.shape()), ".");
+  }
+}
+
+void check_update_fits(const char* op, const mx::array& buffer, const mx::array& update) {
+  for (int d : {0, 1}) {
+    if (update.shape(d) != buffer.shape(d)) {
+      fail(op, "update shape ", shape_str(update.shape()),
+           " does not match the buffer shape ", shape_str(buffer.shape()),
+           " in [B, H].");
+    }
+  }
+  if (update.shape(2) > buffer.shape(2)) {
+    fail(op, "update has ", update.shape(2), " rows but the ring holds only ",
+         buffer.shape(2), ".");
+  }
+  if (buffer.shape(2) < 1) {
+    fail(op, "the buffer has no rows.");
+  }
+}
+
+} // namespace
+
+mx::array ring_update(
+    const mx::array& buffer,
+    const mx::array& update,
+    const Position& pos,
+    mx::StreamOrDevice s) {
+  constexpr const char* op = "mlxq.ring_update";
+  check_rows(op, buffer, "buffer");
+  check_rows(op, update, "update");
+  if (buffer.dtype() != update.dtype()) {
+    fail(op, "update dtype ", dtype_str(update.dtype()),
+         " does not match the buffer dtype ", dtype_str(buffer.dtype()), ".");
+  }
+  check_update_fits(op, buffer, update);
+  if (update.shape(3) != buffer.shape(3)) {
+    fail(op, "update shape ", shape_str(update.shape()),
+         " does not match the buffer shape ", shape_str(buffer.shape()),
+         " in the last dimension.");
+  }
+  auto p = position_input(op, pos, s);
+  return mx::array(
+      buffer.shape(),
+      buffer.dtype(),
+      std::make_shared<RingUpdate>(mx::to_stream(s)),
+      {buffer, update, p});
+}
+
+std::vector<mx::array> quantized_ring_update(
+    const mx::array& packed,
+    const mx::array& scales,
+    const mx::array& biases,
+    const mx::array& update,
+    const Position& pos,
+    int group_size,
+    int bits,
+    mx::StreamOrDevice s) {
+  constexpr const char* op = "mlxq.quantized_ring_update";
+  if (!is_supported_bits(bits)) {
+    fail(op, "bits must be ", supported_bits_text(), ", got ", bits, ".");
+  }
+  if (!is_supported_group_size(group_size)) {
+    fail(op, "group_size must be ", supported_group_sizes_text(), ", got ",
+         group_size, ".");
+  }
+  check_rows(op, packed, "packed");
+  check_rows(op, scales, "scales");
+  check_rows(op, biases, "biases");
+  check_rows(op, update, "update");
+  if (packed.dtype() != mx::uint32) {
+    fail(op, "packed must be uint32, got ", dtype_str(packed.dtype()), ".");
+  }
+  if (!is_float_dtype(scales.dtype()) || biases.dtype() != scales.dtype()) {
+    fail(op, "scales and biases must share one float dtype, got ",
+         dtype_str(scales.dtype()), " and ", dtype_str(biases.dtype()), ".");
+  }
+  if (scales.shape() != biases.shape()) {
+    fail(op, "scales shape ", shape_str(scales.shape()),
+         " does not match biases shape ", shape_str(biases.shape()), ".");
+  }
+  for (int d = 0; d < 3; ++d) {
+    if (packed.shape(d) != scales.shape(d)) {
+      fail(op, "packed shape ", shape_str(packed.shape()), " and scales shape ",
+           shape_str(scales.shape()), " disagree on [B, H, S].");
+    }
+  }
+  if (update.dtype() != scales.dtype()) {
+    fail(op, "update dtype ", dtype_str(update.dtype()),
+         " must match the scales dtype ", dtype_str(scales.dtype()),
+         " (mx.quantize keeps the input's dtype for scales and biases).");
+  }
+  check_update_fits(op, packed, update);
+  const int D = update.shape(3);
+  if (D % group_size != 0 || scales.shape(3) * group_size != D ||
+      packed.shape(3) * 32 != D * bits) {
+    fail(op, "update rows of ", D, " elements do not fit packed width ",
+         packed.shape(3), " and scales width ", scales.shape(3), " at ", bits,
+         " bits, group size ", group_size, ".");
+  }
+  auto p = position_input(op, pos, s);
+  return mx::array::make_arrays(
+      {packed.shape(), scales.shape(), biases.shape()},
+      {packed.dtype(), scales.dtype(), biases.dtype()},
+      std::make_shared<QuantizedRingUpdate>(mx::to_stream(s), group_size, bits),
+      {packed, scales, biases, update, p});
+}
+
+bool QuantizedRingUpdate::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const QuantizedRingUpdate&>(other);
+  return group_size_ == o.group_size_ && bits_ == o.bits_;
+}
+
+} // namespace mlxq

@@ -1,0 +1,200 @@
+"""RingUpdate and QuantizedRingUpdate: wrap-around writes, in place when the
+buffer is donated, quantize-on-write bit-identical to mx.quantize."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlxq
+
+DTYPES = [mx.float32, mx.float16, mx.bfloat16]
+
+
+def np_of(a: mx.array) -> np.ndarray:
+    # bfloat16 has no NumPy dtype: compare its bit patterns.
+    if a.dtype == mx.bfloat16:
+        return np.array(a.view(mx.uint16))
+    return np.array(a)
+
+
+def ring_rows(S, pos, T):
+    return [(pos + t) % S for t in range(T)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("S,T,pos", [(8, 1, 0), (8, 3, 6), (8, 8, 5), (5, 5, 0), (7, 2, 13), (16, 0, 3)])
+def test_ring_update_matches_numpy(dtype, S, T, pos):
+    B, H, D = 2, 3, 24
+    buf = mx.random.normal((B, H, S, D)).astype(dtype)
+    upd = mx.random.normal((B, H, T, D)).astype(dtype)
+    expect = np_of(buf).copy()
+    expect[:, :, ring_rows(S, pos, T)] = np_of(upd)
+    for p in (pos, mx.array(pos, dtype=mx.int32), mx.array([pos])):
+        out = mlxq.ring_update(buf, upd, p)
+        np.testing.assert_array_equal(np_of(out), expect)
+
+
+def test_ring_update_strided_inputs():
+    # A transposed update ([B, T, H, D] projected keys) and a strided buffer
+    # view are read through their strides.
+    B, H, S, D, T = 1, 4, 10, 16, 3
+    upd = mx.random.normal((B, T, H, D)).transpose(0, 2, 1, 3)
+    big = mx.random.normal((B, H, S, 2 * D))
+    buf = big[..., ::2]
+    out = mlxq.ring_update(buf, upd, 9)
+    expect = np.array(buf).copy()
+    expect[:, :, ring_rows(S, 9, T)] = np.array(upd)
+    np.testing.assert_array_equal(np.array(out), expect)
+
+
+def test_ring_update_copy_leaves_caller_array_unchanged():
+    buf = mx.zeros((1, 2, 6, 8))
+    mx.eval(buf)
+    before = np.array(buf)
+    out = mlxq.ring_update(buf, mx.ones((1, 2, 2, 8)), 5)
+    mx.eval(out)
+    np.testing.assert_array_equal(np.array(buf), before)
+    assert np.array(out)[0, 0, [5, 0]].min() == 1
+
+
+def test_ring_update_in_place_when_donated():
+    # 64 MiB buffer: a copy per write would show up in the peak.
+    B, H, S, D = 1, 8, 16384, 128
+    buf = mx.zeros((B, H, S, D))
+    mx.eval(buf)
+    row = mx.ones((B, H, 1, D))
+    mx.eval(row)
+    mx.synchronize()
+    mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    for i in range(4):
+        buf = mlxq.ring_update(buf, row, i)
+        mx.eval(buf)
+    assert mx.get_peak_memory() - base < 1 << 20
+    assert np.array(buf[0, 0, :5, 0]).tolist() == [1, 1, 1, 1, 0]
+
+
+def test_ring_update_compiled_step_does_not_retrace():
+    traces = []
+
+    def step(buf, row, pos):
+        traces.append(1)
+        return mlxq.ring_update(buf, row, pos)
+
+    step_c = mx.compile(step)
+    buf = mx.zeros((1, 2, 8, 4))
+    for i in range(10):
+        buf = step_c(buf, mx.full((1, 2, 1, 4), float(i + 1)), mx.array(i, dtype=mx.int32))
+        mx.eval(buf)
+    assert len(traces) == 1
+    # Positions 8 and 9 wrapped onto rows 0 and 1.
+    assert np.array(buf[0, 0, :, 0]).tolist() == [9, 10, 3, 4, 5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_quantized_ring_update_bit_identical_to_mx_quantize(dtype, bits, group_size):
+    B, H, S, D, T, pos = 2, 2, 9, 256, 4, 7
+    # Mixed scales, constant groups and exact zeros exercise every branch of
+    # the scale/bias snapping.
+    x = mx.random.normal((B, H, T, D)) * mx.array([0.01, 1.0, 50.0, 3.0])[:, None]
+    x = x.astype(dtype)
+    x[0, 0, 0, :group_size] = 0.0
+    x[1, 1, 1, :group_size] = 2.5
+    buf = mx.quantize(mx.random.normal((B, H, S, D)).astype(dtype), group_size=group_size, bits=bits)
+    mx.eval(buf)
+    before = [np_of(a).copy() for a in buf]
+    out = mlxq.quantized_ring_update(buf, x, pos, group_size=group_size, bits=bits)
+    ref = mx.quantize(x, group_size=group_size, bits=bits)
+    rows = ring_rows(S, pos, T)
+    others = [r for r in range(S) if r not in rows]
+    for got, want, old in zip(out, ref, before):
+        got = np_of(got)
+        np.testing.assert_array_equal(got[:, :, rows], np_of(want))
+        np.testing.assert_array_equal(got[:, :, others], old[:, :, others])
+
+
+def test_quantized_ring_update_in_place_when_donated():
+    B, H, S, D = 1, 8, 16384, 128
+    buf = mx.quantize(mx.zeros((B, H, S, D)), group_size=64, bits=8)
+    mx.eval(buf)
+    row = mx.random.normal((B, H, 1, D))
+    mx.eval(row)
+    mx.synchronize()
+    mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    for i in range(4):
+        buf = mlxq.quantized_ring_update(buf, row, i, group_size=64, bits=8)
+        mx.eval(buf)
+    assert mx.get_peak_memory() - base < 1 << 20
+    ref = mx.quantize(row, group_size=64, bits=8)
+    np.testing.assert_array_equal(np.array(buf[0][:, :, 3:4]), np.array(ref[0]))
+
+
+def test_quantized_ring_update_compiled_step_does_not_retrace():
+    traces = []
+
+    def step(packed, scales, biases, row, pos):
+        traces.append(1)
+        return mlxq.quantized_ring_update((packed, scales, biases), row, pos, group_size=32, bits=4)
+
+    step_c = mx.compile(step)
+    buf = mx.quantize(mx.zeros((1, 1, 4, 32)), group_size=32, bits=4)
+    rows = mx.random.normal((6, 1, 1, 1, 32))
+    for i in range(6):
+        buf = step_c(*buf, rows[i], mx.array(i, dtype=mx.int32))
+        mx.eval(buf)
+    assert len(traces) == 1
+    ref = mx.quantize(rows[5], group_size=32, bits=4)
+    np.testing.assert_array_equal(np.array(buf[0][:, :, 1:2]), np.array(ref[0]))
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_ring_update_rejects_bad_input():
+    buf, upd = mx.zeros((1, 2, 4, 8)), mx.zeros((1, 2, 1, 8))
+    cases = [
+        (lambda: mlxq.ring_update(mx.zeros((2, 4, 8)), upd, 0), r"buffer must be 4-D .* got shape \(2, 4, 8\)"),
+        (lambda: mlxq.ring_update(buf, mx.zeros((2, 1, 8)), 0), r"update must be 4-D"),
+        (lambda: mlxq.ring_update(buf, upd.astype(mx.float16), 0), r"update dtype float16 does not match the buffer dtype float32"),
+        (lambda: mlxq.ring_update(buf, mx.zeros((1, 3, 1, 8)), 0), r"update shape \(1, 3, 1, 8\) does not match the buffer shape \(1, 2, 4, 8\) in \[B, H\]"),
+        (lambda: mlxq.ring_update(buf, mx.zeros((1, 2, 1, 9)), 0), r"update shape \(1, 2, 1, 9\) does not match the buffer shape \(1, 2, 4, 8\) in the last dimension"),
+        (lambda: mlxq.ring_update(buf, mx.zeros((1, 2, 5, 8)), 0), r"update has 5 rows but the ring holds only 4"),
+        (lambda: mlxq.ring_update(buf, upd, -1), r"pos must be >= 0, got -1"),
+        (lambda: mlxq.ring_update(buf, upd, mx.array([-2])), r"pos must be >= 0, got -2"),
+        (lambda: mlxq.ring_update(buf, upd, mx.array([1, 2])), r"pos must be an int or a one-element integer array, got shape \(2,\)"),
+        (lambda: mlxq.ring_update(buf, upd, mx.array(1.0)), r"pos array must have an integer dtype, got float32"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=r"^\[mlxq\.ring_update\] " + message):
+            call()
+
+
+def test_quantized_ring_update_rejects_bad_input():
+    buf = mx.quantize(mx.zeros((1, 2, 4, 64)), group_size=32, bits=4)
+    upd = mx.zeros((1, 2, 1, 64))
+
+    def call(buffer=buf, update=upd, pos=0, group_size=32, bits=4):
+        return mlxq.quantized_ring_update(buffer, update, pos, group_size=group_size, bits=bits)
+
+    p, s, b = buf
+    cases = [
+        (lambda: call(bits=7), r"bits must be 2, 3, 4, 5, 6 or 8, got 7"),
+        (lambda: call(group_size=16), r"group_size must be 32, 64 or 128, got 16"),
+        (lambda: call(buffer=(p.astype(mx.int32), s, b)), r"packed must be uint32, got int32"),
+        (lambda: call(buffer=(p, s, b.astype(mx.float16))), r"scales and biases must share one float dtype, got float32 and float16"),
+        (lambda: call(buffer=(p, s, b[..., :1])), r"scales shape \(1, 2, 4, 2\) does not match biases shape \(1, 2, 4, 1\)"),
+        (lambda: call(buffer=(p[:, :, :3], s, b)), r"packed shape \(1, 2, 3, 8\) and scales shape \(1, 2, 4, 2\) disagree on \[B, H, S\]"),
+        (lambda: call(update=upd.astype(mx.bfloat16)), r"update dtype bfloat16 must match the scales dtype float32"),
+        (lambda: call(update=mx.zeros((1, 2, 5, 64))), r"update has 5 rows but the ring holds only 4"),
+        (lambda: call(update=mx.zeros((1, 2, 1, 128))), r"update rows of 128 elements do not fit packed width 8"),
+        (lambda: call(bits=8), r"update rows of 64 elements do not fit packed width 8 and scales width 2 at 8 bits, group size 32"),
+        (lambda: call(pos=-3), r"pos must be >= 0, got -3"),
+        (lambda: call(update=mx.zeros((1, 2, 64))), r"update must be 4-D"),
+    ]
+    for fn, message in cases:
+        with pytest.raises(ValueError, match=r"^\[mlxq\.quantized_ring_update\] " + message):
+            fn()
+    with pytest.raises(ValueError, match=r"buffer must be a \(packed, scales, biases\) triple"):
+        mlxq.quantized_ring_update((p, s), upd, 0, group_size=32, bits=4)
