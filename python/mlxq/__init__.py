@@ -25,3 +25,28 @@ __all__ = [
     "reference",
     "__version__",
 ]
+
+from . import masks  # noqa: E402
+from .cache import (  # noqa: E402
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    RotatingQuantizedKVCache,
+    SharedKV,
+)
+from .masks import bidirectional_mask, create_attention_mask, create_causal_mask  # noqa: E402
+from .prompt_cache import load_prompt_cache, save_prompt_cache  # noqa: E402
+
+__all__ += [
+    "KVCache",
+    "QuantizedKVCache",
+    "RotatingKVCache",
+    "RotatingQuantizedKVCache",
+    "SharedKV",
+    "masks",
+    "create_causal_mask",
+    "create_attention_mask",
+    "bidirectional_mask",
+    "save_prompt_cache",
+    "load_prompt_cache",
+]

@@ -1,0 +1,20 @@
+"""KV caches with mlx-lm's protocol, updated in place through the ring primitives.
+
+* :class:`KVCache`, :class:`QuantizedKVCache` — grow 256 tokens at a time.
+* :class:`RotatingKVCache`, :class:`RotatingQuantizedKVCache` — sliding-window rings.
+* :class:`SharedKV` — a donor layer's fetch handed to KV-sharing layers.
+"""
+
+from .base import BaseCache
+from .kv import KVCache, QuantizedKVCache
+from .rotating import RotatingKVCache, RotatingQuantizedKVCache
+from .shared import SharedKV
+
+__all__ = [
+    "BaseCache",
+    "KVCache",
+    "QuantizedKVCache",
+    "RotatingKVCache",
+    "RotatingQuantizedKVCache",
+    "SharedKV",
+]

@@ -1,0 +1,197 @@
+"""The cache protocol that mlx-lm's models and prompt-cache files expect.
+
+A cache's ``state`` is ``(keys, values, *scalars)`` in mlx-lm's order (for
+example ``(keys, values, offset)`` for ``KVCache``), so mlx-lm's
+``save_prompt_cache``/``load_prompt_cache`` and ours exchange files freely.
+``meta_state`` is the same scalars as strings.
+"""
+
+import numbers
+from typing import Optional, Tuple
+
+import mlx.core as mx
+
+from ._store import Plain
+
+
+def as_int(value, name: str, where: str, minimum: Optional[int] = None) -> int:
+    """``value`` as an int (also from a 0-d/1-element array), or ValueError."""
+    if isinstance(value, mx.array) and value.size == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"[{where}] {name} must be an int, got {value!r}.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"[{where}] {name} must be >= {minimum}, got {value}.")
+    return int(value)
+
+
+class BaseCache:
+    """Shared by every mlxq cache: state, validation, fetch, share.
+
+    Subclasses set ``_SCALARS`` (the names after keys and values in
+    ``state``), ``_configure()`` (build ``self._store`` and check
+    parameters) and the update/trim/mask rules.
+    """
+
+    step = 256
+    _SCALARS: Tuple[str, ...] = ("offset",)
+    # The class name written to prompt-cache files (mlx-lm resolves it).
+    mlx_lm_name: str = ""
+
+    keys = None
+    values = None
+    offset = 0
+    _store = Plain()
+
+    def _where(self, method: str) -> str:
+        return f"mlxq.{type(self).__name__}.{method}"
+
+    def _configure(self) -> None:
+        """Build ``self._store`` from the parameters and check them."""
+
+    # ------------------------------------------------------------------ state
+    @property
+    def state(self):
+        return (self.keys, self.values) + tuple(getattr(self, n) for n in self._SCALARS)
+
+    @state.setter
+    def state(self, v):
+        names = ("keys", "values") + self._SCALARS
+        v = tuple(v)
+        if len(v) != len(names):
+            raise ValueError(
+                f"[{self._where('state')}] state must be ({', '.join(names)}), "
+                f"got {len(v)} entries."
+            )
+        for name, x in zip(self._SCALARS, v[2:]):
+            setattr(self, name, as_int(x, name, self._where("state")))
+        self._configure()
+        self._adopt(v[0], v[1], "state")
+
+    @property
+    def meta_state(self):
+        return tuple(str(getattr(self, n)) for n in self._SCALARS)
+
+    @meta_state.setter
+    def meta_state(self, v):
+        v = tuple(v)
+        if len(v) != len(self._SCALARS):
+            raise ValueError(
+                f"[{self._where('meta_state')}] meta_state must be "
+                f"({', '.join(self._SCALARS)}) as strings, got {v!r}."
+            )
+        for name, x in zip(self._SCALARS, v):
+            setattr(self, name, as_int(int(x), name, self._where("meta_state")))
+        self._configure()
+
+    @classmethod
+    def from_state(cls, state):
+        """A cache holding ``state`` (as ``state`` returns it), built without ``__init__``."""
+        obj = cls.__new__(cls)
+        obj.state = state
+        return obj
+
+    def _adopt(self, keys, values, method: str) -> None:
+        """Validate and take over stored keys/values (state, restore)."""
+        where = self._where(method)
+        if keys is None and values is None:
+            self.keys = self.values = None
+            self._check_positions(0, where)
+            return
+        if keys is None or values is None:
+            raise ValueError(f"[{where}] keys and values must both be given or both be None.")
+        keys = self._store.check(keys, "keys", where)
+        values = self._store.check(values, "values", where)
+        k0, v0 = (keys[0], values[0]) if self._store.quantized else (keys, values)
+        if k0.shape[:3] != v0.shape[:3]:
+            raise ValueError(
+                f"[{where}] keys and values must agree on [B, H, S]: "
+                f"{tuple(k0.shape[:3])} vs {tuple(v0.shape[:3])}."
+            )
+        self._check_positions(k0.shape[2], where)
+        self.keys, self.values = keys, values
+
+    def _check_positions(self, length: int, where: str) -> None:
+        """Check offset (and ring index) against a buffer of ``length`` rows."""
+        if self.offset < 0 or self.offset > length:
+            raise ValueError(f"[{where}] offset {self.offset} is outside [0, {length}] "
+                             f"(the buffer holds {length} rows).")
+
+    # ---------------------------------------------------------------- updates
+    def _check_update(self, keys, values) -> int:
+        """Validate an update; returns its number of tokens T."""
+        where = self._where("update_and_fetch")
+        for name, x in (("keys", keys), ("values", values)):
+            if not isinstance(x, mx.array) or x.ndim != 4:
+                got = tuple(x.shape) if isinstance(x, mx.array) else type(x).__name__
+                raise ValueError(f"[{where}] {name} must be a 4-D array [B, H, T, D], got {got}.")
+        if keys.shape[:3] != values.shape[:3]:
+            raise ValueError(
+                f"[{where}] keys {tuple(keys.shape)} and values {tuple(values.shape)} "
+                "must agree on [B, H, T]."
+            )
+        if keys.shape[2] < 1:
+            raise ValueError(f"[{where}] an update needs at least one token, got T = 0.")
+        store = self._store
+        for name, x, buf in (("keys", keys, self.keys), ("values", values, self.values)):
+            if store.quantized:
+                if not mx.issubdtype(x.dtype, mx.floating):
+                    raise ValueError(f"[{where}] {name} must be floating point to quantize, got {x.dtype}.")
+                if x.shape[3] % store.group_size:
+                    raise ValueError(
+                        f"[{where}] {name} head dim {x.shape[3]} is not a multiple of "
+                        f"group_size {store.group_size}."
+                    )
+            if buf is None:
+                continue
+            b0 = buf[0] if store.quantized else buf
+            stored = (b0.shape[0], b0.shape[1], store.head_dim(buf), store.dtype(buf))
+            got = (x.shape[0], x.shape[1], x.shape[3], x.dtype)
+            if stored != got:
+                raise ValueError(
+                    f"[{where}] {name} of shape {tuple(x.shape)} and dtype {x.dtype} do not fit "
+                    f"the cache's [B={stored[0]}, H={stored[1]}, *, D={stored[2]}] {stored[3]} buffer."
+                )
+        return keys.shape[2]
+
+    def keys_and_values(self):
+        """The cached keys and values: the buffer up to ``offset`` (a view, no copy)."""
+        if self.keys is None:
+            raise ValueError(f"[{self._where('keys_and_values')}] the cache is empty.")
+        if self.offset < self._store.length(self.keys):
+            return (self._store.rows(self.keys, stop=self.offset),
+                    self._store.rows(self.values, stop=self.offset))
+        return self.keys, self.values
+
+    def update_and_share(self, keys, values):
+        """``update_and_fetch``, returned as a :class:`~mlxq.SharedKV` for sharer layers."""
+        from .shared import SharedKV
+
+        fetched_k, fetched_v = self.update_and_fetch(keys, values)
+        return SharedKV.from_cache(self, fetched_k, fetched_v)
+
+    # ------------------------------------------------------------- accounting
+    def size(self) -> int:
+        return self.offset
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return self._store.nbytes(self.keys) + self._store.nbytes(self.values)
+
+    # ----------------------------------------------------------------- trims
+    def _check_trim(self, n) -> int:
+        return as_int(n, "n", self._where("trim"), minimum=0)
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        """Forget the last ``n`` tokens (at most ``offset``); returns how many."""
+        n = min(self.offset, self._check_trim(n))
+        self.offset -= n
+        return n

@@ -1,0 +1,244 @@
+"""Sliding-window caches: ``RotatingKVCache`` and ``RotatingQuantizedKVCache``.
+
+mlx-lm's ring semantics, step for step, so that fetches, offsets and masks
+are bit-identical to mlx-lm's ``RotatingKVCache``:
+
+* The buffer holds at most ``max_size`` tokens; the first ``keep`` tokens
+  are never evicted, the others are overwritten oldest first.
+* A one-token step writes the token at the ring index (``_idx``), wrapping
+  back to ``keep`` at the end: an O(1) in-place write through the ring
+  primitive. The buffer grows 256 tokens at a time until it reaches
+  ``max_size``.
+* A multi-token step first puts the buffer in temporal order, keeps the
+  newest ``max_size - 1`` tokens (plus the ``keep`` ones) and appends the
+  new tokens, so every new token sees at least ``max_size`` of context.
+
+``RotatingQuantizedKVCache`` runs the same ring over ``mx.quantize`` triples,
+which lets sliding-window models use a quantized cache (mlx-lm's
+``RotatingKVCache.to_quantized`` raises).
+"""
+
+import mlx.core as mx
+
+from ..masks import create_causal_mask
+from ._store import Quantized, check_quantization
+from .base import BaseCache, as_int
+
+
+class _RingCache(BaseCache):
+    _SCALARS = ("offset", "keep", "max_size", "_idx")
+
+    def __init__(self, max_size: int, keep: int = 0):
+        self.keys = None
+        self.values = None
+        self.offset = 0
+        self.max_size = max_size
+        self.keep = keep
+        self._idx = 0
+        self._configure()
+
+    def _configure(self) -> None:
+        where = self._where("__init__")
+        self.max_size = as_int(self.max_size, "max_size", where, minimum=1)
+        self.keep = as_int(self.keep, "keep", where, minimum=0)
+        if self.keep >= self.max_size:
+            raise ValueError(f"[{where}] keep ({self.keep}) must be < max_size ({self.max_size}).")
+
+    @property
+    def ring_index(self) -> int:
+        """Where the next one-token step writes (mlx-lm's ``_idx``), before rotation."""
+        return self._idx
+
+    def _check_positions(self, length: int, where: str) -> None:
+        if self.offset < 0:
+            raise ValueError(f"[{where}] offset must be >= 0, got {self.offset}.")
+        if not 0 <= self._idx <= min(length, self.offset):
+            raise ValueError(
+                f"[{where}] ring index {self._idx} must lie in [0, min(buffer rows "
+                f"{length}, offset {self.offset})]."
+            )
+
+    # ---------------------------------------------------------------- updates
+    def update_and_fetch(self, keys, values):
+        """Add ``keys``/``values`` ``[B, H, T, D]``; return what attention should see.
+
+        One token: the buffer (``[..., :offset, :]`` until it is full), in
+        ring order. Several tokens: the kept context in temporal order
+        followed by the new tokens.
+        """
+        if self._check_update(keys, values) == 1:
+            return self._write_one(keys, values)
+        return self._append_window(keys, values)
+
+    def _drop(self, v, n: int, append=None):
+        """``v`` without the ``n`` rows after the kept prefix, ``append`` added."""
+        rows = self._store.rows
+        parts = [rows(v, stop=self.keep), rows(v, start=n + self.keep)] if n > 0 else [v]
+        if append is not None:
+            parts.append(append)
+        return self._store.concat(parts)
+
+    def _temporal_order(self, v):
+        """The buffer oldest token first, cut to the tokens it holds."""
+        rows, idx = self._store.rows, self._idx
+        if idx == self._store.length(v):
+            return v
+        if idx < self.offset:  # wrapped: the oldest evictable token sits at idx
+            return self._store.concat(
+                [rows(v, stop=self.keep), rows(v, start=idx), rows(v, self.keep, idx)]
+            )
+        return rows(v, stop=idx)
+
+    def _append_window(self, keys, values):
+        store = self._store
+        new_k, new_v = store.encode(keys), store.encode(values)
+        if self.keys is None:
+            self.keys, self.values = new_k, new_v
+        else:
+            old_k = self._temporal_order(self.keys)
+            old_v = self._temporal_order(self.values)
+            excess = store.length(old_k) - self.max_size + 1
+            self.keys = self._drop(old_k, excess, new_k)
+            self.values = self._drop(old_v, excess, new_v)
+        self.offset += keys.shape[2]
+        self._idx = store.length(self.keys)
+        return self.keys, self.values
+
+    def _write_one(self, keys, values):
+        store, prev = self._store, self.offset
+        length = 0 if self.keys is None else store.length(self.keys)
+        if self.keys is None or (prev >= length and length < self.max_size):
+            n = min(self.step, self.max_size - prev)
+            new_k, new_v = store.zeros(keys, n), store.zeros(values, n)
+            if self.keys is None:
+                self.keys, self.values = new_k, new_v
+            else:
+                self.keys = store.concat([self.keys, new_k])
+                self.values = store.concat([self.values, new_v])
+            self._idx = prev
+        excess = store.length(self.keys) - self.max_size
+        if excess > 0:  # after a multi-token step: back to max_size rows
+            self.keys = self._drop(self.keys, excess)
+            self.values = self._drop(self.values, excess)
+            self._idx = self.max_size
+        if self._idx == self.max_size:
+            self._idx = self.keep
+        self.keys = store.write(self.keys, keys, self._idx)
+        self.values = store.write(self.values, values, self._idx)
+        self.offset += 1
+        self._idx += 1
+        return self.keys_and_values()
+
+    # ------------------------------------------------------------ the extras
+    def temporal(self):
+        """Keys and values oldest first: the ``keep`` tokens, then the rest in order.
+
+        Holds ``min(offset, max_size)`` tokens in steady decoding, and all
+        the tokens the last step attended to right after a multi-token step
+        (up to ``max_size - 1 + T``).
+        """
+        if self.keys is None:
+            raise ValueError(f"[{self._where('temporal')}] the cache is empty.")
+        return self._temporal_order(self.keys), self._temporal_order(self.values)
+
+    def restore(self, keys, values, offset: int, ring_index: int):
+        """Adopt persisted buffers with their ``offset`` and ring index; returns ``self``."""
+        where = self._where("restore")
+        self.offset = as_int(offset, "offset", where)
+        self._idx = as_int(ring_index, "ring_index", where)
+        self._adopt(keys, values, "restore")
+        return self
+
+    def size(self) -> int:
+        return min(self.offset, self.max_size)
+
+    def is_trimmable(self) -> bool:
+        return self.offset < self.max_size
+
+    def trim(self, n: int) -> int:
+        """Forget the last ``n`` tokens; refused once the ring has filled up.
+
+        Once ``offset`` reaches ``max_size`` new tokens overwrite old ones,
+        so the tokens before the trimmed ones are no longer all in the
+        buffer and the ring cannot go back (speculative decoding must stop
+        drafting into such a cache).
+        """
+        n = self._check_trim(n)
+        if n and not self.is_trimmable():
+            raise ValueError(
+                f"[{self._where('trim')}] cannot trim {n} tokens: the ring is full "
+                f"(offset {self.offset} >= max_size {self.max_size}), older tokens are "
+                "being overwritten and trimming would expose evicted positions."
+            )
+        n = min(self.offset, n)
+        self.offset -= n
+        self._idx -= n
+        return n
+
+    def make_mask(self, N: int, *, return_array: bool = False, window_size=None):
+        """The mask for an ``N``-token step, exactly as mlx-lm's ``RotatingKVCache``.
+
+        Several tokens: ``"causal"`` while it is exact, else a bool array
+        ``[N, min(offset, max_size - 1) + N]``. One token: ``None``, or, when
+        ``window_size < max_size`` and the window has filled, a bool vector
+        over the ring in ring order.
+        """
+        if N > 1:
+            window_size = window_size or self.max_size
+            offset = min(self.max_size - 1, self.offset)
+            if offset + N > window_size or return_array:
+                return create_causal_mask(N, offset, window_size=window_size)
+            return "causal"
+        if window_size is None or self.offset < window_size or self.max_size <= window_size:
+            return None
+        idx = 0 if self._idx >= self.max_size else self._idx
+        n = min(self.offset + 1, self.max_size)
+        return mx.roll(mx.arange(n) >= n - window_size, shift=idx + 1)
+
+
+class RotatingKVCache(_RingCache):
+    """mlx-lm's ``RotatingKVCache(max_size, keep=0)`` with O(1) in-place decode writes."""
+
+    mlx_lm_name = "RotatingKVCache"
+
+    def to_quantized(self, group_size: int = 64, bits: int = 4) -> "RotatingQuantizedKVCache":
+        """The same ring, quantized as laid out (ring order and index kept)."""
+        cache = RotatingQuantizedKVCache(self.max_size, self.keep, group_size, bits)
+        cache.offset, cache._idx = self.offset, self._idx
+        if self.keys is not None:
+            cache._check_update(self.keys, self.values)
+            cache.keys = cache._store.encode(self.keys)
+            cache.values = cache._store.encode(self.values)
+        return cache
+
+
+class RotatingQuantizedKVCache(_RingCache):
+    """The ring of :class:`RotatingKVCache` over quantized triples.
+
+    Fetches equal ``mx.quantize`` of a ``RotatingKVCache``'s fetches after
+    the same updates; one-token steps quantize and write in one in-place
+    primitive.
+    """
+
+    mlx_lm_name = "RotatingQuantizedKVCache"  # mlx-lm has no such class
+    _SCALARS = _RingCache._SCALARS + ("group_size", "bits")
+
+    def __init__(self, max_size: int, keep: int = 0, group_size: int = 64, bits: int = 8):
+        self.group_size = group_size
+        self.bits = bits
+        super().__init__(max_size, keep)
+
+    def _configure(self) -> None:
+        super()._configure()
+        check_quantization(self.group_size, self.bits, self._where("__init__"))
+        self._store = Quantized(self.group_size, self.bits)
+
+    def to_quantized(self, group_size: int = 64, bits: int = 4) -> "RotatingQuantizedKVCache":
+        """Already quantized: ``self`` when the parameters match."""
+        if (group_size, bits) != (self.group_size, self.bits):
+            raise ValueError(
+                f"[{self._where('to_quantized')}] the cache is quantized with "
+                f"group_size={self.group_size}, bits={self.bits}; cannot requantize to "
+                f"group_size={group_size}, bits={bits}."
+            )
+        return self
