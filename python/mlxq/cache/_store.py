@@ -130,7 +130,7 @@ def _describe(t) -> str:
     if isinstance(t, (tuple, list)):
         return "(" + ", ".join(_describe(a) for a in t) + ")"
     if isinstance(t, mx.array):
-        return f"{t.dtype} {tuple(t.shape)}"
+        return f"{str(t.dtype).rsplit('.', 1)[-1]} {tuple(t.shape)}"
     return type(t).__name__
 
 

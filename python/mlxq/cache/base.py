@@ -25,6 +25,10 @@ def as_int(value, name: str, where: str, minimum: Optional[int] = None) -> int:
     return int(value)
 
 
+def dtype_name(dtype) -> str:
+    return str(dtype).rsplit(".", 1)[-1]
+
+
 class BaseCache:
     """Shared by every mlxq cache: state, validation, fetch, share.
 
@@ -136,7 +140,9 @@ class BaseCache:
         for name, x, buf in (("keys", keys, self.keys), ("values", values, self.values)):
             if store.quantized:
                 if not mx.issubdtype(x.dtype, mx.floating):
-                    raise ValueError(f"[{where}] {name} must be floating point to quantize, got {x.dtype}.")
+                    raise ValueError(
+                        f"[{where}] {name} must be floating point to quantize, got {dtype_name(x.dtype)}."
+                    )
                 if x.shape[3] % store.group_size:
                     raise ValueError(
                         f"[{where}] {name} head dim {x.shape[3]} is not a multiple of "
@@ -149,8 +155,9 @@ class BaseCache:
             got = (x.shape[0], x.shape[1], x.shape[3], x.dtype)
             if stored != got:
                 raise ValueError(
-                    f"[{where}] {name} of shape {tuple(x.shape)} and dtype {x.dtype} do not fit "
-                    f"the cache's [B={stored[0]}, H={stored[1]}, *, D={stored[2]}] {stored[3]} buffer."
+                    f"[{where}] {name} of shape {tuple(x.shape)} and dtype {dtype_name(x.dtype)} "
+                    f"do not fit the cache's [B={stored[0]}, H={stored[1]}, *, D={stored[2]}] "
+                    f"{dtype_name(stored[3])} buffer."
                 )
         return keys.shape[2]
 
