@@ -456,3 +456,27 @@ def test_bad_restore_and_state(rng):
         mlxq.KVCache.from_state((k, v))
     with pytest.raises(ValueError, match="offset must be an int"):
         mlxq.KVCache.from_state((k, v, "8"))
+
+
+@pytest.mark.parametrize("kind", ["kv", "quantized", "rotating", "rotating_quantized"])
+def test_decode_step_writes_in_place(rng, kind):
+    """A one-token step allocates about one row, not a copy of the buffer."""
+    cache = {
+        "kv": lambda: mlxq.KVCache(),
+        "quantized": lambda: mlxq.QuantizedKVCache(64, 8),
+        "rotating": lambda: mlxq.RotatingKVCache(2048, keep=4),
+        "rotating_quantized": lambda: mlxq.RotatingQuantizedKVCache(2048, 4, 64, 8),
+    }[kind]()
+    fetched = cache.update_and_fetch(*kv(rng, 2000, H=8))
+    for _ in range(60):  # into the ring's steady state (and past a wrap)
+        fetched = cache.update_and_fetch(*kv(rng, 1, H=8))
+    mx.eval(fetched)
+    del fetched  # a model drops its fetch after attention; the buffer is then donatable
+    for _ in range(3):
+        k, v = kv(rng, 1, H=8)
+        mx.synchronize()
+        mx.reset_peak_memory()
+        before = mx.get_active_memory()
+        mx.eval(cache.update_and_fetch(k, v))
+        extra = max(mx.get_peak_memory(), before) - before
+        assert extra < cache.nbytes // 64, f"{extra} bytes for one token ({cache.nbytes}-byte cache)"
