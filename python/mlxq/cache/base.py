@@ -123,7 +123,25 @@ class BaseCache:
 
     # ---------------------------------------------------------------- updates
     def _check_update(self, keys, values) -> int:
-        """Validate an update; returns its number of tokens T."""
+        """Validate an update; returns its number of tokens T. (Cheap when valid:
+        it runs on every decoded token.)"""
+        if not (isinstance(keys, mx.array) and isinstance(values, mx.array)
+                and keys.ndim == 4 and values.ndim == 4
+                and keys.shape[:3] == values.shape[:3] and keys.shape[2] >= 1):
+            self._reject_shapes(keys, values)
+        store = self._store
+        for name, x, buf in (("keys", keys, self.keys), ("values", values, self.values)):
+            if store.quantized and (x.shape[3] % store.group_size
+                                    or not mx.issubdtype(x.dtype, mx.floating)):
+                self._reject_quantization(name, x)
+            if buf is not None:
+                b0 = buf[0] if store.quantized else buf
+                if (b0.shape[0], b0.shape[1], store.head_dim(buf), store.dtype(buf)) != (
+                        x.shape[0], x.shape[1], x.shape[3], x.dtype):
+                    self._reject_misfit(name, x, buf)
+        return keys.shape[2]
+
+    def _reject_shapes(self, keys, values):
         where = self._where("update_and_fetch")
         for name, x in (("keys", keys), ("values", values)):
             if not isinstance(x, mx.array) or x.ndim != 4:
@@ -134,32 +152,27 @@ class BaseCache:
                 f"[{where}] keys {tuple(keys.shape)} and values {tuple(values.shape)} "
                 "must agree on [B, H, T]."
             )
-        if keys.shape[2] < 1:
-            raise ValueError(f"[{where}] an update needs at least one token, got T = 0.")
+        raise ValueError(f"[{where}] an update needs at least one token, got T = 0.")
+
+    def _reject_quantization(self, name, x):
+        where = self._where("update_and_fetch")
+        if not mx.issubdtype(x.dtype, mx.floating):
+            raise ValueError(
+                f"[{where}] {name} must be floating point to quantize, got {dtype_name(x.dtype)}."
+            )
+        raise ValueError(
+            f"[{where}] {name} head dim {x.shape[3]} is not a multiple of "
+            f"group_size {self._store.group_size}."
+        )
+
+    def _reject_misfit(self, name, x, buf):
         store = self._store
-        for name, x, buf in (("keys", keys, self.keys), ("values", values, self.values)):
-            if store.quantized:
-                if not mx.issubdtype(x.dtype, mx.floating):
-                    raise ValueError(
-                        f"[{where}] {name} must be floating point to quantize, got {dtype_name(x.dtype)}."
-                    )
-                if x.shape[3] % store.group_size:
-                    raise ValueError(
-                        f"[{where}] {name} head dim {x.shape[3]} is not a multiple of "
-                        f"group_size {store.group_size}."
-                    )
-            if buf is None:
-                continue
-            b0 = buf[0] if store.quantized else buf
-            stored = (b0.shape[0], b0.shape[1], store.head_dim(buf), store.dtype(buf))
-            got = (x.shape[0], x.shape[1], x.shape[3], x.dtype)
-            if stored != got:
-                raise ValueError(
-                    f"[{where}] {name} of shape {tuple(x.shape)} and dtype {dtype_name(x.dtype)} "
-                    f"do not fit the cache's [B={stored[0]}, H={stored[1]}, *, D={stored[2]}] "
-                    f"{dtype_name(stored[3])} buffer."
-                )
-        return keys.shape[2]
+        b0 = buf[0] if store.quantized else buf
+        raise ValueError(
+            f"[{self._where('update_and_fetch')}] {name} of shape {tuple(x.shape)} and dtype "
+            f"{dtype_name(x.dtype)} do not fit the cache's [B={b0.shape[0]}, H={b0.shape[1]}, *, "
+            f"D={store.head_dim(buf)}] {dtype_name(store.dtype(buf))} buffer."
+        )
 
     def keys_and_values(self):
         """The cached keys and values: the buffer up to ``offset`` (a view, no copy)."""

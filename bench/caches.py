@@ -1,0 +1,162 @@
+"""Decode-step cost of each cache: mlxq's caches next to mlx-lm's, in one process.
+
+For each cache filled to N tokens (B=1, H=8, D=128, bf16 keys/values), one
+decode step is ``update_and_fetch`` of a single token, evaluated. It is timed
+(median per token) and its peak-memory delta measured: in-place writes cost
+about one row whatever N is, while a step that copied the buffer would cost
+time and memory in proportion to N.
+
+  kv       mlxq.KVCache                  vs mlx_lm KVCache
+  quant    mlxq.QuantizedKVCache         vs mlx_lm QuantizedKVCache   (group 64, 4 bits)
+  rot      mlxq.RotatingKVCache(N)       vs mlx_lm RotatingKVCache(N) (full ring: wrapped writes)
+  rotq     mlxq.RotatingQuantizedKVCache vs -  (mlx-lm has none: RotatingKVCache.to_quantized raises)
+
+    python bench/caches.py            # N = 1k, 16k, 128k
+    python bench/caches.py --quick    # N = 1k, 4k, few steps
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import mlx.core as mx  # noqa: E402
+from mlx_lm.models import cache as lm  # noqa: E402
+
+import common  # noqa: E402
+import mlxq  # noqa: E402
+
+B, H, D = 1, 8, 128
+DTYPE = mx.bfloat16
+GROUP_SIZE, BITS = 64, 4
+NS = [1024, 16384, 131072]
+HEADROOM = 128  # free rows left in growing caches, so timed steps never grow them
+
+CACHES = {
+    "kv": (lambda n: mlxq.KVCache(), lambda n: lm.KVCache()),
+    "quant": (lambda n: mlxq.QuantizedKVCache(GROUP_SIZE, BITS),
+              lambda n: lm.QuantizedKVCache(GROUP_SIZE, BITS)),
+    "rot": (lambda n: mlxq.RotatingKVCache(n), lambda n: lm.RotatingKVCache(n)),
+    "rotq": (lambda n: mlxq.RotatingQuantizedKVCache(n, 0, GROUP_SIZE, BITS), None),
+}
+
+COLUMNS = [
+    ("cache", "cache", "{}"),
+    ("N", "N", "{}"),
+    ("mlxq us/tok", "mlxq_us", "{:.1f}"),
+    ("mlx-lm us/tok", "mlx_lm_us", "{:.1f}"),
+    ("mlxq peak KiB", "mlxq_peak_kib", "{:.1f}"),
+    ("mlx-lm peak KiB", "mlx_lm_peak_kib", "{:.1f}"),
+    ("row KiB", "row_kib", "{:.1f}"),
+    ("cache MiB", "cache_mib", "{:.1f}"),
+]
+
+
+def rows(n):
+    k = mx.random.normal((B, H, n, D), dtype=DTYPE)
+    v = mx.random.normal((B, H, n, D), dtype=DTYPE)
+    mx.eval(k, v)
+    return k, v
+
+
+def filled(cache, n, rotating):
+    """``cache`` holding ``n`` tokens (a full ring for rotating caches)."""
+    fill = n if rotating else n - HEADROOM
+    chunk = 8192
+    for start in range(0, fill, chunk):
+        fetched = cache.update_and_fetch(*rows(min(chunk, fill - start)))
+        mx.eval(fetched)
+        del fetched
+    return cache
+
+
+def measure(cache, args):
+    """Median µs of one decode step, and the peak-memory delta of one step."""
+    k1, v1 = rows(1)
+
+    def step():
+        return cache.update_and_fetch(k1, v1)  # dropped after eval, as a model drops it
+
+    t = common.time_fn(step, warmup=args.warmup, repeats=args.repeats)
+    mx.synchronize()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    mx.eval(step())
+    peak = max(mx.get_peak_memory(), before) - before
+    return t, peak
+
+
+def bench_row(name, n, args):
+    ours_make, lm_make = CACHES[name]
+    rotating = name.startswith("rot")
+    row = {"cache": name, "N": n, "row_kib": 2 * B * H * D * DTYPE.size / 1024}
+    for who, make in (("mlxq", ours_make), ("mlx_lm", lm_make)):
+        if make is None:
+            continue
+        cache = filled(make(n), n, rotating)
+        t, peak = measure(cache, args)
+        row[f"{who}_us"] = t["median_ms"] * 1e3
+        row[f"{who}_min_us"] = t["min_ms"] * 1e3
+        row[f"{who}_times_ms"] = t["times_ms"]
+        row[f"{who}_peak_kib"] = peak / 1024
+        row["cache_mib"] = cache.nbytes / 2**20
+        del cache
+        mx.clear_cache()
+    return row
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="N in {1024, 4096}, few steps")
+    p.add_argument("--n", type=int, nargs="+", help=f"cache lengths (default {NS})")
+    p.add_argument("--repeats", type=int, default=50, help="timed steps (default 50)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="JSON output path (default bench/results/caches_cpu.json)")
+    args = p.parse_args()
+
+    if args.quick:
+        args.repeats, args.warmup = min(args.repeats, 10), min(args.warmup, 3)
+    if args.warmup + args.repeats + 1 > HEADROOM:
+        p.error(f"warmup + repeats must stay below {HEADROOM} (free rows of the growing caches)")
+    ns = args.n or ([1024, 4096] if args.quick else NS)
+    if args.out is None:
+        name = "caches_cpu_quick.json" if args.quick else "caches_cpu.json"
+        args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name)
+    mx.random.seed(args.seed)
+
+    info = common.machine_info()
+    common.print_machine(info)
+    print(f"step    : update_and_fetch of 1 token, B={B} H={H} D={D} {DTYPE}, evaluated; "
+          f"median of {args.repeats} after {args.warmup} warm-up steps")
+    print(f"quant   : group size {GROUP_SIZE}, {BITS} bits; rotating caches are full rings "
+          "(max_size = N), growing ones have free rows")
+    print("peak    : peak-memory delta of one step (a copy of the buffer would be ~cache MiB)")
+    print()
+
+    table = common.Table(COLUMNS)
+    table.header()
+    out_rows = []
+    for name in CACHES:
+        for n in ns:
+            row = bench_row(name, n, args)
+            out_rows.append(row)
+            table.row(row)
+
+    common.save_json(args.out, {
+        "benchmark": "caches",
+        "machine": info,
+        "mlx_version": info["mlx_version"],
+        "date": info["date"],
+        "settings": {
+            "B": B, "H": H, "D": D, "dtype": "bfloat16", "group_size": GROUP_SIZE,
+            "bits": BITS, "N": ns, "repeats": args.repeats, "warmup": args.warmup,
+            "seed": args.seed, "quick": args.quick,
+        },
+        "rows": out_rows,
+    })
+
+
+if __name__ == "__main__":
+    main()
