@@ -9,7 +9,8 @@ time and memory in proportion to N.
   kv       mlxq.KVCache                  vs mlx_lm KVCache
   quant    mlxq.QuantizedKVCache         vs mlx_lm QuantizedKVCache   (group 64, 4 bits)
   rot      mlxq.RotatingKVCache(N)       vs mlx_lm RotatingKVCache(N) (full ring: wrapped writes)
-  rotq     mlxq.RotatingQuantizedKVCache vs -  (mlx-lm has none: RotatingKVCache.to_quantized raises)
+  rotq     mlxq.RotatingQuantizedKVCache vs -  (mlx-lm has none: its
+                                              RotatingKVCache.to_quantized raises)
 
     python bench/caches.py            # N = 1k, 16k, 128k
     python bench/caches.py --quick    # N = 1k, 4k, few steps

@@ -61,5 +61,6 @@ def random_op(rng, offset, max_size, *, chunk_max, decode_max, trim_max=6):
     if r < (0.3 if filling else 0.1):
         return "trim", int(rng.integers(0, (3 if filling else trim_max) + 1))
     if r < 0.6:
-        return "prefill", int(rng.integers(2, (max(3, max_size // 2) if filling else chunk_max) + 1))
+        longest = max(3, max_size // 2) if filling else chunk_max
+        return "prefill", int(rng.integers(2, longest + 1))
     return "decode", int(rng.integers(1, (3 if filling else decode_max) + 1))

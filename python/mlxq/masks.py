@@ -74,7 +74,9 @@ def _span_membership(spans: Sequence[Span], total: int) -> mx.array:
     ids = [0] * total
     for k, span in enumerate(spans, start=1):
         if len(span) != 2:
-            raise ValueError(f"[mlxq.bidirectional_mask] a span must be (start, end), got {span!r}.")
+            raise ValueError(
+                f"[mlxq.bidirectional_mask] a span must be (start, end), got {span!r}."
+            )
         start, end = int(span[0]), int(span[1])
         if not 0 <= start < end <= total:
             raise ValueError(
