@@ -18,6 +18,7 @@ time and memory in proportion to N.
 
 import argparse
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +33,7 @@ B, H, D = 1, 8, 128
 DTYPE = mx.bfloat16
 GROUP_SIZE, BITS = 64, 4
 NS = [1024, 16384, 131072]
-HEADROOM = 128  # free rows left in growing caches, so timed steps never grow them
+HEADROOM = 256  # free rows left in growing caches, so timed steps never grow them
 
 CACHES = {
     "kv": (lambda n: mlxq.KVCache(), lambda n: lm.KVCache()),
@@ -47,6 +48,8 @@ COLUMNS = [
     ("N", "N", "{}"),
     ("mlxq us/tok", "mlxq_us", "{:.1f}"),
     ("mlx-lm us/tok", "mlx_lm_us", "{:.1f}"),
+    ("mlxq min", "mlxq_min_us", "{:.1f}"),
+    ("mlx-lm min", "mlx_lm_min_us", "{:.1f}"),
     ("mlxq peak KiB", "mlxq_peak_kib", "{:.1f}"),
     ("mlx-lm peak KiB", "mlx_lm_peak_kib", "{:.1f}"),
     ("row KiB", "row_kib", "{:.1f}"),
@@ -72,38 +75,44 @@ def filled(cache, n, rotating):
     return cache
 
 
-def measure(cache, args):
-    """Median µs of one decode step, and the peak-memory delta of one step."""
+def step_fn(cache):
     k1, v1 = rows(1)
 
     def step():
         return cache.update_and_fetch(k1, v1)  # dropped after eval, as a model drops it
 
-    t = common.time_fn(step, warmup=args.warmup, repeats=args.repeats)
+    return step
+
+
+def peak_of_one_step(step):
     mx.synchronize()
     mx.reset_peak_memory()
     before = mx.get_active_memory()
     mx.eval(step())
-    peak = max(mx.get_peak_memory(), before) - before
-    return t, peak
+    return max(mx.get_peak_memory(), before) - before
 
 
 def bench_row(name, n, args):
-    ours_make, lm_make = CACHES[name]
+    """Both caches filled to ``n``, then timed in alternating rounds (the machine's
+    drift hits both alike)."""
     rotating = name.startswith("rot")
     row = {"cache": name, "N": n, "row_kib": 2 * B * H * D * DTYPE.size / 1024}
-    for who, make in (("mlxq", ours_make), ("mlx_lm", lm_make)):
-        if make is None:
-            continue
-        cache = filled(make(n), n, rotating)
-        t, peak = measure(cache, args)
-        row[f"{who}_us"] = t["median_ms"] * 1e3
-        row[f"{who}_min_us"] = t["min_ms"] * 1e3
-        row[f"{who}_times_ms"] = t["times_ms"]
-        row[f"{who}_peak_kib"] = peak / 1024
+    caches = {who: filled(make(n), n, rotating)
+              for who, make in zip(("mlxq", "mlx_lm"), CACHES[name]) if make is not None}
+    steps = {who: step_fn(cache) for who, cache in caches.items()}
+    times = {who: [] for who in caches}
+    for _ in range(args.rounds):
+        for who, step in steps.items():
+            times[who] += common.time_fn(step, warmup=args.warmup,
+                                         repeats=args.repeats)["times_ms"]
+    for who, cache in caches.items():
+        row[f"{who}_us"] = statistics.median(times[who]) * 1e3
+        row[f"{who}_min_us"] = min(times[who]) * 1e3
+        row[f"{who}_times_ms"] = times[who]
+        row[f"{who}_peak_kib"] = peak_of_one_step(steps[who]) / 1024
         row["cache_mib"] = cache.nbytes / 2**20
-        del cache
-        mx.clear_cache()
+    del caches, steps
+    mx.clear_cache()
     return row
 
 
@@ -111,16 +120,19 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="N in {1024, 4096}, few steps")
     p.add_argument("--n", type=int, nargs="+", help=f"cache lengths (default {NS})")
-    p.add_argument("--repeats", type=int, default=50, help="timed steps (default 50)")
-    p.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="alternating rounds of mlxq then mlx-lm steps (default 5)")
+    p.add_argument("--repeats", type=int, default=20, help="timed steps a round (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps a round (default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="JSON output path (default bench/results/caches_cpu.json)")
     args = p.parse_args()
 
     if args.quick:
-        args.repeats, args.warmup = min(args.repeats, 10), min(args.warmup, 3)
-    if args.warmup + args.repeats + 1 > HEADROOM:
-        p.error(f"warmup + repeats must stay below {HEADROOM} (free rows of the growing caches)")
+        args.rounds, args.repeats = min(args.rounds, 2), min(args.repeats, 10)
+    if args.rounds * (args.warmup + args.repeats) + 1 > HEADROOM:
+        p.error(f"rounds * (warmup + repeats) must stay below {HEADROOM} "
+                "(the free rows of the growing caches)")
     ns = args.n or ([1024, 4096] if args.quick else NS)
     if args.out is None:
         name = "caches_cpu_quick.json" if args.quick else "caches_cpu.json"
@@ -129,8 +141,9 @@ def main():
 
     info = common.machine_info()
     common.print_machine(info)
-    print(f"step    : update_and_fetch of 1 token, B={B} H={H} D={D} {DTYPE}, evaluated; "
-          f"median of {args.repeats} after {args.warmup} warm-up steps")
+    print(f"step    : update_and_fetch of 1 token, B={B} H={H} D={D} bfloat16, evaluated; "
+          f"median (and min) of {args.rounds} rounds x {args.repeats} steps, mlxq and "
+          f"mlx-lm alternating, {args.warmup} warm-up steps a round")
     print(f"quant   : group size {GROUP_SIZE}, {BITS} bits; rotating caches are full rings "
           "(max_size = N), growing ones have free rows")
     print("peak    : peak-memory delta of one step (a copy of the buffer would be ~cache MiB)")
@@ -152,7 +165,8 @@ def main():
         "date": info["date"],
         "settings": {
             "B": B, "H": H, "D": D, "dtype": "bfloat16", "group_size": GROUP_SIZE,
-            "bits": BITS, "N": ns, "repeats": args.repeats, "warmup": args.warmup,
+            "bits": BITS, "N": ns, "rounds": args.rounds, "repeats": args.repeats,
+            "warmup": args.warmup,
             "seed": args.seed, "quick": args.quick,
         },
         "rows": out_rows,
