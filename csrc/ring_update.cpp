@@ -146,6 +146,25 @@ std::vector<mx::array> quantized_ring_update(
       {packed, scales, biases, update, p});
 }
 
+namespace detail {
+
+bool can_update_in_place(const mx::array& buffer) {
+  return buffer.is_donatable() && buffer.flags().row_contiguous &&
+      buffer.data_size() == buffer.size();
+}
+
+void release_sibling_inputs(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs) {
+  for (auto& o : outputs) {
+    if (&o.inputs() != &inputs) {
+      o.inputs().clear();
+    }
+  }
+}
+
+} // namespace detail
+
 bool QuantizedRingUpdate::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedRingUpdate&>(other);
   return group_size_ == o.group_size_ && bits_ == o.bits_;

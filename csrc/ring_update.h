@@ -69,6 +69,25 @@ class QuantizedRingUpdate : public mx::Primitive {
   int bits_;
 };
 
+// Shared by the backends' eval functions.
+namespace detail {
+
+// True when `buffer`'s memory may become the output's (MLX says it is not
+// referenced elsewhere) and is row-contiguous, so only new rows are written.
+bool can_update_in_place(const mx::array& buffer);
+
+// mx::array::make_arrays gives each output of a multi-output primitive its
+// own copy of the input list, so every input is referenced once per output
+// and never looks donatable. Only the list this evaluation reads is needed
+// (MLX detaches all outputs right after), so the siblings' copies are dropped
+// first: an input then counts as donatable exactly when a single-output
+// primitive's input would.
+void release_sibling_inputs(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs);
+
+} // namespace detail
+
 mx::array ring_update(
     const mx::array& buffer,
     const mx::array& update,

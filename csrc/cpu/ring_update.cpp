@@ -21,8 +21,7 @@ namespace {
 // Points `out` at `in`'s memory when it can be updated in place; else gives
 // it new memory and returns true: the caller must copy `in` into it.
 bool take_or_allocate(const mx::array& in, mx::array& out) {
-  if (in.is_donatable() && in.flags().row_contiguous &&
-      in.data_size() == in.size()) {
+  if (detail::can_update_in_place(in)) {
     out.copy_shared_buffer(in);
     return false;
   }
@@ -60,22 +59,6 @@ void copy_all(const mx::array& a, char* dst) {
         copy_row(a, row_ptr(a, b, h, s), dst, D);
         dst += row_bytes;
       }
-    }
-  }
-}
-
-// mx::array::make_arrays gives each output of a multi-output primitive its own
-// copy of the input list, so every input is referenced once per output and
-// never looks donatable. Only the list this evaluation reads is needed now
-// (MLX detaches all outputs right after), so the siblings' copies are dropped
-// first: an input then counts as donatable exactly when a single-output
-// primitive's input would.
-void release_sibling_inputs(
-    const std::vector<mx::array>& inputs,
-    std::vector<mx::array>& outputs) {
-  for (auto& o : outputs) {
-    if (&o.inputs() != &inputs) {
-      o.inputs().clear();
     }
   }
 }
@@ -163,7 +146,7 @@ void RingUpdate::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
 void QuantizedRingUpdate::eval_cpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
-  release_sibling_inputs(inputs, outputs);
+  detail::release_sibling_inputs(inputs, outputs);
   bool copy[3];
   for (int i = 0; i < 3; ++i) {
     copy[i] = take_or_allocate(inputs[i], outputs[i]);

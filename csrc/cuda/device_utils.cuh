@@ -1,0 +1,69 @@
+// Small device helpers shared by mlxq's CUDA kernels (no MLX headers here:
+// nvcc cannot parse them).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/kernel_args.h"
+
+namespace mlxq::cuda {
+
+__device__ __forceinline__ float load_float(const void* base, int64_t i, int dtype) {
+  switch (dtype) {
+    case kF16: return __half2float(static_cast<const __half*>(base)[i]);
+    case kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    case kBool: return static_cast<const bool*>(base)[i] ? 1.0f : 0.0f;
+    default: return static_cast<const float*>(base)[i];
+  }
+}
+
+__device__ __forceinline__ void store_float(void* base, int64_t i, int dtype, float v) {
+  switch (dtype) {
+    case kF16: static_cast<__half*>(base)[i] = __float2half(v); break;
+    case kBF16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16(v); break;
+    default: static_cast<float*>(base)[i] = v; break;
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  }
+  return v;
+}
+
+__device__ __forceinline__ float warp_min(float v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  }
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  }
+  return v;
+}
+
+// Code i of a row of MLX-packed codes (one little-endian bit stream).
+template <int BITS>
+__device__ __forceinline__ uint32_t extract_code(const uint32_t* words, int i) {
+  constexpr uint32_t mask = (1u << BITS) - 1u;
+  const int bit = i * BITS;
+  const int word = bit >> 5;
+  const int off = bit & 31;
+  uint32_t v = words[word] >> off;
+  if constexpr (32 % BITS != 0) {
+    if (off + BITS > 32) {
+      v |= words[word + 1] << (32 - off);
+    }
+  }
+  return v & mask;
+}
+
+} // namespace mlxq::cuda

@@ -1,0 +1,100 @@
+// Arguments of mlxq's CUDA kernels, shared by the .cu kernels and the .cpp
+// launch glue (which cannot include each other's headers: nvcc cannot parse
+// MLX's, and MLX's launch API takes driver CUfunction handles). Each kernel
+// takes one of these structs by value.
+#pragma once
+
+#include <cstdint>
+
+namespace mlxq::cuda {
+
+// Element types, as the kernels read them.
+enum DType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kBool = 3 };
+
+// Keys per tile and the most query rows (query heads x positions of one KV
+// head) one block attends at once.
+constexpr int kTileKeys = 32;
+constexpr int kMaxTileRows = 16;
+constexpr int kBlockThreads = 128;
+
+struct SdpaArgs {
+  const void* q;
+  const uint32_t* kw;
+  const void* ks;
+  const void* kb;
+  const uint32_t* vw;
+  const void* vs;
+  const void* vb;
+  const void* mask;
+  const float* sinks; // [Hq] or null
+  void* out; // [B, Hq, L, Dv], contiguous
+  float* part_o; // splits > 1: [B * Hkv * row_tiles * splits, row_tile, Dv]
+  float* part_ml; // splits > 1: [..., row_tile, 2] (max, sum)
+  // Strides in elements of the 4-D inputs (mask: broadcast to [B, Hq, L, N]).
+  int64_t q_st[4], kw_st[4], ks_st[4], kb_st[4], vw_st[4], vs_st[4], vb_st[4],
+      m_st[4];
+  int B, Hq, Hkv, L, N, Dk, Dv, rep, gs, bits;
+  int q_dtype, s_dtype, mask_dtype;
+  int mask_kind; // 0 none, 1 causal, 2 array
+  float scale;
+  int rows; // rep * L rows per (batch, KV head)
+  int row_tile; // rows per block (<= kMaxTileRows)
+  int row_tiles;
+  int splits;
+  int split_keys; // keys per split, a multiple of kTileKeys
+  int vec_loads; // 1: K/V rows and bases allow 16-byte loads
+};
+
+struct MergeArgs {
+  const float* part_o;
+  const float* part_ml;
+  const float* sinks;
+  void* out;
+  int B, Hq, Hkv, L, Dv, rep, rows, row_tile, row_tiles, splits, out_dtype;
+};
+
+struct RingArgs {
+  const void* src; // update [B, H, T, D] (strided)
+  void* dst; // buffer [B, H, S, D] (row-contiguous)
+  const int32_t* pos;
+  int64_t src_st[4];
+  int B, H, T, S, D;
+  int itemsize;
+};
+
+struct CopyArgs {
+  const void* src; // [B, H, S, D] (strided)
+  void* dst; // row-contiguous
+  int64_t src_st[4];
+  int B, H, S, D;
+  int itemsize;
+};
+
+struct QuantRingArgs {
+  const void* src; // update [B, H, T, D] (strided), dtype = scales dtype
+  uint32_t* packed; // [B, H, S, W]
+  void* scales; // [B, H, S, G]
+  void* biases;
+  const int32_t* pos;
+  int64_t src_st[4];
+  int B, H, T, S, D, W, G, gs, bits, dtype;
+};
+
+struct FillArgs {
+  void* dst;
+  int64_t n_words; // 4-byte words
+  uint32_t value;
+};
+
+// Driver handles of the kernels (cudaGetFuncBySymbol in the .cu files).
+void* sdpa_kernel(int bits);
+void* merge_kernel();
+void* ring_kernel();
+void* copy_kernel();
+void* quant_ring_kernel(int bits, int group_size);
+void* fill_kernel();
+
+// Dynamic shared memory of the sdpa kernel for the given head dims.
+int sdpa_smem_bytes(int Dk, int Dv, int bits);
+
+} // namespace mlxq::cuda

@@ -1,0 +1,58 @@
+#include "cuda/launch.h"
+
+#include <cuda_runtime.h>
+
+#include "debug.h"
+#include "mlx/backend/cuda/utils.h"
+
+namespace mlxq::cuda {
+
+DType dtype_code(mx::Dtype dtype) {
+  switch (dtype) {
+    case mx::float16: return kF16;
+    case mx::bfloat16: return kBF16;
+    case mx::bool_: return kBool;
+    default: return kF32;
+  }
+}
+
+int sm_count() {
+  static int count = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n > 0 ? n : 1;
+  }();
+  return count;
+}
+
+void allocate(mx::array& a, mx::cu::CommandEncoder& enc) {
+  a.set_data(mx::cu::malloc_async(a.nbytes(), enc));
+}
+
+void poison(mx::array& a, mx::cu::CommandEncoder& enc) {
+  if (!poison_outputs() || a.nbytes() < 4) {
+    return;
+  }
+  FillArgs args{};
+  args.dst = mx::gpu_ptr<void>(a);
+  args.n_words = static_cast<int64_t>(a.nbytes() / 4);
+  switch (a.dtype()) {
+    case mx::float32: args.value = 0x7FC00000u; break;
+    case mx::float16: args.value = 0x7E007E00u; break;
+    case mx::bfloat16: args.value = 0x7FC07FC0u; break;
+    default: args.value = 0xFFFFFFFFu; break;
+  }
+  const int threads = 256;
+  const unsigned blocks = static_cast<unsigned>((args.n_words + threads - 1) / threads);
+  enc.set_output_array(a);
+  launch(enc, fill_kernel(), dim3(blocks), dim3(threads), 0, args);
+}
+
+void copy_strides(const mx::array& a, int64_t* dst) {
+  for (int d = 0; d < 4; ++d) {
+    dst[d] = a.strides()[d];
+  }
+}
+
+} // namespace mlxq::cuda

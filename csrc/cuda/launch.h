@@ -1,0 +1,39 @@
+// Host-side helpers for launching mlxq's CUDA kernels from eval_gpu.
+#pragma once
+
+#include "mlx/backend/cuda/device.h"
+
+#include "cuda/kernel_args.h"
+
+namespace mlxq::cuda {
+
+namespace mx = mlx::core;
+
+DType dtype_code(mx::Dtype dtype);
+
+// Streaming multiprocessors of the current device (queried once).
+int sm_count();
+
+// Allocates a kernel output (or scratch) on the encoder's stream.
+void allocate(mx::array& a, mx::cu::CommandEncoder& enc);
+
+// Fills a fresh output with NaN (floats) or 0xFF bytes when the test hook
+// asks for poisoned outputs (see debug.h).
+void poison(mx::array& a, mx::cu::CommandEncoder& enc);
+
+// Copies the strides of a 4-D array into dst[4].
+void copy_strides(const mx::array& a, int64_t* dst);
+
+// Launches a kernel handle from kernel_args.h with one by-value argument.
+template <typename Args>
+void launch(
+    mx::cu::CommandEncoder& enc,
+    void* kernel,
+    dim3 grid,
+    dim3 block,
+    uint32_t smem,
+    Args& args) {
+  enc.add_kernel_node_ex(static_cast<CUfunction>(kernel), grid, block, dim3{}, smem, args);
+}
+
+} // namespace mlxq::cuda
