@@ -7,6 +7,7 @@
 #include <nanobind/stl/variant.h>
 
 #include "debug.h"
+#include "metal/dispatch_bindings.h"
 #include "quantized_sdpa.h"
 #include "ring_update.h"
 
@@ -73,4 +74,6 @@ NB_MODULE(_ext, m) {
       &mlxq::set_poison_outputs,
       "enabled"_a,
       "Test hook: fill every new mlxq output with NaN/0xFF before its kernel runs.");
+
+  mlxq::metal_dispatch::add_plan_bindings(m);
 }

@@ -1,0 +1,190 @@
+#include "metal/dispatch.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace mlxq::metal_dispatch {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// 16-byte loads of packed K/V rows need rows of whole uint4s at 16-byte
+// aligned addresses (MTLBuffer bases are page aligned).
+bool vec4_ok(int words, const int64_t strides[3], int64_t offset) {
+  return words % 4 == 0 && strides[0] % 4 == 0 && strides[1] % 4 == 0 &&
+      strides[2] % 4 == 0 && offset % 4 == 0;
+}
+
+// Threads per threadgroup of an element-wise dispatch over (x, y).
+Size3 elementwise_group(int64_t x, int64_t y) {
+  Size3 g;
+  g.x = std::max<int64_t>(1, std::min<int64_t>(x, 256));
+  g.y = std::max<int64_t>(1, std::min<int64_t>(y, 256 / g.x));
+  return g;
+}
+
+} // namespace
+
+const char* dtype_tag(int dtype) {
+  switch (dtype) {
+    case MLXQ_DT_F16: return "f16";
+    case MLXQ_DT_BF16: return "bf16";
+    default: return "f32";
+  }
+}
+
+SdpaPlan plan_sdpa(const SdpaProblem& pr) {
+  if (pr.Hkv < 1 || pr.Hq % pr.Hkv != 0 || pr.Dk % 32 != 0 ||
+      pr.Dv % 32 != 0 || pr.Dk > 512 || pr.Dv > 512 || pr.group_size < 32) {
+    throw std::invalid_argument("[mlxq.metal] unsupported QuantizedSDPA shape");
+  }
+  SdpaPlan plan;
+  MlxqSdpaParams& p = plan.params;
+  p.B = pr.B;
+  p.Hq = pr.Hq;
+  p.Hkv = pr.Hkv;
+  p.L = pr.L;
+  p.N = pr.N;
+  p.Dk = pr.Dk;
+  p.Dv = pr.Dv;
+  p.rep = pr.Hq / pr.Hkv;
+  p.group_size = pr.group_size;
+  p.mask_kind = pr.mask_kind;
+  p.scale_dtype = pr.scale_dtype;
+  p.has_sinks = pr.has_sinks ? 1 : 0;
+  p.scale = pr.scale;
+  for (int d = 0; d < 4; ++d) {
+    p.q_strides[d] = pr.q_strides[d];
+    p.m_strides[d] = pr.m_strides[d];
+  }
+  for (int d = 0; d < 3; ++d) {
+    p.kw_strides[d] = pr.k_strides[0][d];
+    p.ks_strides[d] = pr.k_strides[1][d];
+    p.kb_strides[d] = pr.k_strides[2][d];
+    p.vw_strides[d] = pr.v_strides[0][d];
+    p.vs_strides[d] = pr.v_strides[1][d];
+    p.vb_strides[d] = pr.v_strides[2][d];
+  }
+  p.sinks_stride = pr.sinks_stride;
+  p.k_vec4 = vec4_ok(pr.Dk * pr.bits / 32, pr.k_strides[0], pr.k_packed_offset);
+  p.v_vec4 = vec4_ok(pr.Dv * pr.bits / 32, pr.v_strides[0], pr.v_packed_offset);
+
+  // Row tiles: one SIMD group per row, at most MLXQ_MAX_ROW_TILE rows.
+  p.rows = p.rep * pr.L;
+  const int tiles = static_cast<int>(ceil_div(p.rows, MLXQ_MAX_ROW_TILE));
+  p.row_tile = std::max(1, static_cast<int>(ceil_div(p.rows, std::max(tiles, 1))));
+  p.row_tiles = std::max(1, static_cast<int>(ceil_div(p.rows, p.row_tile)));
+  const int64_t units = int64_t(pr.B) * pr.Hkv * p.row_tiles;
+  const int target = std::max(1, pr.target_threadgroups);
+
+  bool prefill = pr.mode == SdpaMode::Prefill;
+  if (pr.mode == SdpaMode::Auto) {
+    // Prefill walks all keys in one threadgroup per row tile: only worth it
+    // when the row tiles alone give the GPU enough threadgroups.
+    prefill = pr.L >= kPrefillMinL && units * 4 >= target;
+  }
+  plan.prefill = prefill;
+  const int dmax = std::max(pr.Dk, pr.Dv) <= 128 ? 128 : 512;
+  const std::string suffix = std::string(dtype_tag(pr.q_dtype)) + "_b" +
+      std::to_string(pr.bits) + "_d" + std::to_string(dmax);
+  plan.group = Size3{32 * int64_t(p.row_tile), 1, 1};
+
+  if (prefill) {
+    p.n_blocks = 1;
+    p.block_keys = pr.N;
+    p.direct = 1;
+    plan.kernel = "mlxq_qsdpa_prefill_" + suffix;
+    plan.grid = Size3{p.row_tiles, pr.Hkv, pr.B};
+    return plan;
+  }
+
+  // Decode: split the keys into blocks until B * Hkv * row tiles * blocks
+  // threadgroups reach the target, keeping at least min_block_keys keys
+  // (rounded to whole 32-key tiles) per block.
+  const int min_keys = std::max(1, pr.min_block_keys);
+  int64_t blocks = ceil_div(target, units);
+  blocks = std::min<int64_t>(blocks, std::max<int64_t>(1, pr.N / min_keys));
+  blocks = std::clamp<int64_t>(blocks, 1, kMaxBlocks);
+  int64_t block_keys = ceil_div(std::max(pr.N, 1), blocks);
+  block_keys = ceil_div(block_keys, MLXQ_TILE_KEYS) * MLXQ_TILE_KEYS;
+  blocks = std::max<int64_t>(1, ceil_div(pr.N, block_keys));
+  p.n_blocks = static_cast<int>(blocks);
+  p.block_keys = static_cast<int>(block_keys);
+  p.direct = blocks == 1 ? 1 : 0;
+  plan.kernel = "mlxq_qsdpa_decode_" + suffix;
+  plan.grid = Size3{blocks, int64_t(p.row_tiles) * pr.Hkv, pr.B};
+  if (!p.direct) {
+    plan.merge = true;
+    plan.merge_kernel = std::string("mlxq_qsdpa_merge_") + dtype_tag(pr.q_dtype);
+    const int64_t rows_total = int64_t(pr.B) * pr.Hkv * p.rows;
+    plan.merge_group = Size3{32 * kMergeSimdGroups, 1, 1};
+    plan.merge_grid = Size3{ceil_div(rows_total, kMergeSimdGroups), 1, 1};
+    plan.partial_o_floats = rows_total * blocks * pr.Dv;
+    plan.partial_ml_floats = rows_total * blocks * 2;
+  }
+  return plan;
+}
+
+RingPlan plan_ring_update(
+    int B, int H, int S, int T, int D, int itemsize,
+    const int64_t upd_strides[4]) {
+  RingPlan plan;
+  plan.kernel = "mlxq_ring_update_u" + std::to_string(8 * itemsize);
+  plan.grid = Size3{D, T, int64_t(B) * H};
+  plan.group = elementwise_group(D, T);
+  plan.grid_is_threads = true;
+  MlxqRingParams& p = plan.params;
+  for (int d = 0; d < 4; ++d) {
+    p.upd_strides[d] = upd_strides[d];
+  }
+  p.B = B;
+  p.H = H;
+  p.S = S;
+  p.T = T;
+  p.D = D;
+  return plan;
+}
+
+RingPlan plan_quantized_ring_update(
+    int B, int H, int S, int T, int D, int group_size, int bits, int dtype,
+    const int64_t upd_strides[4]) {
+  RingPlan plan;
+  plan.kernel = std::string("mlxq_quantized_ring_update_") + dtype_tag(dtype) +
+      "_b" + std::to_string(bits);
+  const int G = D / group_size;
+  plan.grid = Size3{G, T, int64_t(B) * H};
+  plan.group = Size3{32, 1, 1}; // one SIMD group per quantization group
+  plan.grid_is_threads = false;
+  MlxqRingParams& p = plan.params;
+  for (int d = 0; d < 4; ++d) {
+    p.upd_strides[d] = upd_strides[d];
+  }
+  p.B = B;
+  p.H = H;
+  p.S = S;
+  p.T = T;
+  p.D = D;
+  p.group_size = group_size;
+  p.bits = bits;
+  p.W = D * bits / 32;
+  p.G = G;
+  return plan;
+}
+
+CopyPlan plan_copy4d(const int shape[4], const int64_t strides[4], int itemsize) {
+  CopyPlan plan;
+  plan.kernel = "mlxq_copy4d_u" + std::to_string(8 * itemsize);
+  plan.grid = Size3{shape[3], shape[2], int64_t(shape[0]) * shape[1]};
+  plan.group = elementwise_group(shape[3], shape[2]);
+  plan.grid_is_threads = true;
+  for (int d = 0; d < 4; ++d) {
+    plan.params.shape[d] = shape[d];
+    plan.params.src_strides[d] = strides[d];
+  }
+  return plan;
+}
+
+} // namespace mlxq::metal_dispatch

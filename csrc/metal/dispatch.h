@@ -1,0 +1,120 @@
+// Grid arithmetic of mlxq's Metal kernels: which kernel, how many key blocks,
+// threadgroup and grid sizes, partial-buffer sizes and the argument block.
+//
+// Plain C++ with no Metal dependency: compiled on every platform, called by
+// the Metal host code (csrc/metal/*.cpp) and, through mlxq._ext's
+// `_metal_plan_*` bindings, by the emulator tests (tests/metal), so the
+// kernels run under the emulator exactly as they are dispatched on a Mac.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "../../metal/mlxq_params.h"
+
+namespace mlxq::metal_dispatch {
+
+// Buffer indices ([[buffer(n)]]) of each kernel family.
+namespace slots {
+// mlxq_qsdpa_decode_* / mlxq_qsdpa_prefill_* (prefill has no partials)
+constexpr int kQ = 0, kKPacked = 1, kKScales = 2, kKBiases = 3, kVPacked = 4,
+              kVScales = 5, kVBiases = 6, kMask = 7, kSinks = 8, kOut = 9,
+              kPartialO = 10, kPartialML = 11, kSdpaParams = 12;
+// mlxq_qsdpa_merge_*
+constexpr int kMergePartialO = 0, kMergePartialML = 1, kMergeSinks = 2,
+              kMergeOut = 3, kMergeParams = 4;
+// mlxq_ring_update_*
+constexpr int kRingUpdate = 0, kRingPos = 1, kRingOut = 2, kRingParams = 3;
+// mlxq_quantized_ring_update_*
+constexpr int kQRingUpdate = 0, kQRingPos = 1, kQRingPacked = 2,
+              kQRingScales = 3, kQRingBiases = 4, kQRingParams = 5;
+// mlxq_copy4d_*
+constexpr int kCopySrc = 0, kCopyDst = 1, kCopyParams = 2;
+} // namespace slots
+
+struct Size3 {
+  int64_t x = 1, y = 1, z = 1;
+  bool empty() const {
+    return x <= 0 || y <= 0 || z <= 0;
+  }
+};
+
+enum class SdpaMode { Auto = 0, Decode = 1, Prefill = 2 };
+
+// Defaults of the decode split (overridable for tests).
+constexpr int kTargetThreadgroups = 256; // enough to fill the largest Apple GPUs
+constexpr int kMinBlockKeys = 64;        // keys per block at least
+constexpr int kMaxBlocks = 1024;
+constexpr int kPrefillMinL = 16;         // shortest query run that uses prefill
+constexpr int kMergeSimdGroups = 4;      // rows per merge threadgroup
+
+struct SdpaProblem {
+  int B = 1, Hq = 1, Hkv = 1, L = 1, N = 0, Dk = 0, Dv = 0;
+  int bits = 4, group_size = 64;
+  int q_dtype = MLXQ_DT_F32;     // also the output dtype
+  int scale_dtype = MLXQ_DT_F32; // scales and biases of K and V
+  int mask_kind = MLXQ_MASK_NONE;
+  bool has_sinks = false;
+  float scale = 1.0f;
+  // Strides in elements. K/V: [packed, scales, biases] x [B, Hkv, N].
+  int64_t q_strides[4] = {0, 0, 0, 1};
+  int64_t k_strides[3][3] = {};
+  int64_t v_strides[3][3] = {};
+  int64_t k_packed_offset = 0; // element offset of the packed views (for
+  int64_t v_packed_offset = 0; // the 16-byte load alignment check)
+  int64_t m_strides[4] = {};
+  int64_t sinks_stride = 1;
+  SdpaMode mode = SdpaMode::Auto;
+  int target_threadgroups = kTargetThreadgroups;
+  int min_block_keys = kMinBlockKeys;
+};
+
+struct SdpaPlan {
+  std::string kernel; // mlxq_qsdpa_{decode,prefill}_<q dtype>_b<bits>_d<128|512>
+  Size3 grid;         // threadgroups per grid (dispatch_threadgroups)
+  Size3 group;        // threads per threadgroup
+  bool prefill = false;
+  bool merge = false; // a merge pass follows (decode with > 1 key block)
+  std::string merge_kernel;
+  Size3 merge_grid, merge_group;
+  int64_t partial_o_floats = 0; // f32 elements of the partial buffers
+  int64_t partial_ml_floats = 0;
+  MlxqSdpaParams params{};
+};
+
+SdpaPlan plan_sdpa(const SdpaProblem& pr);
+
+// Ring updates and the strided copy. `grid_is_threads`: dispatch_threads
+// (grid counts threads) rather than dispatch_threadgroups.
+struct ElementwisePlan {
+  std::string kernel;
+  Size3 grid, group;
+  bool grid_is_threads = true;
+};
+
+struct RingPlan : ElementwisePlan {
+  MlxqRingParams params{};
+};
+
+struct CopyPlan : ElementwisePlan {
+  MlxqCopyParams params{};
+};
+
+// Buffer [B, H, S, D] of `itemsize`-byte elements, update [B, H, T, D].
+RingPlan plan_ring_update(
+    int B, int H, int S, int T, int D, int itemsize,
+    const int64_t upd_strides[4]);
+
+// Update [B, H, T, D] in `dtype` (MLXQ_DT_*), quantized into rows of S.
+RingPlan plan_quantized_ring_update(
+    int B, int H, int S, int T, int D, int group_size, int bits, int dtype,
+    const int64_t upd_strides[4]);
+
+// A strided [s0, s1, s2, s3] array of `itemsize`-byte elements into a
+// row-contiguous one.
+CopyPlan plan_copy4d(const int shape[4], const int64_t strides[4], int itemsize);
+
+// "f32", "f16", "bf16" for MLXQ_DT_*.
+const char* dtype_tag(int dtype);
+
+} // namespace mlxq::metal_dispatch

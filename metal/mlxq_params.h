@@ -1,0 +1,88 @@
+// Argument blocks of mlxq's Metal kernels, shared word for word by the
+// kernels (metal/*.metal), the host code (csrc/metal/*.cpp) and the grid
+// arithmetic (csrc/metal/dispatch.cpp) that the emulator tests also call.
+// Each block is bound with setBytes as one `constant` argument.
+//
+// Layout rules: 64-bit fields first, then 32-bit ones, no implicit padding;
+// every size is pinned by a static_assert that the Metal compiler, the
+// emulator and the host compiler all evaluate.
+#pragma once
+
+#ifdef __METAL_VERSION__
+typedef long mlxq_i64;
+#else
+#include <cstdint>
+typedef int64_t mlxq_i64;
+#endif
+
+// Mask kinds of MlxqSdpaParams::mask_kind (the mask dtype is folded in).
+#define MLXQ_MASK_NONE 0
+#define MLXQ_MASK_CAUSAL 1
+#define MLXQ_MASK_BOOL 2
+#define MLXQ_MASK_F32 3
+#define MLXQ_MASK_F16 4
+#define MLXQ_MASK_BF16 5
+
+// Float storage codes (scales/biases dtype).
+#define MLXQ_DT_F32 0
+#define MLXQ_DT_F16 1
+#define MLXQ_DT_BF16 2
+
+// Keys per tile of the attention kernels: one per SIMD lane.
+#define MLXQ_TILE_KEYS 32
+// Most rows (query head x query position) one threadgroup serves: one SIMD
+// group per row.
+#define MLXQ_MAX_ROW_TILE 16
+
+// QuantizedSDPA decode, prefill and merge kernels.
+// A "row" is one (query position l, query head h) of a KV head's GQA group:
+// r = l * rep + (h - kvh * rep), rows = rep * L per (batch, KV head).
+struct MlxqSdpaParams {
+  // Strides in elements. K/V arrays are [B, Hkv, N, *] with a contiguous
+  // last axis; q is [B, Hq, L, Dk] and the mask [B, Hq, L, N], any strides.
+  mlxq_i64 q_strides[4];
+  mlxq_i64 kw_strides[3];
+  mlxq_i64 ks_strides[3];
+  mlxq_i64 kb_strides[3];
+  mlxq_i64 vw_strides[3];
+  mlxq_i64 vs_strides[3];
+  mlxq_i64 vb_strides[3];
+  mlxq_i64 m_strides[4];
+  mlxq_i64 sinks_stride;
+  int B, Hq, Hkv, L, N, Dk, Dv, rep;
+  int group_size;
+  int rows;        // rep * L
+  int row_tile;    // rows per threadgroup (= SIMD groups per threadgroup)
+  int row_tiles;   // ceil(rows / row_tile)
+  int n_blocks;    // key blocks (split-K); 1 for prefill
+  int block_keys;  // keys per block
+  int mask_kind;   // MLXQ_MASK_*
+  int scale_dtype; // MLXQ_DT_* of scales and biases
+  int has_sinks;
+  int direct;      // 1: write the normalised output; 0: write partials
+  int k_vec4;      // K packed rows may be staged with 16-byte loads
+  int v_vec4;
+  float scale;
+  int reserved;
+};
+static_assert(sizeof(MlxqSdpaParams) == 27 * 8 + 22 * 4, "MlxqSdpaParams layout");
+
+// RingUpdate and QuantizedRingUpdate: the output buffer is row-contiguous
+// [B, H, S, D] (or [B, H, S, W] words + [B, H, S, G] scales/biases); the
+// update [B, H, T, D] is read through its strides. pos is a device int32.
+struct MlxqRingParams {
+  mlxq_i64 upd_strides[4];
+  int B, H, S, T, D;
+  int group_size, bits;
+  int W;  // packed words per row (quantized)
+  int G;  // groups per row (quantized)
+  int reserved;
+};
+static_assert(sizeof(MlxqRingParams) == 4 * 8 + 10 * 4, "MlxqRingParams layout");
+
+// Strided 4-D copy into a row-contiguous destination of the same shape.
+struct MlxqCopyParams {
+  mlxq_i64 src_strides[4];
+  int shape[4];
+};
+static_assert(sizeof(MlxqCopyParams) == 4 * 8 + 4 * 4, "MlxqCopyParams layout");

@@ -1,0 +1,80 @@
+// Small helpers shared by mlxq's Metal kernels: float storage types, loads
+// of a runtime-typed float array, the output normaliser, instantiation macro.
+#pragma once
+
+#include <metal_stdlib>
+
+#include "mlxq_params.h"
+
+using namespace metal;
+
+// bfloat16 is stored as its 16 bits and converted by hand (round to nearest
+// even), so the kernels build for every Metal version MLX supports and
+// convert exactly as MLX's bfloat16 does.
+struct mlxq_bfloat16 {
+  ushort bits;
+};
+
+METAL_FUNC float mlxq_to_float(float x) {
+  return x;
+}
+METAL_FUNC float mlxq_to_float(half x) {
+  return float(x);
+}
+METAL_FUNC float mlxq_to_float(mlxq_bfloat16 x) {
+  return as_type<float>(uint(x.bits) << 16);
+}
+
+template <typename T>
+METAL_FUNC T mlxq_from_float(float x);
+
+template <>
+METAL_FUNC float mlxq_from_float<float>(float x) {
+  return x;
+}
+template <>
+METAL_FUNC half mlxq_from_float<half>(float x) {
+  return half(x);
+}
+template <>
+METAL_FUNC mlxq_bfloat16 mlxq_from_float<mlxq_bfloat16>(float x) {
+  uint u = as_type<uint>(x);
+  mlxq_bfloat16 r;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    r.bits = ushort((u >> 16) | 0x40u); // quiet NaN
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+    r.bits = ushort(u >> 16);
+  }
+  return r;
+}
+
+// Element idx of a float array whose dtype (MLXQ_DT_*) is known at run time.
+METAL_FUNC float mlxq_load(const device uchar* base, mlxq_i64 idx, int dt) {
+  if (dt == MLXQ_DT_F32) {
+    return ((const device float*)base)[idx];
+  }
+  if (dt == MLXQ_DT_F16) {
+    return float(((const device half*)base)[idx]);
+  }
+  return as_type<float>(uint(((const device ushort*)base)[idx]) << 16);
+}
+
+// Softmax normaliser of one row from its running max m and sum l over keys
+// and the optional sink logit: the factor its unnormalised output is
+// multiplied by. A row that sees no key and no sink mass gets 0.
+METAL_FUNC float mlxq_inverse_denominator(float m, float l, bool has_sink, float sink) {
+  if (has_sink) {
+    const float mm = max(m, sink);
+    if (mm == -INFINITY) {
+      return 0.0f;
+    }
+    const float carried = m == -INFINITY ? 0.0f : exp(m - mm);
+    const float denom = l * carried + exp(sink - mm);
+    return denom > 0.0f ? carried / denom : 0.0f;
+  }
+  return l > 0.0f ? 1.0f / l : 0.0f;
+}
+
+#define MLXQ_INSTANTIATE(name, func, ...) \
+  template [[host_name(name)]] [[kernel]] decltype(func<__VA_ARGS__>) func<__VA_ARGS__>;

@@ -1,0 +1,66 @@
+"""Fixtures of the Metal emulator tests.
+
+Builds (cached by content hash under build/msl_emu, or $MLXQ_EMU_CACHE) are
+made once per session. Every test that takes ``emu`` or ``samples`` runs
+under the three thread schedules of the emulator: default (threads in order),
+reverse, and random (seeded per test).
+"""
+
+import os
+import sys
+import zlib
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from emu import HERE, Emulator, build  # noqa: E402
+
+SCHEDULES = ["default", "reverse", "random"]
+
+
+@pytest.fixture(scope="session")
+def metal_build():
+    """The project's metal/*.metal, compiled for the emulator."""
+    return build()
+
+
+@pytest.fixture(scope="session")
+def metal_emu(metal_build):
+    e = Emulator(metal_build)
+    e.set_option("strict", 1)
+    e.set_option("poison", 1)
+    return e
+
+
+@pytest.fixture(scope="session")
+def samples_emu():
+    """The emulator's own sample and deliberately buggy kernels."""
+    kdir = os.path.join(HERE, "kernels")
+    import glob
+    d = build(sorted(glob.glob(os.path.join(kdir, "*.metal"))), include_dirs=[kdir], name="samples")
+    e = Emulator(d)
+    e.set_option("strict", 1)
+    return e
+
+
+@pytest.fixture(params=SCHEDULES)
+def schedule(request):
+    return request.param
+
+
+def _apply(e, schedule, request):
+    e.set_schedule(schedule, seed=zlib.crc32(request.node.nodeid.encode()))
+    return e
+
+
+@pytest.fixture
+def emu(metal_emu, schedule, request):
+    yield _apply(metal_emu, schedule, request)
+    metal_emu.set_schedule("default")
+
+
+@pytest.fixture
+def samples(samples_emu, schedule, request):
+    yield _apply(samples_emu, schedule, request)
+    samples_emu.set_schedule("default")

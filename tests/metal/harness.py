@@ -1,0 +1,178 @@
+"""Runs mlxq's Metal kernels on the emulator the way csrc/metal/*.cpp does.
+
+Every dispatch takes its kernel name, grid, threadgroup size, argument block
+and buffer slots from mlxq._ext._metal_plan_* -- the C++ grid arithmetic that
+the Metal host code calls -- and binds buffers with their views' strides and
+offsets, as MLX's set_input_array does. Absent optional buffers (mask, sinks,
+partials) get the output buffer bound in their slot, as the host code does.
+Outputs and partial buffers are poisoned (NaN / 0xFF) before each run.
+"""
+
+import mlx.core as mx
+import numpy as np
+
+import mlxq
+from emu import Buffer
+
+DT = {"f32": 0, "f16": 1, "bf16": 2}
+MX_TAG = {mx.float32: "f32", mx.float16: "f16", mx.bfloat16: "bf16"}
+NP_STORAGE = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
+MASK_KIND = {"none": 0, "causal": 1, "bool": 2, "f32": 3, "f16": 4, "bf16": 5}
+
+
+def to_np(x: mx.array) -> np.ndarray:
+    """An MLX array as NumPy storage (bfloat16 as its uint16 bits)."""
+    if x.dtype == mx.bfloat16:
+        return np.array(x.view(mx.uint16))
+    return np.array(x)
+
+
+def to_mx(a: np.ndarray, tag: str) -> mx.array:
+    a = np.ascontiguousarray(a)
+    return mx.array(a).view(mx.bfloat16) if tag == "bf16" else mx.array(a)
+
+
+def poisoned(shape, tag):
+    if tag == "bf16":
+        return np.full(shape, 0x7FC0, np.uint16)
+    return np.full(shape, np.nan, NP_STORAGE[tag])
+
+
+def in_buffer(view, extra_rows=0, axis=2, rng=None):
+    """`view` copied into a larger garbage-filled buffer along `axis` and
+    returned as a strided view of it (like a cache's buffer[..., :n, :])."""
+    if not extra_rows:
+        return view
+    shape = list(view.shape)
+    shape[axis] += extra_rows
+    rng = rng or np.random.default_rng(0)
+    if view.dtype == np.uint32:
+        big = rng.integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32)
+    elif view.dtype == np.uint16:  # bf16: NaN garbage
+        big = np.full(shape, 0x7FC1, np.uint16)
+    else:
+        big = np.full(shape, np.nan, view.dtype)
+    start = extra_rows // 2
+    idx = [slice(None)] * len(shape)
+    idx[axis] = slice(start, start + view.shape[axis])
+    sub = big[tuple(idx)]
+    sub[...] = view
+    return sub
+
+
+def run_sdpa(emu, q, q_tag, keys, values, s_tag, *, scale, bits, group_size, mask=None, mask_tag="none",
+             sinks=None, mode=0, target_threadgroups=None, min_block_keys=None, check=True):
+    """Dispatches QuantizedSDPA on NumPy storage views; returns (out, plan).
+
+    q: [B, Hq, L, Dk] view; keys/values: (packed, scales, biases) views of
+    [B, Hkv, N, *]; mask: None, "causal" or a view broadcastable to
+    [B, Hq, L, N] in `mask_tag` storage; sinks: float32 [Hq] view.
+    """
+    B, Hq, L, Dk = q.shape
+    Hkv, N = keys[0].shape[1], keys[0].shape[2]
+    Dv = values[0].shape[3] * 32 // bits
+    bufs = {}
+    qb, qs, _ = Buffer.of_view(q)
+    bufs["q"] = qb
+    problem = dict(B=B, Hq=Hq, Hkv=Hkv, L=L, N=N, Dk=Dk, Dv=Dv, bits=bits, group_size=group_size,
+                   q_dtype=DT[q_tag], scale_dtype=DT[s_tag], scale=scale, q_strides=qs, mode=mode)
+    for prefix, triple in (("k", keys), ("v", values)):
+        for part, arr in zip(("packed", "scales", "biases"), triple):
+            assert arr.strides[-1] == arr.itemsize, "K/V rows must be contiguous"
+            b, st, off = Buffer.of_view(arr)
+            bufs[f"{prefix}_{part}"] = b
+            problem[f"{prefix}_{part}_strides"] = st[:3]
+            if part == "packed":
+                problem[f"{prefix}_packed_offset"] = off
+    if isinstance(mask, str):
+        assert mask == "causal"
+        problem["mask_kind"] = MASK_KIND["causal"]
+    elif mask is not None:
+        mview = np.broadcast_to(mask, (B, Hq, L, N))
+        b, st, _ = Buffer.of_view(mview)
+        bufs["mask"] = b
+        problem["mask_kind"] = MASK_KIND[mask_tag]
+        problem["mask_strides"] = st
+    if sinks is not None:
+        b, st, _ = Buffer.of_view(sinks)
+        bufs["sinks"] = b
+        problem["has_sinks"] = True
+        problem["sinks_stride"] = st[0]
+    if target_threadgroups is not None:
+        problem["target_threadgroups"] = target_threadgroups
+    if min_block_keys is not None:
+        problem["min_block_keys"] = min_block_keys
+    plan = mlxq._ext._metal_plan_sdpa(problem)
+
+    out = poisoned((B, Hq, L, Dv), q_tag)
+    bufs["out"] = out
+    if plan["merge"]:
+        bufs["partial_o"] = np.full(plan["partial_o_floats"], np.nan, np.float32)
+        bufs["partial_ml"] = np.full(plan["partial_ml_floats"], np.nan, np.float32)
+    slots = plan["slots"]
+    if plan["prefill"]:
+        slots = {k: v for k, v in slots.items() if not k.startswith("partial")}
+    args = [None] * (max(slots.values()) + 1)
+    for name, i in slots.items():
+        args[i] = plan["params"] if name == "params" else bufs.get(name, out)
+    ok, diag = emu.dispatch(plan["kernel"], args, plan["grid"], plan["group"])
+    if check:
+        assert ok and not diag, diag
+    if plan["merge"]:
+        ms = plan["merge_slots"]
+        margs = [None] * (max(ms.values()) + 1)
+        for name, i in ms.items():
+            margs[i] = plan["params"] if name == "params" else bufs.get(name, out)
+        ok2, diag2 = emu.dispatch(plan["merge_kernel"], margs, plan["merge_grid"], plan["merge_group"])
+        if check:
+            assert ok2 and not diag2, diag2
+        ok, diag = ok and ok2, diag + diag2
+    plan["ok"], plan["diagnostics"] = ok, diag
+    return out, plan
+
+
+def run_ring_update(emu, buffer, update, pos, *, check=True):
+    """RingUpdate on NumPy storage: `buffer` is the row-contiguous output
+    (updated in place), `update` a view; pos an int. Returns the plan."""
+    B, H, S, D = buffer.shape
+    T = update.shape[2]
+    ub, us, _ = Buffer.of_view(update)
+    plan = mlxq._ext._metal_plan_ring_update(dict(B=B, H=H, S=S, T=T, D=D, itemsize=buffer.itemsize,
+                                                  update_strides=us))
+    bufs = {"update": ub, "pos": np.array([pos], np.int32), "out": buffer}
+    _dispatch(emu, plan, bufs, check)
+    return plan
+
+
+def run_quantized_ring_update(emu, triple, update, pos, *, group_size, bits, tag, check=True):
+    packed, scales, biases = triple
+    B, H, S, _ = packed.shape
+    T, D = update.shape[2], update.shape[3]
+    ub, us, _ = Buffer.of_view(update)
+    plan = mlxq._ext._metal_plan_quantized_ring_update(dict(
+        B=B, H=H, S=S, T=T, D=D, group_size=group_size, bits=bits, dtype=DT[tag], update_strides=us))
+    bufs = {"update": ub, "pos": np.array([pos], np.int32), "packed": packed, "scales": scales,
+            "biases": biases}
+    _dispatch(emu, plan, bufs, check)
+    return plan
+
+
+def run_copy4d(emu, src):
+    """A row-contiguous copy of the strided view `src` made by mlxq_copy4d."""
+    sb, st, _ = Buffer.of_view(src)
+    plan = mlxq._ext._metal_plan_copy4d(dict(shape=src.shape, strides=st, itemsize=src.itemsize))
+    dst = np.full(src.shape, 0xFF, np.uint8).view(src.dtype).reshape(src.shape) \
+        if src.itemsize == 1 else np.full(src.shape, -1, src.dtype)
+    _dispatch(emu, plan, {"src": sb, "dst": dst}, True)
+    return dst
+
+
+def _dispatch(emu, plan, bufs, check):
+    slots = plan["slots"]
+    args = [None] * (max(slots.values()) + 1)
+    for name, i in slots.items():
+        args[i] = plan["params"] if name == "params" else bufs[name]
+    ok, diag = emu.dispatch(plan["kernel"], args, plan["grid"], plan["group"], threads=plan["grid_is_threads"])
+    if check:
+        assert ok and not diag, diag
+    plan["ok"], plan["diagnostics"] = ok, diag
