@@ -1,0 +1,337 @@
+"""Use mlxq as mlx-lm's quantized-KV backend: one call, reversible.
+
+>>> import mlxq.mlx_lm
+>>> mlxq.mlx_lm.enable()                 # or: with mlxq.mlx_lm.enabled(): ...
+>>> mlx_lm.generate(model, tokenizer, prompt, kv_bits=4, quantized_kv_start=0)
+>>> mlxq.mlx_lm.disable()
+
+While enabled, mlx-lm (0.32) runs with:
+
+* **attention** — ``mlx_lm.models.base.scaled_dot_product_attention`` and
+  ``quantized_scaled_dot_product_attention`` (and the same names already
+  imported into loaded ``mlx_lm.*`` modules, model modules included) send
+  quantized ``(packed, scales, biases)`` keys/values to mlxq's fused kernel,
+  with attention sinks (gpt-oss) and with no cache at all (Gemma's KV-shared
+  layers hand over a donor's quantized tuples). Plain K/V still go to
+  ``mx.fast.scaled_dot_product_attention`` through mlx-lm's own function.
+* **KV quantization** — ``maybe_quantize_kv_cache`` (what ``generate_step``
+  calls with ``kv_bits``) turns mlx-lm's ``KVCache`` into mlxq's
+  ``QuantizedKVCache`` and ``RotatingKVCache`` into mlxq's
+  ``RotatingQuantizedKVCache``, so sliding-window models (Gemma 3/4,
+  gpt-oss, ``max_kv_size``) can quantize; their updates quantize in place.
+* **cache creation** — ``make_prompt_cache(model, max_kv_size=None, *,
+  kv_bits=None, kv_group_size=64)`` takes ``kv_bits`` to return quantized
+  caches from the first token (without it, exactly mlx-lm's caches).
+* **prompt-cache files** — ``RotatingQuantizedKVCache`` is registered in
+  ``mlx_lm.models.cache``, so mlx-lm's ``load_prompt_cache`` loads files that
+  hold one.
+
+Everything mlxq does not handle goes to the original functions unchanged: no
+``kv_bits``, bits/group sizes or head dims outside mlxq's kernels, cache
+classes other than mlx-lm's ``KVCache``/``RotatingKVCache`` (batch, chunked,
+SSM caches...), and devices that mlxq has no kernels for. :func:`disable`
+puts back every attribute it changed, by identity.
+"""
+
+import contextlib
+import importlib
+import sys
+import threading
+from collections import Counter
+from typing import Any, Dict, List, Optional, Tuple
+
+import mlx.core as mx
+
+from .attention import is_quantized, quantized_sdpa
+from .cache import KVCache, RotatingKVCache, RotatingQuantizedKVCache
+from .cache._store import BITS, GROUP_SIZES
+
+_lock = threading.RLock()
+# (object, attribute, had it, previous value) for every change, in order.
+_patches: Optional[List[Tuple[Any, str, bool, Any]]] = None
+# original function -> its replacement, while enabled.
+_replacements: Dict[Any, Any] = {}
+_originals: Dict[str, Any] = {}
+_counts: Counter = Counter()
+_device_support: Dict[Any, bool] = {}
+
+# The fused kernel the attention dispatch calls (tests swap in the reference).
+_attend = quantized_sdpa
+
+
+# ----------------------------------------------------------------- devices
+def _device_supported() -> bool:
+    """Whether mlxq's kernels run on the default device (probed once per device)."""
+    device = mx.default_device()
+    key = (device.type, getattr(device, "index", 0))
+    if key not in _device_support:
+        if device.type == mx.cpu:
+            _device_support[key] = True
+        else:
+            try:
+                q = mx.zeros((1, 1, 1, 64))
+                kv = tuple(mx.quantize(mx.zeros((1, 1, 1, 64)), group_size=64, bits=4))
+                out = quantized_sdpa(q, kv, kv, scale=1.0)
+                cache = RotatingQuantizedKVCache(4, 0, 64, 4)
+                mx.eval(out, cache.update_and_fetch(q, q))
+                _device_support[key] = True
+            except (RuntimeError, ValueError):
+                _device_support[key] = False
+    return _device_support[key]
+
+
+# --------------------------------------------------------------- attention
+def _mlxq_attention(queries, keys, values, scale, mask, sinks, group_size, bits):
+    """mlxq's kernel, or None when it does not take these inputs."""
+    if not (is_quantized(keys) and is_quantized(values)):
+        return None
+    if mask is not None and not isinstance(mask, (str, mx.array)):
+        return None
+    if not _device_supported():
+        return None
+    try:
+        out = _attend(
+            queries, keys, values, scale=scale, mask=mask, sinks=sinks,
+            group_size=group_size, bits=bits,
+        )
+    except ValueError:  # a shape, dtype, bits or mask outside mlxq's kernels
+        return None
+    _counts["mlxq"] += 1
+    return out
+
+
+def scaled_dot_product_attention(
+    queries, keys, values, cache, scale: float, mask, sinks=None
+):
+    """mlx-lm's attention dispatch, with quantized K/V on mlxq's fused kernel.
+
+    Quantized ``(packed, scales, biases)`` keys and values go to
+    :func:`mlxq.quantized_sdpa`, with or without ``sinks``, with the bits and
+    group size of ``cache`` (or inferred from the shapes when there is no
+    cache, as in Gemma's KV-shared layers). Anything else goes to mlx-lm's
+    original function.
+    """
+    if is_quantized(keys):
+        group_size = getattr(cache, "group_size", None) if hasattr(cache, "bits") else None
+        bits = getattr(cache, "bits", None) if group_size is not None else None
+        out = _mlxq_attention(queries, keys, values, scale, mask, sinks, group_size, bits)
+        if out is not None:
+            return out
+    _counts["mlx_lm"] += 1
+    return _originals["scaled_dot_product_attention"](
+        queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks
+    )
+
+
+def quantized_scaled_dot_product_attention(
+    queries, q_keys, q_values, scale: float, mask, group_size: int = 64, bits: int = 8
+):
+    """mlx-lm's quantized attention composition, replaced by mlxq's fused kernel."""
+    out = _mlxq_attention(queries, q_keys, q_values, scale, mask, None, group_size, bits)
+    if out is not None:
+        return out
+    _counts["mlx_lm"] += 1
+    return _originals["quantized_scaled_dot_product_attention"](
+        queries, q_keys, q_values, scale, mask, group_size=group_size, bits=bits
+    )
+
+
+# ------------------------------------------------------------------ caches
+def _to_mlxq_quantized(cache, group_size: int, bits: int):
+    """mlxq's quantized version of one of mlx-lm's caches, or None if not ours to do."""
+    from mlx_lm.models import cache as lm_cache
+
+    kind = type(cache)
+    try:
+        if kind is lm_cache.KVCache:
+            ours = KVCache().restore(cache.keys, cache.values, cache.offset)
+        elif kind is lm_cache.RotatingKVCache:
+            ours = RotatingKVCache(cache.max_size, cache.keep).restore(
+                cache.keys, cache.values, cache.offset, cache._idx
+            )
+        elif kind in (KVCache, RotatingKVCache):
+            ours = cache
+        else:
+            return None
+        return ours.to_quantized(group_size=group_size, bits=bits)
+    except ValueError:  # e.g. a head dim that is not a multiple of group_size
+        return None
+
+
+def maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size, kv_bits):
+    """mlx-lm's ``maybe_quantize_kv_cache``, quantizing into mlxq's caches.
+
+    Same rule as mlx-lm (a cache is quantized once its ``offset`` reaches
+    ``quantized_kv_start``), but mlx-lm's ``KVCache`` becomes mlxq's
+    ``QuantizedKVCache`` and ``RotatingKVCache`` mlxq's
+    ``RotatingQuantizedKVCache`` (mlx-lm raises for the latter). Other caches
+    are left to mlx-lm.
+    """
+    if kv_bits is None:
+        return
+    if kv_bits not in BITS or kv_group_size not in GROUP_SIZES or not _device_supported():
+        return _originals["maybe_quantize_kv_cache"](
+            prompt_cache, quantized_kv_start, kv_group_size, kv_bits
+        )
+    for i, c in enumerate(prompt_cache):
+        if not (hasattr(c, "to_quantized") and c.offset >= quantized_kv_start):
+            continue
+        if hasattr(c, "bits"):  # already quantized: kept, as mlx-lm keeps its own
+            continue
+        quantized = _to_mlxq_quantized(c, kv_group_size, kv_bits)
+        prompt_cache[i] = (
+            quantized if quantized is not None
+            else c.to_quantized(group_size=kv_group_size, bits=kv_bits)
+        )
+
+
+def make_prompt_cache(model, max_kv_size: Optional[int] = None, *,
+                      kv_bits: Optional[int] = None, kv_group_size: int = 64):
+    """mlx-lm's ``make_prompt_cache``, optionally quantized from the first token.
+
+    Without ``kv_bits`` this is exactly mlx-lm's. With it, every ``KVCache``
+    and ``RotatingKVCache`` the model asks for is created as mlxq's
+    ``QuantizedKVCache`` / ``RotatingQuantizedKVCache`` (empty), so prefill
+    runs on the fused kernel and the cache never holds unquantized K/V.
+    """
+    cache = _originals["make_prompt_cache"](model, max_kv_size=max_kv_size)
+    if kv_bits is not None:
+        maybe_quantize_kv_cache(cache, 0, kv_group_size, kv_bits)
+    return cache
+
+
+# ---------------------------------------------------------- enable/disable
+def _mlx_lm_modules():
+    return [m for name, m in list(sys.modules.items())
+            if m is not None and (name == "mlx_lm" or name.startswith("mlx_lm."))]
+
+
+def _set(obj, name: str, value) -> None:
+    had = name in vars(obj)
+    _patches.append((obj, name, had, vars(obj).get(name)))
+    setattr(obj, name, value)
+
+
+class _Handle:
+    """What :func:`enable` returns: a context manager that disables on exit
+    (only if this call was the one that enabled)."""
+
+    def __init__(self, owns: bool):
+        self._owns = owns
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._owns:
+            disable()
+        return False
+
+
+def enable() -> _Handle:
+    """Make mlx-lm use mlxq (see the module docstring). Idempotent.
+
+    Returns a context manager: ``with mlxq.mlx_lm.enable(): ...`` disables
+    again on exit.
+    """
+    global _patches
+    with _lock:
+        if _patches is not None:
+            return _Handle(owns=False)
+        # (the package's `generate` attribute is the function, not the module)
+        lm_generate = importlib.import_module("mlx_lm.generate")
+        from mlx_lm.models import base as lm_base
+        from mlx_lm.models import cache as lm_cache
+
+        _originals.update(
+            scaled_dot_product_attention=lm_base.scaled_dot_product_attention,
+            quantized_scaled_dot_product_attention=lm_base.quantized_scaled_dot_product_attention,
+            make_prompt_cache=lm_cache.make_prompt_cache,
+            maybe_quantize_kv_cache=lm_generate.maybe_quantize_kv_cache,
+        )
+        ours = {
+            "scaled_dot_product_attention": scaled_dot_product_attention,
+            "quantized_scaled_dot_product_attention": quantized_scaled_dot_product_attention,
+            "make_prompt_cache": make_prompt_cache,
+            "maybe_quantize_kv_cache": maybe_quantize_kv_cache,
+        }
+        _replacements.clear()
+        _replacements.update({id(_originals[k]): fn for k, fn in ours.items()})
+        _patches = []
+        # Every name bound to an original in a loaded mlx_lm module (the
+        # model modules imported `scaled_dot_product_attention` by value).
+        for module in _mlx_lm_modules():
+            for name, value in list(vars(module).items()):
+                if callable(value) and id(value) in _replacements:
+                    _set(module, name, _replacements[id(value)])
+        _set(lm_cache, "RotatingQuantizedKVCache", RotatingQuantizedKVCache)
+        return _Handle(owns=True)
+
+
+def disable() -> None:
+    """Undo :func:`enable`: every attribute it changed gets its old value back.
+
+    Names that modules imported while mlxq was enabled (bound to mlxq's
+    replacements) are pointed back at mlx-lm's originals too. Idempotent.
+    """
+    global _patches
+    with _lock:
+        if _patches is None:
+            return
+        for obj, name, had, old in reversed(_patches):
+            if had:
+                setattr(obj, name, old)
+            else:
+                delattr(obj, name)
+        back = {id(fn): _originals[k] for k, fn in (
+            ("scaled_dot_product_attention", scaled_dot_product_attention),
+            ("quantized_scaled_dot_product_attention", quantized_scaled_dot_product_attention),
+            ("make_prompt_cache", make_prompt_cache),
+            ("maybe_quantize_kv_cache", maybe_quantize_kv_cache),
+        )}
+        for module in _mlx_lm_modules():
+            for name, value in list(vars(module).items()):
+                if id(value) in back and callable(value):
+                    setattr(module, name, back[id(value)])
+        _patches = None
+        _replacements.clear()
+
+
+def is_enabled() -> bool:
+    """Whether mlx-lm currently runs on mlxq."""
+    return _patches is not None
+
+
+@contextlib.contextmanager
+def enabled():
+    """``with mlxq.mlx_lm.enabled(): ...`` — mlxq inside the block only
+    (left enabled if it already was)."""
+    handle = enable()
+    try:
+        yield
+    finally:
+        handle.__exit__(None, None, None)
+
+
+def counters() -> Dict[str, int]:
+    """Attention calls since the last :func:`reset_counters`: ``"mlxq"`` (fused
+    kernel) and ``"mlx_lm"`` (handed to mlx-lm's original function)."""
+    return dict(_counts)
+
+
+def reset_counters() -> None:
+    _counts.clear()
+
+
+__all__ = [
+    "enable",
+    "disable",
+    "enabled",
+    "is_enabled",
+    "counters",
+    "reset_counters",
+    "scaled_dot_product_attention",
+    "quantized_scaled_dot_product_attention",
+    "make_prompt_cache",
+    "maybe_quantize_kv_cache",
+]
