@@ -15,13 +15,41 @@ namespace nb = nanobind;
 namespace mx = mlx::core;
 using namespace nb::literals;
 
+namespace {
+
+// Turns our C++ errors into Python exceptions right here. nanobind hands any
+// other exception to the translators of the whole "mlx" domain, mlx.core's
+// included; when mlx.core was built against another C++ runtime (the CUDA
+// wheel), rethrowing our exception object inside its translator crashes the
+// process instead of raising.
+template <typename Fn>
+decltype(auto) translate_errors(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::invalid_argument& e) {
+    throw nb::value_error(e.what());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    throw nb::python_error();
+  }
+}
+
+template <typename R, typename... Args>
+auto guarded(R (*f)(Args...)) {
+  return [f](Args... args) -> R {
+    return translate_errors([&]() -> R { return f(std::forward<Args>(args)...); });
+  };
+}
+
+} // namespace
+
 NB_MODULE(_ext, m) {
   m.doc() = "mlxq's C++ primitives (use the mlxq package, not this module).";
   m.attr("mlx_version") = MLXQ_MLX_VERSION;
 
   m.def(
       "quantized_sdpa",
-      &mlxq::quantized_sdpa,
+      guarded(&mlxq::quantized_sdpa),
       "q"_a,
       "k_packed"_a,
       "k_scales"_a,
@@ -41,7 +69,7 @@ NB_MODULE(_ext, m) {
 
   m.def(
       "ring_update",
-      &mlxq::ring_update,
+      guarded(&mlxq::ring_update),
       "buffer"_a,
       "update"_a,
       "pos"_a,
@@ -54,8 +82,10 @@ NB_MODULE(_ext, m) {
       [](const mx::array& packed, const mx::array& scales, const mx::array& biases,
          const mx::array& update, const mlxq::Position& pos, int group_size,
          int bits, mx::StreamOrDevice s) {
-        auto out = mlxq::quantized_ring_update(
-            packed, scales, biases, update, pos, group_size, bits, s);
+        auto out = translate_errors([&] {
+          return mlxq::quantized_ring_update(
+              packed, scales, biases, update, pos, group_size, bits, s);
+        });
         return nb::make_tuple(out[0], out[1], out[2]);
       },
       "packed"_a,

@@ -27,10 +27,16 @@ mx::array position_input(const char* op, const Position& pos, mx::StreamOrDevice
   // A position that is already computed is checked here; one computed inside a
   // compiled step is wrapped modulo the ring size by the kernel.
   if (a.is_available()) {
-    auto v = mx::astype(a, mx::int64, mx::Device::cpu);
-    v.eval();
-    if (v.item<int64_t>() < 0) {
-      fail(op, "pos must be >= 0, got ", v.item<int64_t>(), ".");
+    int64_t v = 0;
+    switch (a.dtype()) {
+      case mx::int8: v = *a.data<int8_t>(); break;
+      case mx::int16: v = *a.data<int16_t>(); break;
+      case mx::int32: v = *a.data<int32_t>(); break;
+      case mx::int64: v = *a.data<int64_t>(); break;
+      default: v = 0; break; // unsigned: never negative
+    }
+    if (v < 0) {
+      fail(op, "pos must be >= 0, got ", v, ".");
     }
   }
   return mx::reshape(mx::astype(a, mx::int32, s), {}, s);

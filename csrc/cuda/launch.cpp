@@ -26,8 +26,10 @@ int sm_count() {
   return count;
 }
 
-void allocate(mx::array& a, mx::cu::CommandEncoder& enc) {
-  a.set_data(mx::cu::malloc_async(a.nbytes(), enc));
+void allocate(mx::array& a, mx::cu::CommandEncoder&) {
+  // cu::malloc_async is not exported by libmlx; the plain allocator gives
+  // memory the GPU can use (managed), which is what we need.
+  a.set_data(mx::allocator::malloc(a.nbytes()));
 }
 
 void poison(mx::array& a, mx::cu::CommandEncoder& enc) {
@@ -45,8 +47,7 @@ void poison(mx::array& a, mx::cu::CommandEncoder& enc) {
   }
   const int threads = 256;
   const unsigned blocks = static_cast<unsigned>((args.n_words + threads - 1) / threads);
-  enc.set_output_array(a);
-  launch(enc, fill_kernel(), dim3(blocks), dim3(threads), 0, args);
+  launch(enc, fill_kernel(), dim3(blocks), dim3(threads), 0, args, {}, {&a});
 }
 
 void copy_strides(const mx::array& a, int64_t* dst) {

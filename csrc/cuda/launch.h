@@ -1,6 +1,8 @@
 // Host-side helpers for launching mlxq's CUDA kernels from eval_gpu.
 #pragma once
 
+#include <initializer_list>
+
 #include "mlx/backend/cuda/device.h"
 
 #include "cuda/kernel_args.h"
@@ -25,6 +27,10 @@ void poison(mx::array& a, mx::cu::CommandEncoder& enc);
 void copy_strides(const mx::array& a, int64_t* dst);
 
 // Launches a kernel handle from kernel_args.h with one by-value argument.
+// The encoder orders graph nodes by the arrays registered just before each
+// node: `reads` become dependencies (list an array that an earlier kernel of
+// this evaluation wrote, such as a poisoned or copied output, or a partial
+// buffer), `writes` make later readers wait for this kernel.
 template <typename Args>
 void launch(
     mx::cu::CommandEncoder& enc,
@@ -32,7 +38,15 @@ void launch(
     dim3 grid,
     dim3 block,
     uint32_t smem,
-    Args& args) {
+    Args& args,
+    std::initializer_list<const mx::array*> reads,
+    std::initializer_list<const mx::array*> writes) {
+  for (const auto* a : reads) {
+    enc.set_input_array(*a);
+  }
+  for (const auto* a : writes) {
+    enc.set_output_array(*a);
+  }
   enc.add_kernel_node_ex(static_cast<CUfunction>(kernel), grid, block, dim3{}, smem, args);
 }
 

@@ -94,10 +94,6 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   a.sinks = params_.has_sinks ? mx::gpu_ptr<float>(in[next]) : nullptr;
   a.out = mx::gpu_ptr<void>(out);
   a.vec_loads = aligned16(in[1]) && aligned16(in[4]);
-  for (const auto& x : in) {
-    enc.set_input_array(x);
-  }
-  enc.set_output_array(out);
   if (a.B == 0 || a.Hq == 0 || a.L == 0) {
     return;
   }
@@ -121,8 +117,17 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   const int smem = sdpa_smem_bytes(a.Dk, a.Dv, a.bits);
   cuFuncSetAttribute(static_cast<CUfunction>(kernel),
                      CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
-  launch(enc, kernel, dim3(a.splits, a.Hkv * a.row_tiles, a.B),
-         dim3(kBlockThreads), smem, a);
+  for (const auto& x : in) {
+    enc.set_input_array(x);
+  }
+  // `out` is read too: the kernel must run after the poisoning fill.
+  if (a.splits > 1) {
+    launch(enc, kernel, dim3(a.splits, a.Hkv * a.row_tiles, a.B),
+           dim3(kBlockThreads), smem, a, {&out}, {&part_o, &part_ml});
+  } else {
+    launch(enc, kernel, dim3(a.splits, a.Hkv * a.row_tiles, a.B),
+           dim3(kBlockThreads), smem, a, {&out}, {&out});
+  }
   if (a.splits > 1) {
     MergeArgs m{};
     m.part_o = a.part_o;
@@ -140,7 +145,8 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
     m.row_tiles = a.row_tiles;
     m.splits = a.splits;
     m.out_dtype = a.q_dtype;
-    launch(enc, merge_kernel(), dim3(a.B * a.Hkv * a.rows), dim3(kBlockThreads), 0, m);
+    launch(enc, merge_kernel(), dim3(a.B * a.Hkv * a.rows), dim3(kBlockThreads), 0, m,
+           {&part_o, &part_ml, &out}, {&out});
   }
 }
 

@@ -33,9 +33,8 @@ void take_or_copy(const mx::array& in, mx::array& out, mx::cu::CommandEncoder& e
   c.S = in.shape(2);
   c.D = in.shape(3);
   c.itemsize = static_cast<int>(in.itemsize());
-  enc.set_input_array(in);
-  enc.set_output_array(out);
-  launch(enc, copy_kernel(), dim3(c.B * c.H * c.S), dim3(kRowThreads), 0, c);
+  launch(enc, copy_kernel(), dim3(c.B * c.H * c.S), dim3(kRowThreads), 0, c,
+         {&in, &out}, {&out});
 }
 
 } // namespace
@@ -45,10 +44,6 @@ void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) 
   const auto& buffer = inputs[0];
   const auto& update = inputs[1];
   take_or_copy(buffer, out, enc);
-  for (const auto& a : inputs) {
-    enc.set_input_array(a);
-  }
-  enc.set_output_array(out);
   RingArgs r{};
   r.src = mx::gpu_ptr<void>(update);
   r.dst = mx::gpu_ptr<void>(out);
@@ -63,7 +58,8 @@ void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) 
   if (r.B * r.H * r.T == 0) {
     return;
   }
-  launch(enc, ring_kernel(), dim3(r.B * r.H * r.T), dim3(kRowThreads), 0, r);
+  launch(enc, ring_kernel(), dim3(r.B * r.H * r.T), dim3(kRowThreads), 0, r,
+         {&buffer, &update, &inputs[2], &out}, {&out});
 }
 
 void QuantizedRingUpdate::eval_gpu(
@@ -73,12 +69,6 @@ void QuantizedRingUpdate::eval_gpu(
   auto& enc = mx::cu::get_command_encoder(stream());
   for (int i = 0; i < 3; ++i) {
     take_or_copy(inputs[i], outputs[i], enc);
-  }
-  for (const auto& a : inputs) {
-    enc.set_input_array(a);
-  }
-  for (auto& o : outputs) {
-    enc.set_output_array(o);
   }
   const auto& update = inputs[3];
   QuantRingArgs q{};
@@ -101,8 +91,12 @@ void QuantizedRingUpdate::eval_gpu(
   if (q.B * q.H * q.T == 0) {
     return;
   }
+  for (const auto& a : inputs) {
+    enc.set_input_array(a);
+  }
   launch(enc, quant_ring_kernel(bits_, group_size_), dim3(q.B * q.H * q.T),
-         dim3(kRowThreads), 0, q);
+         dim3(kRowThreads), 0, q, {&outputs[0], &outputs[1], &outputs[2]},
+         {&outputs[0], &outputs[1], &outputs[2]});
 }
 
 } // namespace mlxq
