@@ -160,5 +160,7 @@ template <typename T>
   MLXQ_INSTANTIATE("mlxq_qsdpa_merge_" #tname, mlxq_qsdpa_merge, T)
 
 MLXQ_INST_DECODE_TYPE(f32, float)
+#if !defined(MLXQ_ONLY_F32) // (a smaller build for the planted-bug tests)
 MLXQ_INST_DECODE_TYPE(f16, half)
 MLXQ_INST_DECODE_TYPE(bf16, mlxq_bfloat16)
+#endif

@@ -72,5 +72,7 @@ template <typename T, int BITS, int DMAX>
   MLXQ_INST_PREFILL_BITS(tname, T, 8)
 
 MLXQ_INST_PREFILL_TYPE(f32, float)
+#if !defined(MLXQ_ONLY_F32) // (a smaller build for the planted-bug tests)
 MLXQ_INST_PREFILL_TYPE(f16, half)
 MLXQ_INST_PREFILL_TYPE(bf16, mlxq_bfloat16)
+#endif

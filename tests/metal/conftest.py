@@ -10,6 +10,7 @@ import os
 import sys
 import zlib
 
+import mlx.core as mx
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -17,6 +18,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from emu import HERE, Emulator, build  # noqa: E402
 
 SCHEDULES = ["default", "reverse", "random"]
+
+
+@pytest.fixture(autouse=True)
+def device():
+    """The emulator tests run once, whatever GPU MLX has: the references and
+    inputs are computed on the CPU (overrides tests/conftest.py's fixture)."""
+    previous = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield mx.cpu
+    mx.set_default_device(previous)
 
 
 @pytest.fixture(scope="session")

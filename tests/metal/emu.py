@@ -78,8 +78,12 @@ def build(sources=None, *, defines=(), sanitize=False, opt="-O2", include_dirs=N
     tmp = f"{out}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    _run([CXX] + flags + ["-shared", os.path.join(HERE, "src", "msl_emu_runtime.cpp"),
-                          "-o", os.path.join(tmp, "libmsl_emu.so"), "-lpthread"])
+    # The runtime gets a name of its own per build: the dynamic linker matches
+    # a DT_NEEDED name against every library already loaded, so two builds'
+    # kernels would otherwise share the first runtime (and its registry).
+    runtime = f"libmsl_emu_{h.hexdigest()[:16]}.so"
+    _run([CXX] + flags + ["-shared", os.path.join(HERE, "src", "msl_emu_runtime.cpp"), "-Wl,-soname," + runtime,
+                          "-o", os.path.join(tmp, runtime), "-lpthread"])
 
     def one(src):
         base = os.path.splitext(os.path.basename(src))[0]
@@ -87,7 +91,7 @@ def build(sources=None, *, defines=(), sanitize=False, opt="-O2", include_dirs=N
         _run([sys.executable, os.path.join(HERE, "tools", "mslpp.py"), src, "-o", cpp, "--cxx", CXX]
              + [f"-I{d}" for d in include_dirs] + [f"-D{d}" for d in defines])
         _run([CXX] + flags + ["-shared", cpp, "-o", os.path.join(tmp, f"lib{base}.so"),
-                              "-L" + tmp, "-lmsl_emu", "-Wl,-rpath,$ORIGIN"])
+                              "-L" + tmp, "-l:" + runtime, "-Wl,-rpath,$ORIGIN"])
 
     workers = max(1, min(len(sources), os.cpu_count() or 1))
     with concurrent.futures.ThreadPoolExecutor(workers) as ex:
@@ -127,9 +131,10 @@ class Emulator:
     def __init__(self, build_dir):
         mode = getattr(os, "RTLD_LOCAL", 0) | getattr(os, "RTLD_NOW", 0)
         self.build_dir = build_dir
-        self.lib = ctypes.CDLL(os.path.join(build_dir, "libmsl_emu.so"), mode=mode)
+        (runtime,) = glob.glob(os.path.join(build_dir, "libmsl_emu_*.so"))
+        self.lib = ctypes.CDLL(runtime, mode=mode)
         self.kernel_libs = [ctypes.CDLL(p, mode=mode) for p in sorted(glob.glob(os.path.join(build_dir, "lib*.so")))
-                            if not p.endswith("libmsl_emu.so")]
+                            if p != runtime]
         L = self.lib
         L.msl_emu_dispatch.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
                                        ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32), ctypes.c_int,

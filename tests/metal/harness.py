@@ -38,13 +38,16 @@ def poisoned(shape, tag):
     return np.full(shape, np.nan, NP_STORAGE[tag])
 
 
-def in_buffer(view, extra_rows=0, axis=2, rng=None):
-    """`view` copied into a larger garbage-filled buffer along `axis` and
-    returned as a strided view of it (like a cache's buffer[..., :n, :])."""
-    if not extra_rows:
+def in_buffer(view, extra_rows=0, axis=2, rng=None, pad_cols=False):
+    """`view` copied into a larger garbage-filled buffer and returned as a
+    strided view of it: `extra_rows` more along `axis` (like a cache's
+    buffer[..., :n, :]), and with pad_cols one more element per row (rows at
+    an odd offset and stride)."""
+    if not extra_rows and not pad_cols:
         return view
     shape = list(view.shape)
     shape[axis] += extra_rows
+    shape[-1] += int(pad_cols)
     rng = rng or np.random.default_rng(0)
     if view.dtype == np.uint32:
         big = rng.integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32)
@@ -55,6 +58,7 @@ def in_buffer(view, extra_rows=0, axis=2, rng=None):
     start = extra_rows // 2
     idx = [slice(None)] * len(shape)
     idx[axis] = slice(start, start + view.shape[axis])
+    idx[-1] = slice(int(pad_cols), None)
     sub = big[tuple(idx)]
     sub[...] = view
     return sub

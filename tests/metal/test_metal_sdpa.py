@@ -1,0 +1,384 @@
+"""QuantizedSDPA's Metal kernels (metal/qsdpa_*.metal) run on the emulator.
+
+The same equivalence checks as the CPU tests: fresh random inputs, every
+bits / group size / head-dim pairing / GQA ratio / mask kind / sinks /
+dtype, strided K/V cache views and query views, against the float64 oracle
+(tests/reference64.py) with DESIGN.md's tolerances; outputs and partial
+buffers are poisoned first; rows that see no key must be exactly 0. Every
+dispatch -- kernel choice, key blocks, grid, threadgroup, argument block --
+comes from mlxq._ext._metal_plan_sdpa, the C++ arithmetic the Metal host code
+uses. Each test runs under the default, reverse and random schedules.
+"""
+
+import itertools
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlxq
+from harness import DT, in_buffer, run_sdpa, to_mx, to_np
+from helpers import DTYPES, assert_close, random_inputs
+from reference64 import sdpa64
+
+BITS = [2, 3, 4, 5, 6, 8]
+GROUP_SIZES = [32, 64, 128]
+MODES = {"auto": 0, "decode": 1, "prefill": 2}
+
+
+# --- inputs ------------------------------------------------------------------------
+
+class Case:
+    """Random inputs as MLX arrays (for the oracle) and NumPy storage views
+    (for the emulator), optionally inside larger buffers."""
+
+    def __init__(self, rng, *, B=1, Hq=8, Hkv=2, L=1, N=64, Dk=128, Dv=None, bits=4, group_size=64,
+                 q_dtype="f32", kv_dtype="f32", kv_extra_rows=0, kv_pad_cols=False, q_layout="contiguous"):
+        self.bits, self.group_size, self.q_tag, self.s_tag = bits, group_size, q_dtype, kv_dtype
+        self.q, self.k, self.v = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=N, Dk=Dk, Dv=Dv, bits=bits,
+                                               group_size=group_size, q_dtype=DTYPES[q_dtype],
+                                               kv_dtype=DTYPES[kv_dtype])
+        self.shape = (B, Hq, L, N)
+        q = to_np(self.q)
+        if q_layout == "transposed":  # [B, L, H, D] projections viewed as [B, H, L, D]
+            q = np.ascontiguousarray(q.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+        elif q_layout == "strided_last":  # every other element of a wider array
+            wide = np.zeros(q.shape[:3] + (2 * q.shape[3],), q.dtype)
+            wide[..., ::2] = q
+            q = wide[..., ::2]
+        self.q_np = q
+
+        def views(triple):
+            out = []
+            for a in map(to_np, triple):
+                # pad: rows of W words at a stride of W + 1 (no 16-byte loads)
+                out.append(in_buffer(a, kv_extra_rows, rng=rng, pad_cols=kv_pad_cols))
+            return tuple(out)
+
+        self.k_np, self.v_np = views(self.k), views(self.v)
+
+    def run(self, emu, *, scale=None, mask=None, mask_np=None, mask_tag="none", sinks=None, sinks_np=None,
+            mode="auto", **plan_kw):
+        """Runs the kernels, checks against float64; returns (out, plan)."""
+        scale = self.q.shape[-1] ** -0.5 if scale is None else scale
+        if sinks is not None and sinks_np is None:
+            sinks_np = np.array(sinks.astype(mx.float32))
+        out, plan = run_sdpa(emu, self.q_np, self.q_tag, self.k_np, self.v_np, self.s_tag, scale=scale,
+                             bits=self.bits, group_size=self.group_size,
+                             mask="causal" if mask == "causal" else mask_np, mask_tag=mask_tag,
+                             sinks=sinks_np, mode=MODES[mode], **plan_kw)
+        ref = sdpa64(self.q, self.k, self.v, scale=scale, mask=mask, sinks=sinks, group_size=self.group_size,
+                     bits=self.bits)
+        assert_close(to_mx(out, self.q_tag), ref, dtype=DTYPES[self.q_tag])
+        return out, plan
+
+
+def make_mask(kind, rng, B, Hq, L, N):
+    """(mlx mask for the oracle, NumPy storage view for the kernel, mask tag)."""
+    def with_neg_inf(shape):
+        a = rng.normal(0, 2, shape).astype(np.float32)
+        a[rng.random(shape) < 0.2] = -np.inf
+        a[..., 0, :] = -np.inf  # query 0 sees no key: it must output 0
+        return a
+
+    if kind == "none":
+        return None, None, "none"
+    if kind == "causal":
+        return "causal", None, "causal"
+    if kind.startswith("bool") or kind == "all_hidden":
+        if kind == "bool_LN":
+            m = rng.random((L, N)) < 0.7
+        elif kind == "bool_B1LN":
+            m = rng.random((B, 1, L, N)) < 0.7
+        elif kind == "bool_BHLN":  # a different mask per query head, one dead row
+            m = rng.random((B, Hq, L, N)) < 0.5
+            m[0, 1, L // 2] = False
+        elif kind == "bool_keypad":  # [B, 1, 1, N]: padded keys per batch entry
+            lengths = rng.integers(1, N + 1, B)
+            m = np.arange(N)[None, None, None, :] < lengths[:, None, None, None]
+        elif kind == "bool_window":  # sliding window of 16 keys, bottom-right causal
+            n, l = np.arange(N)[None, :], np.arange(L)[:, None] + N - L
+            m = (n <= l) & (n > l - 16)
+        elif kind == "bool_transposed":  # a non-contiguous view
+            m = (rng.random((N, L)) < 0.6).T
+        elif kind == "all_hidden":
+            m = np.zeros((L, N), bool)
+        else:
+            raise AssertionError(kind)
+        return mx.array(np.ascontiguousarray(m)), m, "bool"
+    if kind == "add_f32":
+        a = with_neg_inf((1, Hq, L, N))
+        return mx.array(a), a, "f32"
+    if kind == "add_f16":
+        a = with_neg_inf((B, 1, L, N)).astype(np.float16)
+        return mx.array(a), a, "f16"
+    if kind == "add_bf16":
+        m = mx.array(with_neg_inf((L, N))).astype(mx.bfloat16)
+        return m, to_np(m), "bf16"
+    if kind == "add_row_const":  # broadcast along keys: stride 0 in the last axis
+        a = rng.normal(0, 3, (Hq, L, 1)).astype(np.float32)
+        return mx.array(a), a, "f32"
+    if kind == "all_neg_inf":
+        a = np.full((1, 1, 1, N), -np.inf, np.float32)
+        return mx.array(a), a, "f32"
+    raise AssertionError(kind)
+
+
+def random_sinks(rng, Hq):
+    return mx.array(rng.normal(0.5, 1.5, Hq).astype(np.float32))
+
+
+def run_case(emu, case, rng, mask_kind="none", with_sinks=False, **kw):
+    B, Hq, L, N = case.shape
+    mask, mask_np, tag = make_mask(mask_kind, rng, B, Hq, L, N)
+    sinks = random_sinks(rng, Hq) if with_sinks else None
+    return case.run(emu, mask=mask, mask_np=mask_np, mask_tag=tag, sinks=sinks, **kw)
+
+
+# --- bits, group sizes, scale dtypes ------------------------------------------------
+
+RAGGED_N = [1, 7, 33, 100, 257]
+
+
+@pytest.mark.parametrize(
+    "bits,group_size,N",
+    [(b, g, RAGGED_N[i % len(RAGGED_N)]) for i, (b, g) in enumerate(itertools.product(BITS, GROUP_SIZES))],
+)
+def test_bits_and_group_sizes(emu, rng, bits, group_size, N):
+    case = Case(rng, Hq=4, Hkv=1, L=2, N=N, Dk=128, bits=bits, group_size=group_size)
+    run_case(emu, case, rng)
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "bf16"])
+def test_bits_and_scale_dtypes(emu, rng, bits, kv_dtype):
+    case = Case(rng, Hq=4, Hkv=2, L=3, N=97, Dk=64, bits=bits, group_size=64, kv_dtype=kv_dtype)
+    run_case(emu, case, rng, "causal")
+
+
+# --- head dims, GQA, batch, query length ------------------------------------------------
+
+@pytest.mark.parametrize(
+    "Dk,Dv,group_size,bits",
+    [(32, 32, 32, 4), (64, 64, 64, 8), (96, 96, 32, 3), (128, 128, 128, 5), (256, 256, 64, 6),
+     (512, 512, 128, 4), (512, 512, 32, 2), (192, 128, 64, 4), (128, 256, 32, 8), (64, 512, 64, 3),
+     (512, 64, 64, 6), (160, 96, 32, 5)],
+)
+def test_head_dims(emu, rng, Dk, Dv, group_size, bits):
+    case = Case(rng, Hq=4, Hkv=2, L=3, N=75, Dk=Dk, Dv=Dv, bits=bits, group_size=group_size)
+    out, plan = run_case(emu, case, rng, "causal")
+    assert out.shape == (1, 4, 3, Dv)
+    assert plan["kernel"].endswith("_d128" if max(Dk, Dv) <= 128 else "_d512")
+
+
+@pytest.mark.parametrize(
+    "Hq,Hkv,L",
+    [(1, 1, 1), (4, 4, 5), (8, 4, 1), (8, 2, 5), (16, 2, 1), (32, 4, 3), (12, 4, 2), (40, 8, 2), (8, 1, 9)],
+)
+def test_gqa_ratios(emu, rng, Hq, Hkv, L):
+    # rep * L rows share each K/V tile; more than 16 rows need several row tiles.
+    case = Case(rng, B=2, Hq=Hq, Hkv=Hkv, L=L, N=90, Dk=64, bits=4, group_size=64)
+    run_case(emu, case, rng, "causal")
+
+
+@pytest.mark.parametrize(
+    "B,L,N,mask,mode",
+    [(1, 1, 600, "none", "auto"), (2, 2, 257, "causal", "decode"), (3, 4, 33, "none", "prefill"),
+     (1, 8, 7, "causal", "decode"), (1, 8, 7, "causal", "prefill"), (2, 31, 129, "causal", "prefill"),
+     (1, 40, 50, "causal", "auto"), (2, 24, 17, "causal", "prefill"), (3, 1, 1, "causal", "auto")],
+)
+def test_batch_and_query_length(emu, rng, B, L, N, mask, mode):
+    case = Case(rng, B=B, Hq=4, Hkv=2, L=L, N=N, Dk=64, bits=8, group_size=32)
+    run_case(emu, case, rng, mask, mode=mode)
+
+
+# --- masks and sinks ---------------------------------------------------------------------
+
+MASK_KINDS = ["none", "causal", "bool_LN", "bool_B1LN", "bool_BHLN", "bool_keypad", "bool_window",
+              "bool_transposed", "add_f32", "add_bf16", "add_f16", "add_row_const", "all_hidden", "all_neg_inf"]
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("with_sinks", [False, True])
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_masks(emu, rng, kind, with_sinks, mode):
+    case = Case(rng, B=2, Hq=8, Hkv=2, L=8, N=100, Dk=64, bits=4, group_size=64)
+    # decode: 32-key blocks, merged by log-sum-exp; prefill: one pass over all keys
+    out, plan = run_case(emu, case, rng, kind, with_sinks, mode=mode, target_threadgroups=10**6,
+                         min_block_keys=32)
+    assert plan["prefill"] == (mode == "prefill") and plan["merge"] == (mode == "decode")
+    if kind.startswith("all_"):
+        assert (out.astype(np.float32) == 0).all()
+
+
+@pytest.mark.parametrize(
+    "kind,q_dtype",
+    [("causal", "f32"), ("bool_window", "f32"), ("bool_BHLN", "bf16"), ("add_f32", "f16"),
+     ("all_hidden", "f32"), ("add_row_const", "f32")],
+)
+def test_masks_with_split_keys(emu, rng, kind, q_dtype):
+    # One KV head, few queries: many key blocks; a window hides most of them.
+    case = Case(rng, Hq=4, Hkv=1, L=3, N=700, Dk=64, bits=6, group_size=32, q_dtype=q_dtype)
+    _, plan = run_case(emu, case, rng, kind, True, min_block_keys=32)
+    assert plan["n_blocks"] > 10
+
+
+@pytest.mark.parametrize("level", ["mixed", "dominant", "neg_inf", "strided"])
+def test_sinks(emu, rng, level):
+    Hq = 8
+    case = Case(rng, B=2, Hq=Hq, Hkv=2, L=4, N=50, Dk=64, bits=5, group_size=32)
+    values = {"mixed": rng.normal(0, 2, Hq), "dominant": np.full(Hq, 12.0), "neg_inf": np.full(Hq, -np.inf),
+              "strided": rng.normal(0, 2, Hq)}[level].astype(np.float32)
+    sinks_np = values
+    if level == "strided":
+        wide = np.zeros(2 * Hq, np.float32)
+        wide[::2] = values
+        sinks_np = wide[::2]
+    case.run(emu, mask="causal", sinks=mx.array(values), sinks_np=sinks_np)
+
+
+# --- dtypes and scales ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("q_dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "bf16"])
+def test_query_and_scale_dtypes(emu, rng, q_dtype, kv_dtype):
+    bits = {"f32": 4, "f16": 8, "bf16": 3}[kv_dtype]
+    case = Case(rng, B=2, Hq=8, Hkv=2, L=4, N=150, Dk=64, bits=bits, group_size=64, q_dtype=q_dtype,
+                kv_dtype=kv_dtype)
+    run_case(emu, case, rng, "causal", True, min_block_keys=32)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.09, 3 / 8])
+def test_scale_values(emu, rng, scale):
+    case = Case(rng, Hq=4, Hkv=1, L=2, N=300, Dk=64, bits=8, group_size=64)
+    case.run(emu, scale=scale, mask="causal")
+
+
+# --- strided views ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "extra_rows,pad_cols,q_layout,bits,mode",
+    [(37, False, "contiguous", 4, "decode"), (200, False, "transposed", 8, "prefill"),
+     (5, True, "contiguous", 4, "decode"), (13, True, "strided_last", 8, "prefill"),
+     (0, True, "transposed", 3, "decode"), (64, False, "strided_last", 2, "auto")],
+)
+def test_views(emu, rng, extra_rows, pad_cols, q_layout, bits, mode):
+    """K/V as slices of larger buffers (garbage elsewhere), padded rows that
+    rule out 16-byte loads, and transposed / strided queries."""
+    case = Case(rng, B=2, Hq=8, Hkv=2, L=3 if mode != "prefill" else 20, N=90, Dk=128, bits=bits,
+                group_size=64, q_dtype="f16", kv_dtype="bf16", kv_extra_rows=extra_rows, kv_pad_cols=pad_cols,
+                q_layout=q_layout)
+    _, plan = run_case(emu, case, rng, "causal", mode=mode, min_block_keys=32)
+    assert plan["k_vec4"] == plan["v_vec4"] == (not pad_cols)
+
+
+# --- prefill: tiles that no query sees are skipped ----------------------------------------------
+
+@pytest.mark.parametrize("L,N", [(16, 16), (33, 73), (64, 64), (48, 20)])
+@pytest.mark.parametrize("kind", ["none", "causal", "bool_window"])
+def test_prefill(emu, rng, L, N, kind):
+    case = Case(rng, Hq=4, Hkv=2, L=L, N=N, Dk=64, bits=4, group_size=32, q_dtype="bf16", kv_dtype="bf16")
+    _, plan = run_case(emu, case, rng, kind, mode="prefill")
+    assert plan["prefill"] and not plan["merge"]
+
+
+def _poison_keys(triple, start):
+    """The storage triple with the scales of keys >= start set to NaN."""
+    packed, scales, biases = (np.array(a) for a in triple)
+    nan = 0x7FC0 if scales.dtype == np.uint16 else np.nan
+    scales[:, :, start:] = nan
+    return packed, scales, biases
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_causal_tiles_past_the_diagonal_are_not_read(emu, rng, mode):
+    # 96 queries, 2 heads per KV head: 12 row tiles of 8 positions. Keys >= 64
+    # get NaN scales; row tiles whose last query is < 64 stop before them.
+    case = Case(rng, Hq=2, Hkv=1, L=96, N=96, Dk=64, bits=4, group_size=64)
+    clean, _ = case.run(emu, mask="causal", mode=mode, min_block_keys=32)
+    case.k_np, case.v_np = _poison_keys(case.k_np, 64), _poison_keys(case.v_np, 64)
+    from harness import run_sdpa
+    dirty, _ = run_sdpa(emu, case.q_np, "f32", case.k_np, case.v_np, "f32", scale=64 ** -0.5, bits=4,
+                        group_size=64, mask="causal", mode=MODES[mode], min_block_keys=32)
+    assert np.isfinite(dirty[:, :, :64]).all()
+    np.testing.assert_array_equal(dirty[:, :, :64], clean[:, :, :64])
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_masked_tiles_are_not_read(emu, rng, mode):
+    # A key-padding mask: keys past each batch entry's length are hidden from
+    # every query, and whole hidden 32-key tiles get NaN scales: a read of any
+    # of them would make NaN scores (additive -inf + NaN).
+    B, Hq, L, N = 2, 8, 20, 130
+    case = Case(rng, B=B, Hq=Hq, Hkv=2, L=L, N=N, Dk=64, bits=8, group_size=64)
+    lengths = np.array([40, 97])
+    add = np.where(np.arange(N)[None, :] < lengths[:, None], 0.0, -np.inf).astype(np.float32)[:, None, None, :]
+    for b, n in enumerate(lengths):
+        start = -(-n // 32) * 32
+        for triple in (case.k_np, case.v_np):
+            triple[1][b, :, start:] = np.nan
+    case.run(emu, mask=mx.array(add), mask_np=add, mask_tag="f32", mode=mode, min_block_keys=32)
+
+
+# --- every kernel instance ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("q_dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("dims", [(64, 96), (192, 256)])
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_every_instantiation(emu, rng, q_dtype, bits, dims, mode):
+    """Each (kernel, q dtype, bits, head-dim class) runs at least once; decode
+    with several blocks, so each merge kernel runs too."""
+    Dk, Dv = dims
+    case = Case(rng, Hq=2, Hkv=1, L=2, N=70, Dk=Dk, Dv=Dv, bits=bits, group_size=32, q_dtype=q_dtype,
+                kv_dtype=q_dtype)
+    _, plan = run_case(emu, case, rng, "bool_keypad", True, mode=mode, min_block_keys=32)
+    dmax = 128 if max(Dk, Dv) <= 128 else 512
+    assert plan["kernel"] == f"mlxq_qsdpa_{mode}_{q_dtype}_b{bits}_d{dmax}"
+    assert plan["merge"] == (mode == "decode")
+
+
+def test_every_kernel_is_reachable_from_the_plan(metal_emu):
+    """The kernels in the build are exactly those the grid arithmetic names."""
+    names = set()
+    for q, bits, dims, mode in itertools.product(DT, BITS, [(64, 64), (512, 64)], ["decode", "prefill"]):
+        p = mlxq._ext._metal_plan_sdpa(dict(B=1, Hq=1, Hkv=1, L=1, N=100, Dk=dims[0], Dv=dims[1], bits=bits,
+                                            group_size=32, q_dtype=DT[q], mode=MODES[mode],
+                                            target_threadgroups=10**6, min_block_keys=32))
+        names.add(p["kernel"])
+        if p["merge"]:
+            names.add(p["merge_kernel"])
+    for item, bits in itertools.product([1, 2, 4, 8], BITS):
+        names.add(mlxq._ext._metal_plan_ring_update(dict(itemsize=item))["kernel"])
+        names.add(mlxq._ext._metal_plan_copy4d(dict(itemsize=item))["kernel"])
+        for dt in DT.values():
+            names.add(mlxq._ext._metal_plan_quantized_ring_update(dict(bits=bits, dtype=dt))["kernel"])
+    assert set(metal_emu.kernels()) == names
+
+
+# --- random combinations ---------------------------------------------------------------------
+
+def random_config(seed):
+    r = np.random.default_rng(seed)
+    gs = int(r.choice(GROUP_SIZES))
+    dims = [d for d in (32, 64, 96, 128, 192, 256, 384, 512) if d % gs == 0]
+    Hkv = int(r.choice([1, 2, 3]))
+    return dict(
+        bits=int(r.choice(BITS)), group_size=gs, Dk=int(r.choice(dims)), Dv=int(r.choice(dims)),
+        B=int(r.integers(1, 3)), Hkv=Hkv, Hq=Hkv * int(r.choice([1, 2, 3, 4, 8])),
+        L=int(r.choice([1, 1, 2, 4, 17, 31])), N=int(r.choice([1, 5, 32, 33, 100, 250])),
+        q_dtype=str(r.choice(list(DT))), kv_dtype=str(r.choice(list(DT))),
+        mask=str(r.choice(["none", "causal", "bool_BHLN", "bool_keypad", "add_bf16", "bool_window"])),
+        sinks=bool(r.random() < 0.5), extra=int(r.choice([0, 0, 13])), pad=bool(r.random() < 0.25),
+        q_layout=str(r.choice(["contiguous", "contiguous", "transposed", "strided_last"])),
+        mode=str(r.choice(["auto", "decode", "prefill"])), min_block_keys=int(r.choice([32, 64])),
+    )
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_configurations(emu, rng, seed):
+    c = random_config(seed)
+    case = Case(rng, B=c["B"], Hq=c["Hq"], Hkv=c["Hkv"], L=c["L"], N=c["N"], Dk=c["Dk"], Dv=c["Dv"],
+                bits=c["bits"], group_size=c["group_size"], q_dtype=c["q_dtype"], kv_dtype=c["kv_dtype"],
+                kv_extra_rows=c["extra"], kv_pad_cols=c["pad"], q_layout=c["q_layout"])
+    run_case(emu, case, rng, c["mask"], c["sinks"], mode=c["mode"], min_block_keys=c["min_block_keys"])
