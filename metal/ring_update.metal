@@ -44,7 +44,13 @@ template <typename E>
   }
   const int b = bh / p.shape[1];
   const int h = bh - b * p.shape[1];
-  dst[(mlxq_i64(bh) * p.shape[2] + s) * p.shape[3] + d] =
+#if defined(MLXQ_BUG_OOB_WRITE)
+  // Planted bug (emulator tests): the last element lands one past the end.
+  const int d_out = (d == p.shape[3] - 1 && s == p.shape[2] - 1) ? d + 1 : d;
+#else
+  const int d_out = d;
+#endif
+  dst[(mlxq_i64(bh) * p.shape[2] + s) * p.shape[3] + d_out] =
       src[b * p.src_strides[0] + h * p.src_strides[1] + s * p.src_strides[2] +
           d * p.src_strides[3]];
 }

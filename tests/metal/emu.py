@@ -208,7 +208,14 @@ class Emulator:
         return self.lib.msl_emu_last_divergent()
 
 
-def asan_runtime():
-    """Path of the compiler's libasan (to LD_PRELOAD into a Python child)."""
-    p = subprocess.run([CXX, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
-    return p if os.path.isabs(p) and os.path.exists(p) else None
+def asan_preload():
+    """LD_PRELOAD value for a Python child that loads ASan builds: the
+    compiler's libasan, and libstdc++ (ASan must see the real __cxa_throw
+    before MLX throws its first exception), or None without ASan."""
+    libs = []
+    for name in ("libasan.so", "libstdc++.so"):
+        p = subprocess.run([CXX, f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+        if not (os.path.isabs(p) and os.path.exists(p)):
+            return None
+        libs.append(os.path.realpath(p))
+    return " ".join(libs)

@@ -17,122 +17,11 @@ import numpy as np
 import pytest
 
 import mlxq
-from harness import DT, in_buffer, run_sdpa, to_mx, to_np
-from helpers import DTYPES, assert_close, random_inputs
-from reference64 import sdpa64
+from harness import DT, run_sdpa
+from sdpa_cases import MODES, Case, run_case
 
 BITS = [2, 3, 4, 5, 6, 8]
 GROUP_SIZES = [32, 64, 128]
-MODES = {"auto": 0, "decode": 1, "prefill": 2}
-
-
-# --- inputs ------------------------------------------------------------------------
-
-class Case:
-    """Random inputs as MLX arrays (for the oracle) and NumPy storage views
-    (for the emulator), optionally inside larger buffers."""
-
-    def __init__(self, rng, *, B=1, Hq=8, Hkv=2, L=1, N=64, Dk=128, Dv=None, bits=4, group_size=64,
-                 q_dtype="f32", kv_dtype="f32", kv_extra_rows=0, kv_pad_cols=False, q_layout="contiguous"):
-        self.bits, self.group_size, self.q_tag, self.s_tag = bits, group_size, q_dtype, kv_dtype
-        self.q, self.k, self.v = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=N, Dk=Dk, Dv=Dv, bits=bits,
-                                               group_size=group_size, q_dtype=DTYPES[q_dtype],
-                                               kv_dtype=DTYPES[kv_dtype])
-        self.shape = (B, Hq, L, N)
-        q = to_np(self.q)
-        if q_layout == "transposed":  # [B, L, H, D] projections viewed as [B, H, L, D]
-            q = np.ascontiguousarray(q.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-        elif q_layout == "strided_last":  # every other element of a wider array
-            wide = np.zeros(q.shape[:3] + (2 * q.shape[3],), q.dtype)
-            wide[..., ::2] = q
-            q = wide[..., ::2]
-        self.q_np = q
-
-        def views(triple):
-            out = []
-            for a in map(to_np, triple):
-                # pad: rows of W words at a stride of W + 1 (no 16-byte loads)
-                out.append(in_buffer(a, kv_extra_rows, rng=rng, pad_cols=kv_pad_cols))
-            return tuple(out)
-
-        self.k_np, self.v_np = views(self.k), views(self.v)
-
-    def run(self, emu, *, scale=None, mask=None, mask_np=None, mask_tag="none", sinks=None, sinks_np=None,
-            mode="auto", **plan_kw):
-        """Runs the kernels, checks against float64; returns (out, plan)."""
-        scale = self.q.shape[-1] ** -0.5 if scale is None else scale
-        if sinks is not None and sinks_np is None:
-            sinks_np = np.array(sinks.astype(mx.float32))
-        out, plan = run_sdpa(emu, self.q_np, self.q_tag, self.k_np, self.v_np, self.s_tag, scale=scale,
-                             bits=self.bits, group_size=self.group_size,
-                             mask="causal" if mask == "causal" else mask_np, mask_tag=mask_tag,
-                             sinks=sinks_np, mode=MODES[mode], **plan_kw)
-        ref = sdpa64(self.q, self.k, self.v, scale=scale, mask=mask, sinks=sinks, group_size=self.group_size,
-                     bits=self.bits)
-        assert_close(to_mx(out, self.q_tag), ref, dtype=DTYPES[self.q_tag])
-        return out, plan
-
-
-def make_mask(kind, rng, B, Hq, L, N):
-    """(mlx mask for the oracle, NumPy storage view for the kernel, mask tag)."""
-    def with_neg_inf(shape):
-        a = rng.normal(0, 2, shape).astype(np.float32)
-        a[rng.random(shape) < 0.2] = -np.inf
-        a[..., 0, :] = -np.inf  # query 0 sees no key: it must output 0
-        return a
-
-    if kind == "none":
-        return None, None, "none"
-    if kind == "causal":
-        return "causal", None, "causal"
-    if kind.startswith("bool") or kind == "all_hidden":
-        if kind == "bool_LN":
-            m = rng.random((L, N)) < 0.7
-        elif kind == "bool_B1LN":
-            m = rng.random((B, 1, L, N)) < 0.7
-        elif kind == "bool_BHLN":  # a different mask per query head, one dead row
-            m = rng.random((B, Hq, L, N)) < 0.5
-            m[0, 1, L // 2] = False
-        elif kind == "bool_keypad":  # [B, 1, 1, N]: padded keys per batch entry
-            lengths = rng.integers(1, N + 1, B)
-            m = np.arange(N)[None, None, None, :] < lengths[:, None, None, None]
-        elif kind == "bool_window":  # sliding window of 16 keys, bottom-right causal
-            n, l = np.arange(N)[None, :], np.arange(L)[:, None] + N - L
-            m = (n <= l) & (n > l - 16)
-        elif kind == "bool_transposed":  # a non-contiguous view
-            m = (rng.random((N, L)) < 0.6).T
-        elif kind == "all_hidden":
-            m = np.zeros((L, N), bool)
-        else:
-            raise AssertionError(kind)
-        return mx.array(np.ascontiguousarray(m)), m, "bool"
-    if kind == "add_f32":
-        a = with_neg_inf((1, Hq, L, N))
-        return mx.array(a), a, "f32"
-    if kind == "add_f16":
-        a = with_neg_inf((B, 1, L, N)).astype(np.float16)
-        return mx.array(a), a, "f16"
-    if kind == "add_bf16":
-        m = mx.array(with_neg_inf((L, N))).astype(mx.bfloat16)
-        return m, to_np(m), "bf16"
-    if kind == "add_row_const":  # broadcast along keys: stride 0 in the last axis
-        a = rng.normal(0, 3, (Hq, L, 1)).astype(np.float32)
-        return mx.array(a), a, "f32"
-    if kind == "all_neg_inf":
-        a = np.full((1, 1, 1, N), -np.inf, np.float32)
-        return mx.array(a), a, "f32"
-    raise AssertionError(kind)
-
-
-def random_sinks(rng, Hq):
-    return mx.array(rng.normal(0.5, 1.5, Hq).astype(np.float32))
-
-
-def run_case(emu, case, rng, mask_kind="none", with_sinks=False, **kw):
-    B, Hq, L, N = case.shape
-    mask, mask_np, tag = make_mask(mask_kind, rng, B, Hq, L, N)
-    sinks = random_sinks(rng, Hq) if with_sinks else None
-    return case.run(emu, mask=mask, mask_np=mask_np, mask_tag=tag, sinks=sinks, **kw)
 
 
 # --- bits, group sizes, scale dtypes ------------------------------------------------
@@ -297,7 +186,6 @@ def test_causal_tiles_past_the_diagonal_are_not_read(emu, rng, mode):
     case = Case(rng, Hq=2, Hkv=1, L=96, N=96, Dk=64, bits=4, group_size=64)
     clean, _ = case.run(emu, mask="causal", mode=mode, min_block_keys=32)
     case.k_np, case.v_np = _poison_keys(case.k_np, 64), _poison_keys(case.v_np, 64)
-    from harness import run_sdpa
     dirty, _ = run_sdpa(emu, case.q_np, "f32", case.k_np, case.v_np, "f32", scale=64 ** -0.5, bits=4,
                         group_size=64, mask="causal", mode=MODES[mode], min_block_keys=32)
     assert np.isfinite(dirty[:, :, :64]).all()
