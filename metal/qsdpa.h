@@ -218,9 +218,9 @@ METAL_FUNC void mlxq_attend(
           mvis = madd != -INFINITY;
         }
       }
-      const bool any = simd_any(mvis);
+      const bool row_sees_tile = simd_any(mvis);
       if (lane == 0) {
-        tg_live[sg] = any ? 1 : 0;
+        tg_live[sg] = row_sees_tile ? 1 : 0;
       }
       threadgroup_barrier(mem_flags::mem_threadgroup);
       int live = 0;

@@ -72,9 +72,11 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   p.k_vec4 = vec4_ok(pr.Dk * pr.bits / 32, pr.k_strides[0], pr.k_packed_offset);
   p.v_vec4 = vec4_ok(pr.Dv * pr.bits / 32, pr.v_strides[0], pr.v_packed_offset);
 
-  // Row tiles: one SIMD group per row, at most MLXQ_MAX_ROW_TILE rows.
+  // Row tiles: one SIMD group per row, at most MLXQ_MAX_ROW_TILE rows (and
+  // no more threads than the pipeline allows).
   p.rows = p.rep * pr.L;
-  const int tiles = static_cast<int>(ceil_div(p.rows, MLXQ_MAX_ROW_TILE));
+  const int max_rows = std::clamp(pr.max_threads / 32, 1, MLXQ_MAX_ROW_TILE);
+  const int tiles = static_cast<int>(ceil_div(p.rows, max_rows));
   p.row_tile = std::max(1, static_cast<int>(ceil_div(p.rows, std::max(tiles, 1))));
   p.row_tiles = std::max(1, static_cast<int>(ceil_div(p.rows, p.row_tile)));
   const int64_t units = int64_t(pr.B) * pr.Hkv * p.row_tiles;

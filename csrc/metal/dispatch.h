@@ -67,6 +67,9 @@ struct SdpaProblem {
   SdpaMode mode = SdpaMode::Auto;
   int target_threadgroups = kTargetThreadgroups;
   int min_block_keys = kMinBlockKeys;
+  // The pipeline's maxTotalThreadsPerThreadgroup: caps the rows (SIMD groups)
+  // of a threadgroup.
+  int max_threads = 1024;
 };
 
 struct SdpaPlan {

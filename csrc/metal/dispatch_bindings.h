@@ -74,6 +74,7 @@ inline nb::dict sdpa(const nb::dict& d) {
   pr.mode = static_cast<SdpaMode>(get<int>(d, "mode", 0));
   pr.target_threadgroups = get<int>(d, "target_threadgroups", kTargetThreadgroups);
   pr.min_block_keys = get<int>(d, "min_block_keys", kMinBlockKeys);
+  pr.max_threads = get<int>(d, "max_threads", 1024);
 
   const SdpaPlan plan = plan_sdpa(pr);
   nb::dict r;

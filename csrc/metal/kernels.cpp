@@ -1,0 +1,91 @@
+#include "metal/kernels.h"
+
+#include <dlfcn.h>
+
+#include <filesystem>
+#include <stdexcept>
+
+namespace mlxq::metal_host {
+
+namespace {
+
+// Directory of the binary this code is linked into (mlxq/_ext*.so): the
+// metallib is installed beside it.
+const std::string& binary_dir() {
+  static const std::string dir = [] {
+    Dl_info info;
+    if (!dladdr(reinterpret_cast<void*>(&binary_dir), &info)) {
+      throw std::runtime_error("[mlxq.metal] cannot locate the mlxq extension on disk.");
+    }
+    return std::filesystem::path(info.dli_fname).parent_path().string();
+  }();
+  return dir;
+}
+
+} // namespace
+
+MTL::ComputePipelineState* kernel(mx::metal::Device& d, const std::string& name) {
+  // Loads <binary_dir>/mlxq.metallib once; MLX caches library and pipelines.
+  auto* lib = d.get_library("mlxq", binary_dir());
+  return d.get_kernel(name, lib);
+}
+
+void dispatch(
+    mx::metal::CommandEncoder& enc,
+    const md::Size3& grid,
+    const md::Size3& group,
+    bool grid_is_threads) {
+  if (grid.empty()) {
+    return;
+  }
+  const MTL::Size g(grid.x, grid.y, grid.z);
+  const MTL::Size t(group.x, group.y, group.z);
+  if (grid_is_threads) {
+    enc.dispatch_threads(g, t);
+  } else {
+    enc.dispatch_threadgroups(g, t);
+  }
+}
+
+int dtype_code(mx::Dtype t) {
+  if (t == mx::float16) {
+    return MLXQ_DT_F16;
+  }
+  if (t == mx::bfloat16) {
+    return MLXQ_DT_BF16;
+  }
+  return MLXQ_DT_F32;
+}
+
+void copy4d(const mx::array& src, mx::array& dst, const mx::Stream& s) {
+  int shape[4];
+  int64_t strides[4];
+  for (int i = 0; i < 4; ++i) {
+    shape[i] = src.shape(i);
+    strides[i] = src.strides()[i];
+  }
+  const md::CopyPlan plan = md::plan_copy4d(shape, strides, static_cast<int>(src.itemsize()));
+  if (plan.grid.empty()) {
+    return;
+  }
+  auto& d = mx::metal::device(s.device);
+  auto& enc = mx::metal::get_command_encoder(s);
+  enc.set_compute_pipeline_state(kernel(d, plan.kernel));
+  enc.set_input_array(src, md::slots::kCopySrc);
+  enc.set_output_array(dst, md::slots::kCopyDst);
+  enc.set_bytes(plan.params, md::slots::kCopyParams);
+  dispatch(enc, plan.grid, plan.group, plan.grid_is_threads);
+}
+
+mx::array rows_contiguous(const mx::array& a, const mx::Stream& s) {
+  if (a.ndim() != 4 || a.shape(3) <= 1 || a.strides()[3] == 1) {
+    return a;
+  }
+  mx::array c(a.shape(), a.dtype(), nullptr, {});
+  c.set_data(mx::allocator::malloc(c.nbytes()));
+  copy4d(a, c, s);
+  mx::metal::get_command_encoder(s).add_temporary(c);
+  return c;
+}
+
+} // namespace mlxq::metal_host

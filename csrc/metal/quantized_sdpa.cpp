@@ -1,0 +1,137 @@
+// Metal QuantizedSDPA: the decode (split-K + merge) or prefill kernel of
+// metal/qsdpa_*.metal, dispatched as csrc/metal/dispatch.cpp plans it.
+#include "metal/kernels.h"
+
+#include "debug.h"
+#include "quantized_sdpa.h"
+
+namespace mlxq {
+
+namespace {
+
+namespace mh = metal_host;
+namespace md = metal_dispatch;
+
+int mask_kind(MaskKind kind, const mx::array* mask) {
+  if (kind == MaskKind::Causal) {
+    return MLXQ_MASK_CAUSAL;
+  }
+  if (kind != MaskKind::Array) {
+    return MLXQ_MASK_NONE;
+  }
+  if (mask->dtype() == mx::bool_) {
+    return MLXQ_MASK_BOOL;
+  }
+  switch (mh::dtype_code(mask->dtype())) {
+    case MLXQ_DT_F16: return MLXQ_MASK_F16;
+    case MLXQ_DT_BF16: return MLXQ_MASK_BF16;
+    default: return MLXQ_MASK_F32;
+  }
+}
+
+} // namespace
+
+void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& s = stream();
+  auto& d = mx::metal::device(s.device);
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  poison_if_enabled(out);
+  if (out.size() == 0) {
+    return;
+  }
+
+  const mx::array& q = inputs[0];
+  // K/V rows must be contiguous along their last axis (every cache and
+  // mx.quantize output is); anything else is copied first.
+  std::vector<mx::array> kv;
+  for (int i = 1; i <= 6; ++i) {
+    kv.push_back(mh::rows_contiguous(inputs[i], s));
+  }
+  size_t next = 7;
+  const mx::array* mask = params_.mask == MaskKind::Array ? &inputs[next++] : nullptr;
+  const mx::array* sinks = params_.has_sinks ? &inputs[next] : nullptr;
+
+  md::SdpaProblem pr;
+  pr.B = q.shape(0);
+  pr.Hq = q.shape(1);
+  pr.L = q.shape(2);
+  pr.Dk = q.shape(3);
+  pr.Hkv = kv[0].shape(1);
+  pr.N = kv[0].shape(2);
+  pr.Dv = out.shape(3);
+  pr.bits = params_.bits;
+  pr.group_size = params_.group_size;
+  pr.q_dtype = mh::dtype_code(q.dtype());
+  pr.scale_dtype = mh::dtype_code(kv[1].dtype());
+  pr.mask_kind = mask_kind(params_.mask, mask);
+  pr.has_sinks = sinks != nullptr;
+  pr.scale = params_.scale;
+  for (int i = 0; i < 4; ++i) {
+    pr.q_strides[i] = q.strides()[i];
+    pr.m_strides[i] = mask ? mask->strides()[i] : 0;
+  }
+  for (int part = 0; part < 3; ++part) {
+    for (int i = 0; i < 3; ++i) {
+      pr.k_strides[part][i] = kv[part].strides()[i];
+      pr.v_strides[part][i] = kv[3 + part].strides()[i];
+    }
+  }
+  pr.k_packed_offset = kv[0].offset() / static_cast<int64_t>(sizeof(uint32_t));
+  pr.v_packed_offset = kv[3].offset() / static_cast<int64_t>(sizeof(uint32_t));
+  pr.sinks_stride = sinks ? sinks->strides()[0] : 1;
+
+  md::SdpaPlan plan = md::plan_sdpa(pr);
+  auto* pipeline = mh::kernel(d, plan.kernel);
+  const int max_threads = static_cast<int>(pipeline->maxTotalThreadsPerThreadgroup());
+  if (plan.group.x > max_threads) {
+    // A register-heavy pipeline: fewer rows (SIMD groups) per threadgroup.
+    pr.max_threads = max_threads;
+    plan = md::plan_sdpa(pr);
+  }
+
+  auto& enc = mx::metal::get_command_encoder(s);
+  enc.set_compute_pipeline_state(pipeline);
+  enc.set_input_array(q, md::slots::kQ);
+  const int kv_slots[6] = {md::slots::kKPacked, md::slots::kKScales, md::slots::kKBiases,
+                           md::slots::kVPacked, md::slots::kVScales, md::slots::kVBiases};
+  for (int i = 0; i < 6; ++i) {
+    enc.set_input_array(kv[i], kv_slots[i]);
+  }
+  enc.set_output_array(out, md::slots::kOut);
+  // Absent optional buffers: the kernel never reads them, bind the output.
+  enc.set_input_array(mask ? *mask : out, md::slots::kMask);
+  enc.set_input_array(sinks ? *sinks : out, md::slots::kSinks);
+
+  if (!plan.merge) {
+    if (!plan.prefill) {
+      enc.set_input_array(out, md::slots::kPartialO);
+      enc.set_input_array(out, md::slots::kPartialML);
+    }
+    enc.set_bytes(plan.params, md::slots::kSdpaParams);
+    mh::dispatch(enc, plan.grid, plan.group, false);
+    return;
+  }
+
+  // Split-K decode: each key block writes partial outputs and (max, sum).
+  mx::array part_o({static_cast<int>(plan.partial_o_floats)}, mx::float32, nullptr, {});
+  mx::array part_ml({static_cast<int>(plan.partial_ml_floats)}, mx::float32, nullptr, {});
+  part_o.set_data(mx::allocator::malloc(part_o.nbytes()));
+  part_ml.set_data(mx::allocator::malloc(part_ml.nbytes()));
+  enc.set_output_array(part_o, md::slots::kPartialO);
+  enc.set_output_array(part_ml, md::slots::kPartialML);
+  enc.set_bytes(plan.params, md::slots::kSdpaParams);
+  mh::dispatch(enc, plan.grid, plan.group, false);
+
+  // Log-sum-exp merge of the blocks of every row.
+  enc.set_compute_pipeline_state(mh::kernel(d, plan.merge_kernel));
+  enc.set_input_array(part_o, md::slots::kMergePartialO);
+  enc.set_input_array(part_ml, md::slots::kMergePartialML);
+  enc.set_input_array(sinks ? *sinks : out, md::slots::kMergeSinks);
+  enc.set_output_array(out, md::slots::kMergeOut);
+  enc.set_bytes(plan.params, md::slots::kMergeParams);
+  mh::dispatch(enc, plan.merge_grid, plan.merge_group, false);
+  enc.add_temporary(std::move(part_o));
+  enc.add_temporary(std::move(part_ml));
+}
+
+} // namespace mlxq
