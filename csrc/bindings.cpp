@@ -100,6 +100,11 @@ NB_MODULE(_ext, m) {
       "Quantize update rows into a quantized ring buffer (see mlxq.quantized_ring_update).");
 
   m.def(
+      "_install_crash_backtrace",
+      &mlxq::install_crash_backtrace,
+      "Debug hook: print a native backtrace on SIGSEGV/SIGABRT.");
+
+  m.def(
       "_set_poison_outputs",
       &mlxq::set_poison_outputs,
       "enabled"_a,

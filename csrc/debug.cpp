@@ -1,5 +1,9 @@
 #include "debug.h"
 
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
 #include <limits>
@@ -41,6 +45,21 @@ void poison_if_enabled(mx::array& out) {
     case mx::bfloat16: fill<mx::bfloat16_t>(out, mx::bfloat16_t(nan)); break;
     default: std::memset(out.data<void>(), 0xFF, out.nbytes()); break;
   }
+}
+
+namespace {
+void print_backtrace(int sig) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+} // namespace
+
+void install_crash_backtrace() {
+  signal(SIGSEGV, print_backtrace);
+  signal(SIGABRT, print_backtrace);
 }
 
 } // namespace mlxq

@@ -12,4 +12,8 @@ void set_poison_outputs(bool enabled);
 bool poison_outputs();
 void poison_if_enabled(mlx::core::array& out);
 
+// Prints a native backtrace to stderr on SIGSEGV/SIGABRT (for machines with
+// no debugger), then lets the signal kill the process as before.
+void install_crash_backtrace();
+
 } // namespace mlxq

@@ -1,17 +1,23 @@
 #include "validation.h"
 
+#include <cstdio>
+
 namespace mlxq {
 
 namespace mx = mlx::core;
 
 std::string shape_str(const mx::Shape& shape) {
-  std::ostringstream s;
-  s << "(";
+  std::string s = "(";
   for (size_t i = 0; i < shape.size(); ++i) {
-    s << (i ? ", " : "") << shape[i];
+    s += (i ? ", " : "") + std::to_string(shape[i]);
   }
-  s << (shape.size() == 1 ? ",)" : ")");
-  return s.str();
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+std::string to_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
 }
 
 std::string dtype_str(mx::Dtype dtype) {

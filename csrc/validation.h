@@ -3,9 +3,9 @@
 // expected property and what was received.
 #pragma once
 
-#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "mlx/array.h"
 
@@ -15,12 +15,25 @@ std::string shape_str(const mlx::core::Shape& shape);
 std::string dtype_str(mlx::core::Dtype dtype);
 bool is_float_dtype(mlx::core::Dtype dtype);
 
+// Message pieces, formatted without iostreams: the CUDA wheel's process
+// crashed inside std::ostream's number formatting in this module.
+inline std::string to_text(const std::string& s) {
+  return s;
+}
+inline std::string to_text(const char* s) {
+  return s;
+}
+std::string to_text(double v);
+template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
+std::string to_text(T v) {
+  return std::to_string(v);
+}
+
 template <typename... Parts>
 [[noreturn]] void fail(const char* op, const Parts&... parts) {
-  std::ostringstream msg;
-  msg << "[" << op << "] ";
-  (msg << ... << parts);
-  throw std::invalid_argument(msg.str());
+  std::string msg = std::string("[") + op + "] ";
+  ((msg += to_text(parts)), ...);
+  throw std::invalid_argument(msg);
 }
 
 } // namespace mlxq

@@ -268,7 +268,10 @@ __global__ void __launch_bounds__(NT) qsdpa_kernel(SdpaArgs a) {
 #pragma unroll
           for (int r = 0; r < RT; ++r) {
             if (r < R) {
-              acc[c][r] += sm.s[r * TK + j] * v;
+              // A key no row attends (p == 0) adds nothing, even if its
+              // value row is not finite.
+              const float p = sm.s[r * TK + j];
+              acc[c][r] += p != 0.0f ? p * v : 0.0f;
             }
           }
         }
