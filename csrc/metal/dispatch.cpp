@@ -110,9 +110,18 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   int64_t blocks = ceil_div(target, units);
   blocks = std::min<int64_t>(blocks, std::max<int64_t>(1, pr.N / min_keys));
   blocks = std::clamp<int64_t>(blocks, 1, kMaxBlocks);
+  // Whole tiles per block: rounded down (so the block count does not drop)
+  // unless that would leave fewer than min_keys keys per block.
   int64_t block_keys = ceil_div(std::max(pr.N, 1), blocks);
-  block_keys = ceil_div(block_keys, MLXQ_TILE_KEYS) * MLXQ_TILE_KEYS;
+  const int64_t down = block_keys / MLXQ_TILE_KEYS * MLXQ_TILE_KEYS;
+  block_keys = down >= std::max(min_keys, MLXQ_TILE_KEYS)
+      ? down
+      : ceil_div(block_keys, MLXQ_TILE_KEYS) * MLXQ_TILE_KEYS;
   blocks = std::max<int64_t>(1, ceil_div(pr.N, block_keys));
+  if (blocks > kMaxBlocks) {
+    block_keys = ceil_div(ceil_div(pr.N, kMaxBlocks), MLXQ_TILE_KEYS) * MLXQ_TILE_KEYS;
+    blocks = ceil_div(pr.N, block_keys);
+  }
   p.n_blocks = static_cast<int>(blocks);
   p.block_keys = static_cast<int>(block_keys);
   p.direct = blocks == 1 ? 1 : 0;

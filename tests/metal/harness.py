@@ -65,12 +65,13 @@ def in_buffer(view, extra_rows=0, axis=2, rng=None, pad_cols=False):
 
 
 def run_sdpa(emu, q, q_tag, keys, values, s_tag, *, scale, bits, group_size, mask=None, mask_tag="none",
-             sinks=None, mode=0, target_threadgroups=None, min_block_keys=None, check=True):
+             sinks=None, mode=0, check=True, **plan_overrides):
     """Dispatches QuantizedSDPA on NumPy storage views; returns (out, plan).
 
     q: [B, Hq, L, Dk] view; keys/values: (packed, scales, biases) views of
     [B, Hkv, N, *]; mask: None, "causal" or a view broadcastable to
-    [B, Hq, L, N] in `mask_tag` storage; sinks: float32 [Hq] view.
+    [B, Hq, L, N] in `mask_tag` storage; sinks: float32 [Hq] view;
+    plan_overrides: extra keys of the plan's problem dict.
     """
     B, Hq, L, Dk = q.shape
     Hkv, N = keys[0].shape[1], keys[0].shape[2]
@@ -102,10 +103,7 @@ def run_sdpa(emu, q, q_tag, keys, values, s_tag, *, scale, bits, group_size, mas
         bufs["sinks"] = b
         problem["has_sinks"] = True
         problem["sinks_stride"] = st[0]
-    if target_threadgroups is not None:
-        problem["target_threadgroups"] = target_threadgroups
-    if min_block_keys is not None:
-        problem["min_block_keys"] = min_block_keys
+    problem.update(plan_overrides)  # target_threadgroups, min_block_keys, max_threads
     plan = mlxq._ext._metal_plan_sdpa(problem)
 
     out = poisoned((B, Hq, L, Dv), q_tag)

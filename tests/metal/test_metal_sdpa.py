@@ -161,6 +161,15 @@ def test_views(emu, rng, extra_rows, pad_cols, q_layout, bits, mode):
     assert plan["k_vec4"] == plan["v_vec4"] == (not pad_cols)
 
 
+@pytest.mark.parametrize("max_threads,mode", [(64, "decode"), (96, "prefill"), (32, "decode")])
+def test_pipeline_thread_limit(emu, rng, max_threads, mode):
+    """The host re-plans with fewer rows per threadgroup when a pipeline
+    allows fewer threads than planned."""
+    case = Case(rng, B=2, Hq=12, Hkv=2, L=5 if mode == "decode" else 18, N=70, Dk=64, bits=6, group_size=64)
+    _, plan = run_case(emu, case, rng, "causal", True, mode=mode, min_block_keys=32, max_threads=max_threads)
+    assert plan["group"][0] <= max_threads
+
+
 # --- prefill: tiles that no query sees are skipped ----------------------------------------------
 
 @pytest.mark.parametrize("L,N", [(16, 16), (33, 73), (64, 64), (48, 20)])
