@@ -16,6 +16,7 @@
 // Dequantized rows live only in a D-float scratch line.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -553,6 +554,16 @@ View view_of(const mx::array& a) {
   return v;
 }
 
+// Tasks per thread below which keys are split (MLXQ_SPLIT_TASKS_PER_THREAD
+// overrides the default, for measuring; 0 disables splitting).
+int split_tasks_per_thread() {
+  static const int n = [] {
+    const char* env = std::getenv("MLXQ_SPLIT_TASKS_PER_THREAD");
+    return env ? std::max(0, std::atoi(env)) : 4;
+  }();
+  return n;
+}
+
 // Picks row tiles and key splits (see the comment at the top of the file).
 void plan(Problem& P) {
   P.rows = P.rep * P.L;
@@ -560,7 +571,7 @@ void plan(Problem& P) {
   P.row_tile = (P.rows + tiles - 1) / tiles;
   P.row_tiles = (P.rows + P.row_tile - 1) / P.row_tile;
   const int units = P.B * P.Hkv * P.row_tiles;
-  const int want = 4 * cpu::num_threads();
+  const int want = split_tasks_per_thread() * cpu::num_threads();
   int splits = 1;
   if (units < want) {
     splits = (want + units - 1) / units;
