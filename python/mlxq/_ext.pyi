@@ -1,5 +1,5 @@
 # Type stubs for mlxq's compiled extension (the Python layer wraps it).
-from typing import Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import mlx.core as mx
 
@@ -23,3 +23,28 @@ def quantized_sdpa(
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array: ...
 def _set_poison_outputs(enabled: bool) -> None: ...
+def ring_update(
+    buffer: mx.array,
+    update: mx.array,
+    pos: Union[int, mx.array],
+    *,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> mx.array: ...
+def quantized_ring_update(
+    packed: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    update: mx.array,
+    pos: Union[int, mx.array],
+    *,
+    group_size: int,
+    bits: int,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> Tuple[mx.array, mx.array, mx.array]: ...
+def _install_crash_backtrace() -> None: ...
+
+# Test hooks: the Metal host code's grid arithmetic, for the emulator tests.
+def _metal_plan_sdpa(problem: Dict[str, Any]) -> Dict[str, Any]: ...
+def _metal_plan_ring_update(problem: Dict[str, Any]) -> Dict[str, Any]: ...
+def _metal_plan_quantized_ring_update(problem: Dict[str, Any]) -> Dict[str, Any]: ...
+def _metal_plan_copy4d(problem: Dict[str, Any]) -> Dict[str, Any]: ...
