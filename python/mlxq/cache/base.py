@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 import mlx.core as mx
 
-from ._store import Plain
+from ._store import Plain, Quantized, check_quantization
 
 
 def as_int(value, name: str, where: str, minimum: Optional[int] = None) -> int:
@@ -215,3 +215,21 @@ class BaseCache:
         n = min(self.offset, self._check_trim(n))
         self.offset -= n
         return n
+
+
+class QuantizedStorage:
+    """Mixin for the caches that hold quantized triples (``group_size``, ``bits``)."""
+
+    def _use_quantized_store(self) -> None:
+        check_quantization(self.group_size, self.bits, self._where("__init__"))
+        self._store = Quantized(self.group_size, self.bits)
+
+    def to_quantized(self, group_size: int = 64, bits: int = 4):
+        """Already quantized: ``self`` when the parameters match."""
+        if (group_size, bits) != (self.group_size, self.bits):
+            raise ValueError(
+                f"[{self._where('to_quantized')}] the cache is quantized with "
+                f"group_size={self.group_size}, bits={self.bits}; cannot requantize to "
+                f"group_size={group_size}, bits={bits}."
+            )
+        return self

@@ -8,8 +8,7 @@ and saved states match mlx-lm's bit for bit.
 """
 
 from ..masks import create_attention_mask
-from ._store import Quantized, check_quantization
-from .base import BaseCache
+from .base import BaseCache, QuantizedStorage
 
 
 class _GrowingCache(BaseCache):
@@ -82,7 +81,7 @@ class KVCache(_GrowingCache):
         return cache
 
 
-class QuantizedKVCache(_GrowingCache):
+class QuantizedKVCache(QuantizedStorage, _GrowingCache):
     """mlx-lm's ``QuantizedKVCache``: keys and values quantized as they are written.
 
     Each update is quantized by the ring primitive itself (bit-identical to
@@ -101,18 +100,7 @@ class QuantizedKVCache(_GrowingCache):
         self._configure()
 
     def _configure(self) -> None:
-        check_quantization(self.group_size, self.bits, self._where("__init__"))
-        self._store = Quantized(self.group_size, self.bits)
-
-    def to_quantized(self, group_size: int = 64, bits: int = 4) -> "QuantizedKVCache":
-        """Already quantized: ``self`` when the parameters match."""
-        if (group_size, bits) != (self.group_size, self.bits):
-            raise ValueError(
-                f"[{self._where('to_quantized')}] the cache is quantized with "
-                f"group_size={self.group_size}, bits={self.bits}; cannot requantize to "
-                f"group_size={group_size}, bits={bits}."
-            )
-        return self
+        self._use_quantized_store()
 
 
 __all__ = ["KVCache", "QuantizedKVCache"]

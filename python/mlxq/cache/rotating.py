@@ -21,8 +21,7 @@ which lets sliding-window models use a quantized cache (mlx-lm's
 import mlx.core as mx
 
 from ..masks import create_causal_mask
-from ._store import Quantized, check_quantization
-from .base import BaseCache, as_int
+from .base import BaseCache, QuantizedStorage, as_int
 
 
 class _RingCache(BaseCache):
@@ -212,7 +211,7 @@ class RotatingKVCache(_RingCache):
         return cache
 
 
-class RotatingQuantizedKVCache(_RingCache):
+class RotatingQuantizedKVCache(QuantizedStorage, _RingCache):
     """The ring of :class:`RotatingKVCache` over quantized triples.
 
     Fetches equal ``mx.quantize`` of a ``RotatingKVCache``'s fetches after
@@ -230,15 +229,4 @@ class RotatingQuantizedKVCache(_RingCache):
 
     def _configure(self) -> None:
         super()._configure()
-        check_quantization(self.group_size, self.bits, self._where("__init__"))
-        self._store = Quantized(self.group_size, self.bits)
-
-    def to_quantized(self, group_size: int = 64, bits: int = 4) -> "RotatingQuantizedKVCache":
-        """Already quantized: ``self`` when the parameters match."""
-        if (group_size, bits) != (self.group_size, self.bits):
-            raise ValueError(
-                f"[{self._where('to_quantized')}] the cache is quantized with "
-                f"group_size={self.group_size}, bits={self.bits}; cannot requantize to "
-                f"group_size={group_size}, bits={bits}."
-            )
-        return self
+        self._use_quantized_store()
