@@ -30,6 +30,7 @@
 #include "debug.h"
 #include "quantization.h"
 #include "quantized_sdpa.h"
+#include "sdpa_plan.h"
 
 namespace mlxq {
 
@@ -564,21 +565,15 @@ int split_tasks_per_thread() {
   return n;
 }
 
-// Picks row tiles and key splits (see the comment at the top of the file).
 void plan(Problem& P) {
-  P.rows = P.rep * P.L;
-  const int tiles = (P.rows + kMaxRowTile - 1) / kMaxRowTile;
-  P.row_tile = (P.rows + tiles - 1) / tiles;
-  P.row_tiles = (P.rows + P.row_tile - 1) / P.row_tile;
-  const int units = P.B * P.Hkv * P.row_tiles;
-  const int want = split_tasks_per_thread() * cpu::num_threads();
-  int splits = 1;
-  if (units < want) {
-    splits = (want + units - 1) / units;
-    splits = std::min(splits, std::max(1, P.N / kMinSplitKeys));
-  }
-  P.split_keys = std::max(1, (P.N + splits - 1) / splits);
-  P.splits = std::max(1, (P.N + P.split_keys - 1) / P.split_keys);
+  const auto p = plan_sdpa(
+      P.B, P.Hkv, P.rep, P.L, P.N, kMaxRowTile,
+      long(split_tasks_per_thread()) * cpu::num_threads(), kMinSplitKeys, 1);
+  P.rows = p.rows;
+  P.row_tile = p.row_tile;
+  P.row_tiles = p.row_tiles;
+  P.splits = p.splits;
+  P.split_keys = p.split_keys;
 }
 
 } // namespace

@@ -7,6 +7,7 @@
 #include "cuda/launch.h"
 #include "mlx/backend/cuda/utils.h"
 #include "quantized_sdpa.h"
+#include "sdpa_plan.h"
 
 namespace mlxq {
 
@@ -27,24 +28,16 @@ bool aligned16(const mx::array& a) {
   return a.shape(3) % 4 == 0;
 }
 
-// Row tiles of at most kMaxTileRows rows; keys split until the grid has a
-// few blocks per SM (decode), in whole tiles of at least 4 x kTileKeys keys.
+// Enough blocks for a few per SM at any N (decode splits keys), in whole
+// tiles of at least 4 x kTileKeys keys per split.
 void plan(SdpaArgs& a) {
-  a.rows = a.rep * a.L;
-  const int tiles = (a.rows + kMaxTileRows - 1) / kMaxTileRows;
-  a.row_tile = (a.rows + tiles - 1) / tiles;
-  a.row_tiles = (a.rows + a.row_tile - 1) / a.row_tile;
-  const long units = long(a.B) * a.Hkv * a.row_tiles;
-  const long want = 4L * sm_count();
-  int splits = 1;
-  if (units < want) {
-    splits = static_cast<int>((want + units - 1) / units);
-    splits = std::min(splits, std::max(1, a.N / (4 * kTileKeys)));
-  }
-  int keys = (a.N + splits - 1) / splits;
-  keys = std::max(kTileKeys, (keys + kTileKeys - 1) / kTileKeys * kTileKeys);
-  a.split_keys = keys;
-  a.splits = std::max(1, (a.N + keys - 1) / keys);
+  const auto p = plan_sdpa(a.B, a.Hkv, a.rep, a.L, a.N, kMaxTileRows,
+                           4L * sm_count(), 4 * kTileKeys, kTileKeys);
+  a.rows = p.rows;
+  a.row_tile = p.row_tile;
+  a.row_tiles = p.row_tiles;
+  a.splits = p.splits;
+  a.split_keys = p.split_keys;
 }
 
 } // namespace

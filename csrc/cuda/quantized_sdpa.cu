@@ -77,6 +77,19 @@ __host__ __device__ inline int smem_floats(int Dk, int Dv, int bits, Smem* out, 
   return total;
 }
 
+// The factor that turns a row's unnormalised output (weights relative to its
+// running max m, summing to lsum) into attention output, with an optional
+// sink logit in the denominator. A row that saw no key gets 0.
+__device__ inline float output_scale(float m, float lsum, const float* sink) {
+  if (sink) {
+    const float mm = fmaxf(m, *sink);
+    const float carried = m == -INFINITY ? 0.0f : expf(m - mm);
+    const float denom = lsum * carried + expf(*sink - mm);
+    return denom > 0.0f ? carried / denom : 0.0f;
+  }
+  return lsum > 0.0f ? 1.0f / lsum : 0.0f;
+}
+
 __device__ inline int64_t off3(const int64_t* st, int64_t a, int64_t b, int64_t c) {
   return a * st[0] + b * st[1] + c * st[2];
 }
@@ -290,16 +303,7 @@ __global__ void __launch_bounds__(NT) qsdpa_kernel(SdpaArgs a) {
     }
     const float m = sm.m[r], lsum = sm.l[r];
     const int l = (r0 + r) / a.rep, h = kvh * a.rep + (r0 + r) % a.rep;
-    float inv;
-    if (a.sinks) {
-      const float sink = a.sinks[h];
-      const float mm = fmaxf(m, sink);
-      const float carried = m == -INFINITY ? 0.0f : expf(m - mm);
-      const float denom = lsum * carried + expf(sink - mm);
-      inv = denom > 0.0f ? carried / denom : 0.0f;
-    } else {
-      inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-    }
+    const float inv = output_scale(m, lsum, a.sinks ? a.sinks + h : nullptr);
 #pragma unroll
     for (int c = 0; c < kMaxDvPerThread; ++c) {
       const int d = t + NT * c;
@@ -344,16 +348,7 @@ __global__ void __launch_bounds__(NT) merge_kernel_impl(MergeArgs a) {
       }
     }
   }
-  float inv;
-  if (a.sinks) {
-    const float sink = a.sinks[h];
-    const float mm = fmaxf(m, sink);
-    const float carried = m == -INFINITY ? 0.0f : expf(m - mm);
-    const float denom = lsum * carried + expf(sink - mm);
-    inv = denom > 0.0f ? carried / denom : 0.0f;
-  } else {
-    inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-  }
+  const float inv = output_scale(m, lsum, a.sinks ? a.sinks + h : nullptr);
   for (int d = threadIdx.x; d < a.Dv; d += NT) {
     float o = 0.0f;
     if (m != -INFINITY) {
