@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0, help="Sampling top-p.")
     p.add_argument("--min-p", type=float, default=0.0, help="Sampling min-p.")
     p.add_argument("--top-k", type=int, default=0, help="Sampling top-k.")
-    p.add_argument("--seed", type=int, default=None, help="PRNG seed (sampling and random weights).")
+    p.add_argument("--seed", type=int, default=None,
+                   help="PRNG seed (sampling and random weights).")
     p.add_argument("--max-kv-size", type=int, default=None,
                    help="Maximum KV-cache size (a rotating cache; with --kv-bits, mlxq's "
                         "RotatingQuantizedKVCache).")
