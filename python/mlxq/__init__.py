@@ -50,3 +50,13 @@ __all__ += [
     "save_prompt_cache",
     "load_prompt_cache",
 ]
+
+
+def __getattr__(name):
+    # `mlxq.mlx_lm` (the mlx-lm integration) imports mlx-lm, which mlxq itself
+    # does not need: load it on first use.
+    if name == "mlx_lm":
+        import importlib
+
+        return importlib.import_module(".mlx_lm", __name__)
+    raise AttributeError(f"module 'mlxq' has no attribute {name!r}")
