@@ -139,15 +139,10 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   return plan;
 }
 
-RingPlan plan_ring_update(
-    int B, int H, int S, int T, int D, int itemsize,
+// The update's shape and strides, shared by both ring plans.
+static void set_ring_shape(
+    MlxqRingParams& p, int B, int H, int S, int T, int D,
     const int64_t upd_strides[4]) {
-  RingPlan plan;
-  plan.kernel = "mlxq_ring_update_u" + std::to_string(8 * itemsize);
-  plan.grid = Size3{D, T, int64_t(B) * H};
-  plan.group = elementwise_group(D, T);
-  plan.grid_is_threads = true;
-  MlxqRingParams& p = plan.params;
   for (int d = 0; d < 4; ++d) {
     p.upd_strides[d] = upd_strides[d];
   }
@@ -156,6 +151,17 @@ RingPlan plan_ring_update(
   p.S = S;
   p.T = T;
   p.D = D;
+}
+
+RingPlan plan_ring_update(
+    int B, int H, int S, int T, int D, int itemsize,
+    const int64_t upd_strides[4]) {
+  RingPlan plan;
+  plan.kernel = "mlxq_ring_update_u" + std::to_string(8 * itemsize);
+  plan.grid = Size3{D, T, int64_t(B) * H};
+  plan.group = elementwise_group(D, T);
+  plan.grid_is_threads = true;
+  set_ring_shape(plan.params, B, H, S, T, D, upd_strides);
   return plan;
 }
 
@@ -170,14 +176,7 @@ RingPlan plan_quantized_ring_update(
   plan.group = Size3{32, 1, 1}; // one SIMD group per quantization group
   plan.grid_is_threads = false;
   MlxqRingParams& p = plan.params;
-  for (int d = 0; d < 4; ++d) {
-    p.upd_strides[d] = upd_strides[d];
-  }
-  p.B = B;
-  p.H = H;
-  p.S = S;
-  p.T = T;
-  p.D = D;
+  set_ring_shape(p, B, H, S, T, D, upd_strides);
   p.group_size = group_size;
   p.bits = bits;
   p.W = D * bits / 32;
