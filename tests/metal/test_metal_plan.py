@@ -54,8 +54,8 @@ def test_rows_per_threadgroup_respect_the_pipeline_limit(max_threads):
         assert p["group"][0] <= max_threads and p["row_tile"] * p["row_tiles"] >= 48
 
 
-@pytest.mark.parametrize("q,bits,dims", itertools.product([0, 1, 2], [2, 3, 4, 5, 6, 8],
-                                                          [(64, 64), (128, 96), (192, 128), (512, 512)]))
+@pytest.mark.parametrize("q,bits,dims", list(itertools.product([0, 1, 2], [2, 3, 4, 5, 6, 8],
+                                                          [(64, 64), (128, 96), (192, 128), (512, 512)])))
 def test_kernel_names(q, bits, dims):
     p = plan(q_dtype=q, bits=bits, Dk=dims[0], Dv=dims[1], group_size=32)
     tag = ["f32", "f16", "bf16"][q]
