@@ -1,7 +1,7 @@
 """QuantizedSDPA at prefill sizes: equivalence, bounded memory, hidden keys unread.
 
 The CPU kernel serves every query length L with one loop: a task is (batch, KV
-head, row tile of up to 32 (query, head) rows, key split), keys go in chunks of
+head, row tile of up to 64 (query, head) rows, key split), keys go in chunks of
 32 with an online softmax, and only the current chunk is dequantized into
 per-thread scratch. These tests cover what prefill (and chunked prefill /
 speculative decoding) needs on top of tests/test_quantized_sdpa.py:
@@ -131,7 +131,7 @@ def run_and_check(q, k, v, mask):
 @pytest.mark.parametrize("L", [2, 7, 32, 33, 300])
 def test_prefill_matches_float64(rng, L, kind, offset, strided):
     # GQA 4 with 2 KV heads: rows = 4 L, so L=2 and 7 fit one row tile and split
-    # the keys (decode / speculative decoding), L=32 fills 4 tiles exactly, L=33
+    # the keys (decode / speculative decoding), L=32 fills 2 tiles exactly, L=33
     # gives ragged tiles and L=300 many tiles over all keys. offset 941 puts the
     # queries at the end of a cache of 941 earlier tokens.
     N = L + offset
@@ -195,7 +195,7 @@ def test_causal_result_ignores_hidden_keys(rng, L, offset, mask_kind):
     K/V are views of a buffer whose rows past N are NaN garbage (never part of
     the view), and whose rows in [P, N) are also made NaN garbage after a clean
     run. Query l sees keys <= offset + l, so queries l < P - offset never see
-    them; those whose whole row tile (at most 32 rows, so at most 32 queries)
+    them; those whose whole row tile (at most 64 rows: 16 queries at GQA 4)
     stays below P must come out finite and bit-identical to the clean run.
 
     With "causal" a row tile stops at its last row's limit, so those rows are
@@ -221,7 +221,7 @@ def test_causal_result_ignores_hidden_keys(rng, L, offset, mask_kind):
     k = prefix_view(poison_rows(kbuf, P), N)
     v = prefix_view(poison_rows(vbuf, P), N)
     got = np.array(mlxq.sdpa(q, k, v, scale=scale, mask=mask))
-    safe = P - offset - 32  # queries whose row tile lies wholly before key P
+    safe = P - offset - 32  # queries whose row tile (<= 16 queries) lies wholly before key P
     assert safe > 0
     assert np.isfinite(got[:, :, :safe]).all(), "a hidden key reached the output"
     assert np.array_equal(got[:, :, :safe], clean[:, :, :safe])

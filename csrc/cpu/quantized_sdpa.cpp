@@ -40,7 +40,9 @@ using mx::bfloat16_t;
 using mx::float16_t;
 
 constexpr int kChunk = 32;      // keys per softmax update
-constexpr int kMaxRowTile = 32; // rows sharing one unpacked K/V row
+// Rows sharing one unpacked K/V row. 64 measured 7-10% faster than 32 for
+// L >= 16 (speculative steps, prefill) and the same for decode.
+constexpr int kMaxRowTile = 64;
 constexpr int kMinSplitKeys = 256;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
