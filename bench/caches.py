@@ -135,8 +135,7 @@ def main():
                 "(the free rows of the growing caches)")
     ns = args.n or ([1024, 4096] if args.quick else NS)
     if args.out is None:
-        name = "caches_cpu_quick.json" if args.quick else "caches_cpu.json"
-        args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name)
+        args.out = common.results_path("caches_cpu", args.quick)
     mx.random.seed(args.seed)
 
     info = common.machine_info()

@@ -96,6 +96,12 @@ class Table:
         print("  ".join(c.rjust(w) for c, w in zip(cells, self.widths)), flush=True)
 
 
+def results_path(name, quick=False):
+    """Default JSON path: bench/results/<name>.json (<name>_quick.json for --quick)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                        f"{name}{'_quick' if quick else ''}.json")
+
+
 def save_json(path, payload):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:

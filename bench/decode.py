@@ -152,8 +152,7 @@ def main():
     args = p.parse_args()
 
     if args.out is None:
-        name = "decode_cpu_quick.json" if args.quick else "decode_cpu.json"
-        args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name)
+        args.out = common.results_path("decode_cpu", args.quick)
     ns = args.n or ([1024, 4096] if args.quick else NS)
     bits_list = args.bits or BITS
     if args.repeats is None:

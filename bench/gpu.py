@@ -212,8 +212,7 @@ def main():
     print("\nring updates (per token, [1, 8, N, 128] bf16; quantized: 4-bit)")
     results["ring"] = ring(args)
     slug = "".join(c if c.isalnum() else "_" for c in info["gpu"].lower()).strip("_")
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                   f"gpu_{slug}{'_quick' if args.quick else ''}.json")
+    out = args.out or common.results_path(f"gpu_{slug}", args.quick)
     common.save_json(out, results)
 
 

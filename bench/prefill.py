@@ -327,8 +327,7 @@ def main():
     args = p.parse_args()
 
     if args.out is None:
-        name = "prefill_cpu_quick.json" if args.quick else "prefill_cpu.json"
-        args.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name)
+        args.out = common.results_path("prefill_cpu", args.quick)
     sizes = args.L or (QUICK_SIZES if args.quick else SIZES)
     mx.random.seed(args.seed)
     mx.set_default_device(mx.cpu)
