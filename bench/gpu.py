@@ -5,7 +5,10 @@ stock MLX in one process.
            4- and 8-bit, group 64: mlxq vs mx.fast on bf16 K/V vs mlx-lm's
            two-quantized_matmul composition (mlxq.reference's copy of it when
            mlx-lm is not installed); effective GB/s = packed codes + scales +
-           biases of K and V / mlxq time.
+           biases of K and V / mlxq time. Two timings of each: one call per
+           eval (includes MLX's per-eval launch and sync, ~0.05-0.1 ms), and
+           "in graph": 16 calls per eval on distinct inputs that together
+           overflow the L2 cache, as the layers of a model's decode step run.
   prefill  causal L = N in {4096, 16384}, 32/8/128, 4-bit: time and peak memory.
   ring     per-token cache write into [1, 8, N, 128] at N in {1k, 128k}: mlxq
            ring_update / quantized_ring_update with an array position (what a
@@ -73,11 +76,26 @@ def peak_of(fn):
     return (mx.get_peak_memory() - base) / 2**20
 
 
+GRAPH_CALLS = 16
+L2_FLUSH_BYTES = 200 * 2**20  # inputs per graph: several times the H200's 50 MB L2
+
+
+def time_graph(fn_of_set, sets, repeats):
+    """Milliseconds per call with GRAPH_CALLS calls in one eval, cycling over
+    `sets` distinct input sets."""
+    t = common.time_fn(lambda: [fn_of_set(i % sets) for i in range(GRAPH_CALLS)],
+                       warmup=2, repeats=repeats)
+    return t["median_ms"] / GRAPH_CALLS
+
+
 def decode(args, comp):
     cols = [("Hq/Hkv/D", "shape", "{}"), ("bits", "bits", "{}"), ("N", "N", "{}"),
             ("mlxq ms", "mlxq_ms", "{:.4f}"), ("fast bf16 ms", "fast_ms", "{:.4f}"),
             ("comp ms", "comp_ms", "{:.4f}"), ("x fast", "x_fast", "{:.2f}"),
-            ("x comp", "x_comp", "{:.1f}"), ("mlxq GB/s", "gbps", "{:.0f}")]
+            ("x comp", "x_comp", "{:.1f}"), ("mlxq GB/s", "gbps", "{:.0f}"),
+            ("graph: mlxq ms", "mlxq_g_ms", "{:.4f}"), ("fast ms", "fast_g_ms", "{:.4f}"),
+            ("comp ms", "comp_g_ms", "{:.4f}"), ("x fast", "x_fast_g", "{:.2f}"),
+            ("x comp", "x_comp_g", "{:.1f}"), ("GB/s", "gbps_g", "{:.0f}")]
     table, rows = common.Table(cols), []
     table.header()
     ns = [4096, 32768] if args.quick else [4096, 32768, 131072]
@@ -94,12 +112,27 @@ def decode(args, comp):
                 t_comp = common.time_fn(lambda: comp(q, kq, vq, scale, None, bits),
                                         warmup=3, repeats=max(5, args.repeats // 4))
                 nbytes = sum(a.nbytes for a in (*kq, *vq))
+                sets = max(1, min(GRAPH_CALLS, -(-L2_FLUSH_BYTES // nbytes)))
+                pool = [(q, k, v, kq, vq)] + [inputs(Hq, Hkv, D, 1, N, bits)
+                                              for _ in range(sets - 1)]
+                g_mlxq = time_graph(lambda i: mlxq.sdpa(pool[i][0], pool[i][3], pool[i][4],
+                                                        scale=scale), sets, args.repeats // 5)
+                g_fast = time_graph(lambda i: mx.fast.scaled_dot_product_attention(
+                    pool[i][0], pool[i][1], pool[i][2], scale=scale), sets, args.repeats // 5)
+                g_comp = time_graph(lambda i: comp(pool[i][0], pool[i][3], pool[i][4], scale,
+                                                   None, bits), sets, 3)
+                del pool
                 r = dict(shape=f"{Hq}/{Hkv}/{D}", bits=bits, N=N,
                          mlxq_ms=t_mlxq["median_ms"], fast_ms=t_fast["median_ms"],
-                         comp_ms=t_comp["median_ms"], quantized_kv_bytes=nbytes)
+                         comp_ms=t_comp["median_ms"], quantized_kv_bytes=nbytes,
+                         graph_calls=GRAPH_CALLS, graph_input_sets=sets,
+                         mlxq_g_ms=g_mlxq, fast_g_ms=g_fast, comp_g_ms=g_comp)
                 r["x_fast"] = r["fast_ms"] / r["mlxq_ms"]
                 r["x_comp"] = r["comp_ms"] / r["mlxq_ms"]
                 r["gbps"] = nbytes / (r["mlxq_ms"] * 1e-3) / 1e9
+                r["x_fast_g"] = g_fast / g_mlxq
+                r["x_comp_g"] = g_comp / g_mlxq
+                r["gbps_g"] = nbytes / (g_mlxq * 1e-3) / 1e9
                 table.row(r)
                 rows.append(r)
     return rows
@@ -193,6 +226,8 @@ def main():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--out")
+    p.add_argument("--only", choices=["decode", "prefill", "ring"], action="append",
+                   help="run only these parts (repeatable)")
     args = p.parse_args()
     if not mx.is_available(mx.gpu):
         sys.exit("bench/gpu.py needs an MLX GPU backend (CUDA or Metal).")
@@ -205,12 +240,16 @@ def main():
     comp_name, comp = composition()
     print(f"comp    : {comp_name}\n")
     results = {"machine": info, "composition": comp_name}
-    print("decode (B=1, L=1, bf16 q, group 64)")
-    results["decode"] = decode(args, comp)
-    print("\nprefill (causal, L = N, 32/8/128, 4-bit)")
-    results["prefill"] = prefill(args, comp)
-    print("\nring updates (per token, [1, 8, N, 128] bf16; quantized: 4-bit)")
-    results["ring"] = ring(args)
+    parts = args.only or ["decode", "prefill", "ring"]
+    if "decode" in parts:
+        print("decode (B=1, L=1, bf16 q, group 64)")
+        results["decode"] = decode(args, comp)
+    if "prefill" in parts:
+        print("\nprefill (causal, L = N, 32/8/128, 4-bit)")
+        results["prefill"] = prefill(args, comp)
+    if "ring" in parts:
+        print("\nring updates (per token, [1, 8, N, 128] bf16; quantized: 4-bit)")
+        results["ring"] = ring(args)
     slug = "".join(c if c.isalnum() else "_" for c in info["gpu"].lower()).strip("_")
     out = args.out or common.results_path(f"gpu_{slug}", args.quick)
     common.save_json(out, results)

@@ -295,6 +295,57 @@ def test_query_views(rng, layout):
     assert np.array_equal(np.array(out), np.array(dense))
 
 
+# --- half-precision decode (CUDA's tensor-core path) ----------------------------------
+
+# On CUDA, f16/bf16 queries with 4- or 8-bit codes, Dk == Dv and few query
+# rows per KV head take the tensor-core kernel (csrc/cuda/quantized_sdpa_mma.cu).
+# These cases reach each of its instances (bits x head dim x group size) with
+# both query dtypes, its row layouts (1 to 8 rows per KV head), ragged key
+# counts (partial warp steps and splits), causal drafts, sinks and batches. On
+# other devices they are more cases of the same kernel.
+MMA_SHAPES = [(4, 128, 32), (4, 128, 64), (4, 128, 128), (4, 256, 32), (4, 256, 64),
+              (4, 256, 128), (8, 64, 32), (8, 64, 64), (8, 128, 32), (8, 128, 64),
+              (8, 128, 128), (8, 256, 32), (8, 256, 64), (8, 256, 128)]
+MMA_ROWS = [(1, 32, 8, 1, None), (2, 8, 8, 1, None), (1, 16, 4, 1, None),
+            (1, 8, 2, 2, "causal"), (2, 4, 1, 1, None), (1, 12, 3, 2, "causal")]
+MMA_N = [1, 17, 300, 1000, 4099, 70]
+MMA_CASES = [
+    (bits, D, gs, q_dtype, *MMA_ROWS[(2 * i + j) % len(MMA_ROWS)],
+     MMA_N[(i + j) % len(MMA_N)], (i + j) % 2 == 1, ["bf16", "f16", "f32"][(i + j) % 3])
+    for i, (bits, D, gs) in enumerate(MMA_SHAPES)
+    for j, q_dtype in enumerate(["bf16", "f16"])
+]
+
+
+@pytest.mark.parametrize(
+    "bits,D,group_size,q_dtype,B,Hq,Hkv,L,mask,N,with_sinks,kv_dtype", MMA_CASES)
+def test_half_precision_decode(rng, bits, D, group_size, q_dtype, B, Hq, Hkv, L, mask, N,
+                               with_sinks, kv_dtype):
+    q, k, v = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=N, Dk=D, bits=bits,
+                            group_size=group_size, q_dtype=DTYPES[q_dtype],
+                            kv_dtype=DTYPES[kv_dtype])
+    sinks = random_sinks(rng, Hq) if with_sinks else None
+    run_and_check(q, k, v, bits=bits, group_size=group_size, mask=mask, sinks=sinks)
+
+
+@pytest.mark.parametrize("bits,group_size,n,q_dtype", [
+    (4, 64, 1000, "bf16"), (8, 128, 333, "f16"), (4, 32, 47, "f16"), (8, 64, 2049, "bf16")])
+def test_half_precision_decode_cache_views(rng, bits, group_size, n, q_dtype):
+    """Views of a cache whose rows past the view hold NaN scales and biases:
+    nothing beyond the view may be read into the result."""
+    q, kbuf, vbuf = random_inputs(rng, Hq=16, Hkv=4, N=n + 100, bits=bits,
+                                  group_size=group_size, q_dtype=DTYPES[q_dtype],
+                                  kv_dtype=mx.bfloat16)
+    past = mx.arange(n + 100)[:, None] >= n
+
+    def poison_past(triple):
+        w, s, b = triple
+        return w, mx.where(past, mx.nan, s), mx.where(past, mx.nan, b)
+
+    k, v = prefix_view(poison_past(kbuf), n), prefix_view(poison_past(vbuf), n)
+    run_and_check(q, k, v, bits=bits, group_size=group_size)
+
+
 # --- long contexts (split-K decode) ------------------------------------------------
 
 @pytest.mark.parametrize(

@@ -45,6 +45,9 @@ struct SdpaArgs {
   int vec_loads; // 1: K/V rows and bases allow 16-byte loads
 };
 
+// merge_kernel: one block of kMergeThreads per output row and 32 columns.
+constexpr int kMergeThreads = 256;
+
 struct MergeArgs {
   const float* part_o;
   const float* part_ml;
@@ -96,5 +99,18 @@ void* fill_kernel();
 
 // Dynamic shared memory of the sdpa kernel for the given head dims.
 int sdpa_smem_bytes(int Dk, int Dv, int bits);
+
+// The tensor-core decode kernel (quantized_sdpa_mma.cu) for one (bits, head
+// dim, group size), or fn == nullptr where it has no instance. A block is
+// kMmaWarps warps; splits are whole multiples of step_keys keys; it attends
+// at most max_rows query rows per KV head and writes one partial per block.
+constexpr int kMmaWarps = 4;
+struct MmaKernel {
+  void* fn = nullptr;
+  int smem = 0;
+  int max_rows = 0;
+  int step_keys = 0;
+};
+MmaKernel sdpa_mma_kernel(int bits, int D, int group_size);
 
 } // namespace mlxq::cuda

@@ -3,6 +3,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "cuda/launch.h"
 #include "mlx/backend/cuda/utils.h"
@@ -38,6 +39,89 @@ void plan(SdpaArgs& a) {
   a.row_tiles = p.row_tiles;
   a.splits = p.splits;
   a.split_keys = p.split_keys;
+}
+
+// Per-split partial outputs (o) and (max, sum) pairs (ml), scratch of one
+// evaluation.
+struct Partials {
+  mx::array o{{1}, mx::float32, nullptr, {}};
+  mx::array ml{{1}, mx::float32, nullptr, {}};
+  Partials(SdpaArgs& a, mx::cu::CommandEncoder& enc) {
+    const long slots = long(a.B) * a.Hkv * a.row_tiles * a.splits * a.row_tile;
+    o = mx::array({int(slots * a.Dv)}, mx::float32, nullptr, {});
+    ml = mx::array({int(slots * 2)}, mx::float32, nullptr, {});
+    allocate(o, enc);
+    allocate(ml, enc);
+    enc.add_temporary(o);
+    enc.add_temporary(ml);
+    a.part_o = mx::gpu_ptr<float>(o);
+    a.part_ml = mx::gpu_ptr<float>(ml);
+  }
+};
+
+// Log-sum-exp merge of the splits' partials into `out` (normalised, sinks).
+void merge(mx::cu::CommandEncoder& enc, const SdpaArgs& a, const Partials& parts,
+           mx::array& out) {
+  MergeArgs m{};
+  m.part_o = a.part_o;
+  m.part_ml = a.part_ml;
+  m.sinks = a.sinks;
+  m.out = a.out;
+  m.B = a.B;
+  m.Hq = a.Hq;
+  m.Hkv = a.Hkv;
+  m.L = a.L;
+  m.Dv = a.Dv;
+  m.rep = a.rep;
+  m.rows = a.rows;
+  m.row_tile = a.row_tile;
+  m.row_tiles = a.row_tiles;
+  m.splits = a.splits;
+  m.out_dtype = a.q_dtype;
+  launch(enc, merge_kernel(), dim3(a.B * a.Hkv * a.rows, (a.Dv + 31) / 32),
+         dim3(kMergeThreads), 0, m, {&parts.o, &parts.ml, &out}, {&out});
+}
+
+// MLXQ_CUDA_MMA=0 forces the generic kernel (for comparisons).
+bool mma_allowed() {
+  static const bool on = [] {
+    const char* v = std::getenv("MLXQ_CUDA_MMA");
+    return !(v && v[0] == '0');
+  }();
+  return on;
+}
+
+MmaKernel mma_kernel_for(const SdpaArgs& a) {
+  const bool half_q = a.q_dtype == kF16 || a.q_dtype == kBF16;
+  if (!mma_allowed() || !half_q || a.Dk != a.Dv || a.mask_kind == 2 || !a.vec_loads ||
+      a.N < 1) {
+    return {};
+  }
+  const MmaKernel k = sdpa_mma_kernel(a.bits, a.Dk, a.gs);
+  return a.rep * a.L <= k.max_rows ? k : MmaKernel{};
+}
+
+// The tensor-core decode path: one partial per block of kMmaWarps warps,
+// splits of whole warp steps, enough blocks for a few per SM at any N.
+void eval_mma(mx::cu::CommandEncoder& enc, SdpaArgs& a, mx::array& out) {
+  const MmaKernel k = mma_kernel_for(a);
+  const long units = long(a.B) * a.Hkv;
+  const long want = 4L * sm_count();
+  long splits = std::max(1L, (want + units - 1) / units);
+  splits = std::min<long>(splits, (a.N + k.step_keys - 1) / k.step_keys);
+  int keys = int((a.N + splits - 1) / splits);
+  keys = (keys + k.step_keys - 1) / k.step_keys * k.step_keys;
+  a.rows = a.rep * a.L;
+  a.row_tile = a.rows;
+  a.row_tiles = 1;
+  a.split_keys = keys;
+  a.splits = (a.N + keys - 1) / keys;
+  Partials parts(a, enc);
+  cuFuncSetAttribute(static_cast<CUfunction>(k.fn),
+                     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k.smem);
+  launch(enc, k.fn, dim3(a.splits, a.Hkv, a.B), dim3(kMmaWarps * 32), k.smem, a, {},
+         {&parts.o, &parts.ml});
+  merge(enc, a, parts, out);
 }
 
 } // namespace
@@ -92,55 +176,27 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   }
   plan(a);
 
-  mx::array part_o({1}, mx::float32, nullptr, {});
-  mx::array part_ml({1}, mx::float32, nullptr, {});
-  if (a.splits > 1) {
-    const long blocks = long(a.B) * a.Hkv * a.row_tiles * a.splits;
-    part_o = mx::array({int(blocks * a.row_tile * a.Dv)}, mx::float32, nullptr, {});
-    part_ml = mx::array({int(blocks * a.row_tile * 2)}, mx::float32, nullptr, {});
-    allocate(part_o, enc);
-    allocate(part_ml, enc);
-    enc.add_temporary(part_o);
-    enc.add_temporary(part_ml);
-    a.part_o = mx::gpu_ptr<float>(part_o);
-    a.part_ml = mx::gpu_ptr<float>(part_ml);
+  for (const auto& x : in) {
+    enc.set_input_array(x);
   }
-
+  if (mma_kernel_for(a).fn) {
+    eval_mma(enc, a, out);
+    return;
+  }
   void* kernel = sdpa_kernel(a.bits);
   const int smem = sdpa_smem_bytes(a.Dk, a.Dv, a.bits);
   cuFuncSetAttribute(static_cast<CUfunction>(kernel),
                      CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
-  for (const auto& x : in) {
-    enc.set_input_array(x);
+  if (a.splits == 1) {
+    // `out` is read too: the kernel must run after the poisoning fill.
+    launch(enc, kernel, dim3(a.splits, a.Hkv * a.row_tiles, a.B), dim3(kBlockThreads), smem,
+           a, {&out}, {&out});
+    return;
   }
-  // `out` is read too: the kernel must run after the poisoning fill.
-  if (a.splits > 1) {
-    launch(enc, kernel, dim3(a.splits, a.Hkv * a.row_tiles, a.B),
-           dim3(kBlockThreads), smem, a, {&out}, {&part_o, &part_ml});
-  } else {
-    launch(enc, kernel, dim3(a.splits, a.Hkv * a.row_tiles, a.B),
-           dim3(kBlockThreads), smem, a, {&out}, {&out});
-  }
-  if (a.splits > 1) {
-    MergeArgs m{};
-    m.part_o = a.part_o;
-    m.part_ml = a.part_ml;
-    m.sinks = a.sinks;
-    m.out = a.out;
-    m.B = a.B;
-    m.Hq = a.Hq;
-    m.Hkv = a.Hkv;
-    m.L = a.L;
-    m.Dv = a.Dv;
-    m.rep = a.rep;
-    m.rows = a.rows;
-    m.row_tile = a.row_tile;
-    m.row_tiles = a.row_tiles;
-    m.splits = a.splits;
-    m.out_dtype = a.q_dtype;
-    launch(enc, merge_kernel(), dim3(a.B * a.Hkv * a.rows), dim3(kBlockThreads), 0, m,
-           {&part_o, &part_ml, &out}, {&out});
-  }
+  Partials parts(a, enc);
+  launch(enc, kernel, dim3(a.splits, a.Hkv * a.row_tiles, a.B), dim3(kBlockThreads), smem, a,
+         {&out}, {&parts.o, &parts.ml});
+  merge(enc, a, parts, out);
 }
 
 } // namespace mlxq

@@ -323,9 +323,31 @@ __global__ void __launch_bounds__(NT) qsdpa_kernel(SdpaArgs a) {
   }
 }
 
-// One block per (b, KV head, row): merges the splits' partials by
-// log-sum-exp and writes the normalised output.
-__global__ void __launch_bounds__(NT) merge_kernel_impl(MergeArgs a) {
+// Grid (B x Hkv x rows, ceil(Dv / 32)): one block per output row and 32
+// columns. All 256 threads first find the row's max and sum over the
+// splits' partials; then warp w sums splits w, w + 8, ... (lane = column) so
+// the loads of many splits are in flight at once, and the warps' sums are
+// added in shared memory.
+constexpr int kMergeWarps = kMergeThreads / 32;
+
+__device__ float block_reduce(float v, float* red, bool is_max) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = is_max ? warp_max(v) : warp_sum(v);
+  __syncthreads();
+  if (lane == 0) {
+    red[warp] = v;
+  }
+  __syncthreads();
+  float r = red[0];
+  for (int w = 1; w < kMergeWarps; ++w) {
+    r = is_max ? fmaxf(r, red[w]) : r + red[w];
+  }
+  return r;
+}
+
+__global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel_impl(MergeArgs a) {
+  __shared__ float red[kMergeWarps];
+  __shared__ float cols[kMergeWarps][32];
   const int row = blockIdx.x;
   const int r = row % a.rows;
   const int bk = row / a.rows; // b * Hkv + kvh
@@ -336,29 +358,39 @@ __global__ void __launch_bounds__(NT) merge_kernel_impl(MergeArgs a) {
     return ((int64_t(bk) * a.row_tiles + tile) * a.splits + split) * a.row_tile + rr;
   };
   float m = -INFINITY;
-  for (int s = 0; s < a.splits; ++s) {
+  for (int s = threadIdx.x; s < a.splits; s += blockDim.x) {
     m = fmaxf(m, a.part_ml[slot(s) * 2]);
   }
+  m = block_reduce(m, red, true);
   float lsum = 0.0f;
   if (m != -INFINITY) {
-    for (int s = 0; s < a.splits; ++s) {
+    for (int s = threadIdx.x; s < a.splits; s += blockDim.x) {
       const float ms = a.part_ml[slot(s) * 2];
       if (ms != -INFINITY) {
         lsum += expf(ms - m) * a.part_ml[slot(s) * 2 + 1];
       }
     }
   }
-  const float inv = output_scale(m, lsum, a.sinks ? a.sinks + h : nullptr);
-  for (int d = threadIdx.x; d < a.Dv; d += NT) {
-    float o = 0.0f;
-    if (m != -INFINITY) {
-      for (int s = 0; s < a.splits; ++s) {
-        const float ms = a.part_ml[slot(s) * 2];
-        if (ms != -INFINITY) {
-          o += expf(ms - m) * a.part_o[slot(s) * a.Dv + d];
-        }
+  lsum = block_reduce(lsum, red, false);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int d = blockIdx.y * 32 + lane;
+  float o = 0.0f;
+  if (m != -INFINITY && d < a.Dv) {
+#pragma unroll 4
+    for (int s = warp; s < a.splits; s += kMergeWarps) {
+      const float ms = a.part_ml[slot(s) * 2];
+      if (ms != -INFINITY) {
+        o += expf(ms - m) * a.part_o[slot(s) * a.Dv + d];
       }
     }
+  }
+  cols[warp][lane] = o;
+  __syncthreads();
+  if (warp == 0 && d < a.Dv) {
+    for (int w = 1; w < kMergeWarps; ++w) {
+      o += cols[w][lane];
+    }
+    const float inv = output_scale(m, lsum, a.sinks ? a.sinks + h : nullptr);
     const int64_t out = ((int64_t(b) * a.Hq + h) * a.L + l) * a.Dv + d;
     store_float(a.out, out, a.out_dtype, o * inv);
   }
