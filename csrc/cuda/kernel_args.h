@@ -100,8 +100,9 @@ void* fill_kernel();
 // Dynamic shared memory of the sdpa kernel for the given head dims.
 int sdpa_smem_bytes(int Dk, int Dv, int bits);
 
-// The tensor-core decode kernel (quantized_sdpa_mma.cu) for one (bits, head
-// dim, group size), or fn == nullptr where it has no instance. A block is
+// The tensor-core decode kernel (quantized_sdpa_mma.cuh) for one (bits, head
+// dim, group size, scales dtype, query dtype), or fn == nullptr where it has
+// no instance. A block is
 // kMmaWarps warps; splits are whole multiples of step_keys keys; it attends
 // at most max_rows query rows per KV head and writes one partial per block.
 constexpr int kMmaWarps = 4;
@@ -111,6 +112,6 @@ struct MmaKernel {
   int max_rows = 0;
   int step_keys = 0;
 };
-MmaKernel sdpa_mma_kernel(int bits, int D, int group_size);
+MmaKernel sdpa_mma_kernel(int bits, int D, int group_size, int scale_dtype, int q_dtype);
 
 } // namespace mlxq::cuda

@@ -97,7 +97,7 @@ MmaKernel mma_kernel_for(const SdpaArgs& a) {
       a.N < 1) {
     return {};
   }
-  const MmaKernel k = sdpa_mma_kernel(a.bits, a.Dk, a.gs);
+  const MmaKernel k = sdpa_mma_kernel(a.bits, a.Dk, a.gs, a.s_dtype, a.q_dtype);
   return a.rep * a.L <= k.max_rows ? k : MmaKernel{};
 }
 
@@ -105,8 +105,17 @@ MmaKernel mma_kernel_for(const SdpaArgs& a) {
 // splits of whole warp steps, enough blocks for a few per SM at any N.
 void eval_mma(mx::cu::CommandEncoder& enc, SdpaArgs& a, mx::array& out) {
   const MmaKernel k = mma_kernel_for(a);
+  cuFuncSetAttribute(static_cast<CUfunction>(k.fn),
+                     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k.smem);
+  // One wave: as many blocks as fit on the GPU at once (a second, partial
+  // wave would leave most SMs idle while it runs).
+  int per_sm = 0;
+  if (cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, static_cast<CUfunction>(k.fn),
+                                                  kMmaWarps * 32, k.smem) != CUDA_SUCCESS) {
+    per_sm = 2;
+  }
   const long units = long(a.B) * a.Hkv;
-  const long want = 4L * sm_count();
+  const long want = long(std::max(1, per_sm)) * sm_count();
   long splits = std::max(1L, (want + units - 1) / units);
   splits = std::min<long>(splits, (a.N + k.step_keys - 1) / k.step_keys);
   int keys = int((a.N + splits - 1) / splits);
@@ -117,8 +126,6 @@ void eval_mma(mx::cu::CommandEncoder& enc, SdpaArgs& a, mx::array& out) {
   a.split_keys = keys;
   a.splits = (a.N + keys - 1) / keys;
   Partials parts(a, enc);
-  cuFuncSetAttribute(static_cast<CUfunction>(k.fn),
-                     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k.smem);
   launch(enc, k.fn, dim3(a.splits, a.Hkv, a.B), dim3(kMmaWarps * 32), k.smem, a, {},
          {&parts.o, &parts.ml});
   merge(enc, a, parts, out);

@@ -24,7 +24,10 @@
 // share the query fragments and merge their online softmax states before one
 // partial per block is written; merge_kernel then combines the key splits by
 // log-sum-exp (and applies sinks).
+#pragma once
+
 #include <cfloat>
+#include <type_traits>
 
 #include "cuda/device_utils.cuh"
 
@@ -51,19 +54,32 @@ __device__ __forceinline__ __nv_bfloat162 bf2(uint32_t v) {
   return *reinterpret_cast<__nv_bfloat162*>(&v);
 }
 
-// Two codes -> exact bf16x2. Code A sits in bits [0, BITS) of x, code B in
-// bits [16, 16 + BITS); other bits are ignored. 128 + c has its integer c in
-// the mantissa of 128.0 (step 1 up to 255); for 8-bit codes the high nibble
-// goes into the mantissa of 256.0 three bits up (step 2: 16 * hi).
+// Two codes -> bf16x2 integers. Code A sits in bits [0, BITS) of x, code B
+// in bits [16, 16 + BITS); other bits are ignored. OR-ing a 4-bit code into
+// the mantissa of 128.0 gives 128 + c exactly (one instruction; the kernel
+// takes the 128 back out of its sums, see kCodeOffset). 8-bit codes are made
+// exact: 128 + low nibble and 256 + 16 * high nibble (the high nibble three
+// bits up in the mantissa of 256.0, step 2), less 384, added.
 template <int BITS>
-__device__ __forceinline__ uint32_t codes_bf16x2(uint32_t x) {
-  const uint32_t lo = (x & 0x000F000Fu) | 0x43004300u;
-  __nv_bfloat162 v = __hsub2(bf2(lo), bf2(0x43004300u));
-  if constexpr (BITS == 8) {
-    const uint32_t hi = ((x >> 1) & 0x00780078u) | 0x43804380u;
-    v = __hadd2(v, __hsub2(bf2(hi), bf2(0x43804380u)));
+constexpr float kCodeOffset = BITS == 4 ? 128.0f : 0.0f;
+
+// (x & mask) | magic in one LOP3 (the compiler splits two immediates in two).
+__device__ __forceinline__ uint32_t and_or(uint32_t x, uint32_t mask, uint32_t magic) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(x), "r"(mask), "r"(magic));
+  return r;
+}
+
+template <int BITS>
+__device__ __forceinline__ uint32_t code_pair(uint32_t x) {
+  const uint32_t lo = and_or(x, 0x000F000Fu, 0x43004300u);
+  if constexpr (BITS == 4) {
+    return lo;
+  } else {
+    const uint32_t hi = and_or(x >> 1, 0x00780078u, 0x43804380u);
+    return bf2_bits(__hadd2(__hsub2(bf2(lo), bf2(0x43004300u)),
+                            __hsub2(bf2(hi), bf2(0x43804380u))));
   }
-  return bf2_bits(v);
 }
 
 // The compile-time layout of one (bits, head dim, group size) instance.
@@ -122,19 +138,96 @@ __device__ __forceinline__ void load_run(const uint8_t* p, uint32_t* w) {
   }
 }
 
+template <typename T>
+__device__ __forceinline__ float to_f32(T v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(v);
+  } else {
+    return __bfloat162float(v);
+  }
+}
+
+// What one warp step reads from global memory: its K words (lane: 16 bytes
+// of key 8n + q per chunk), its V runs (keys 2t, 2t+1, 2t+8, 2t+9 of each
+// 16 keys) and a coalesced share of the step's scales and biases. Loaded one
+// step ahead of its use, so a warp's loads are in flight while it computes.
 template <int BITS, int D, int GS>
-__global__ void __launch_bounds__(kWarps * 32, D >= 256 ? 2 : 3) qsdpa_mma_kernel(SdpaArgs a) {
+struct Step {
   using S = Shape<BITS, D, GS>;
+  static constexpr int kStaged = S::kKeys * S::kGroups;
+  static constexpr int kStage = (kStaged + 31) / 32;
+  uint4 kw[S::kSlices][S::kChunks];
+  uint32_t vw[S::kVSteps][4][S::kGroups][S::kRunWords];
+  float ks[kStage], kb[kStage], vs[kStage], vb[kStage];
+};
+
+// Where a step's data lives: bases at (batch, KV head), strides within a
+// head in elements (32-bit: the host sends heads of 2^31 bytes or more to the
+// generic kernel).
+template <typename ST>
+struct Views {
+  const uint8_t *k, *v;
+  int krow, vrow; // bytes
+  const ST *ks, *kb, *vs, *vb;
+  int ks_row, kb_row, vs_row, vb_row, ks_g, kb_g, vs_g, vb_g;
+};
+
+template <int BITS, int D, int GS, typename ST>
+__device__ __forceinline__ void load_step(
+    Step<BITS, D, GS>& st, int k0, int N, int lane, const Views<ST>& w) {
+  using S = Shape<BITS, D, GS>;
+  using StepT = Step<BITS, D, GS>;
+  const int q = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int n = 0; n < S::kSlices; ++n) {
+    const uint8_t* p = w.k + min(k0 + n * 8 + q, N - 1) * w.krow + 16 * t;
+#pragma unroll
+    for (int c = 0; c < S::kChunks; ++c) {
+      st.kw[n][c] = *reinterpret_cast<const uint4*>(p + c * 64);
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < S::kVSteps; ++s) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = min(k0 + 16 * s + 2 * t + (e & 1) + (e >> 1) * 8, N - 1);
+      const uint8_t* p = w.v + key * w.vrow + q * S::kRunDims * BITS / 8;
+#pragma unroll
+      for (int g = 0; g < S::kGroups; ++g) {
+        load_run<S::kRunBytes>(p + g * GS * BITS / 8, st.vw[s][e][g]);
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < StepT::kStage; ++u) {
+    const int i = min(lane + 32 * u, StepT::kStaged - 1);
+    const int key = min(k0 + i / S::kGroups, N - 1), g = i % S::kGroups;
+    const float sk = to_f32(w.ks[key * w.ks_row + g * w.ks_g]);
+    st.ks[u] = sk;
+    // The K bias as the scores use it: less the codes' offset times the scale.
+    st.kb[u] = to_f32(w.kb[key * w.kb_row + g * w.kb_g]) - kCodeOffset<BITS> * sk;
+    st.vs[u] = to_f32(w.vs[key * w.vs_row + g * w.vs_g]);
+    st.vb[u] = to_f32(w.vb[key * w.vb_row + g * w.vb_g]);
+  }
+}
+
+template <int BITS, int D, int GS, typename ST, bool kTwoTerms>
+__global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
+  using S = Shape<BITS, D, GS>;
+  using StepT = Step<BITS, D, GS>;
+  constexpr float kOff = kCodeOffset<BITS>; // codes come out as kOff + c
   extern __shared__ float4 smem4[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int q = lane >> 2, t = lane & 3;
   const int kvh = blockIdx.y, b = blockIdx.z;
   const int R = a.rows;
-  const int nq = a.q_dtype == kBF16 ? 1 : 2; // bf16 terms of q and of P'
+  constexpr bool two_terms = kTwoTerms; // f16 q: q and P' as hi + lo bf16
 
   // Shared memory: query fragments, per-row sums of q per group, per-warp
   // scale staging, and the block merge buffers.
-  uint4* qfrag = reinterpret_cast<uint4*>(smem4); // [nq][chunks][steps][32]
+  uint4* qfrag = reinterpret_cast<uint4*>(smem4); // [2][chunks][steps][32]
   float* qsum = reinterpret_cast<float*>(qfrag + 2 * S::kChunks * S::kSteps * 32);
   float* stage = qsum + S::kMaxRows * S::kGroups; // [warps][4][keys][groups]
   float* wm = stage + kWarps * 4 * S::kKeys * S::kGroups; // [warps][rows]
@@ -186,29 +279,49 @@ __global__ void __launch_bounds__(kWarps * 32, D >= 256 ? 2 : 3) qsdpa_mma_kerne
   }
   __syncthreads();
 
-  const int64_t bk_k = b * a.kw_st[0] + kvh * a.kw_st[1];
-  const int64_t bk_v = b * a.vw_st[0] + kvh * a.vw_st[1];
-  const uint8_t* kbase = reinterpret_cast<const uint8_t*>(a.kw + bk_k);
-  const uint8_t* vbase = reinterpret_cast<const uint8_t*>(a.vw + bk_v);
-  const int64_t krow = a.kw_st[2] * 4, vrow = a.vw_st[2] * 4; // bytes
+  Views<ST> views;
+  views.k = reinterpret_cast<const uint8_t*>(a.kw + b * a.kw_st[0] + kvh * a.kw_st[1]);
+  views.v = reinterpret_cast<const uint8_t*>(a.vw + b * a.vw_st[0] + kvh * a.vw_st[1]);
+  views.krow = int(a.kw_st[2] * 4);
+  views.vrow = int(a.vw_st[2] * 4);
+  views.ks = static_cast<const ST*>(a.ks) + b * a.ks_st[0] + kvh * a.ks_st[1];
+  views.kb = static_cast<const ST*>(a.kb) + b * a.kb_st[0] + kvh * a.kb_st[1];
+  views.vs = static_cast<const ST*>(a.vs) + b * a.vs_st[0] + kvh * a.vs_st[1];
+  views.vb = static_cast<const ST*>(a.vb) + b * a.vb_st[0] + kvh * a.vb_st[1];
+  views.ks_row = int(a.ks_st[2]), views.kb_row = int(a.kb_st[2]);
+  views.vs_row = int(a.vs_st[2]), views.vb_row = int(a.vb_st[2]);
+  views.ks_g = int(a.ks_st[3]), views.kb_g = int(a.kb_st[3]);
+  views.vs_g = int(a.vs_st[3]), views.vb_g = int(a.vb_st[3]);
   const int N = a.N;
 
   // This lane's query row and its visible-key limit.
   const int my_r = row_query(q);
   const bool my_live = my_r < R;
-  const int limit = a.mask_kind == 1 ? N - a.L + (my_live ? my_r : 0) / a.rep : N - 1;
+  const int qrow = my_live ? my_r : 0;
+  const int limit = a.mask_kind == 1 ? N - a.L + qrow / a.rep : N - 1;
   const float scale2 = a.scale * kLog2e;
 
+  // Running state of this lane's row (max in log2 units; sum p per lane,
+  // reduced over the quad at the end) and of its output columns (rows 2t,
+  // 2t + 1): O^T tiles, sum p * V bias per group, and for 4-bit codes the
+  // sum of the P' fed to the tensor cores (ones . P'), which times 128 is
+  // the codes' offset to take out.
   float m = -INFINITY, l = 0.0f;
-  float vb[S::kGroups];
+  float vbias[S::kGroups];
   float acc[S::kTiles][4];
+  float poff[S::kGroups][4];
 #pragma unroll
-  for (int g = 0; g < S::kGroups; ++g) vb[g] = 0.0f;
+  for (int g = 0; g < S::kGroups; ++g) {
+    vbias[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) poff[g][e] = 0.0f;
+  }
 #pragma unroll
   for (int i = 0; i < S::kTiles; ++i) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
   }
+  const uint4 ones = make_uint4(0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u);
 
   float* st = stage + warp * 4 * S::kKeys * S::kGroups;
   float* st_ks = st;
@@ -216,63 +329,21 @@ __global__ void __launch_bounds__(kWarps * 32, D >= 256 ? 2 : 3) qsdpa_mma_kerne
   float* st_vs = st + 2 * S::kKeys * S::kGroups;
   float* st_vb = st + 3 * S::kKeys * S::kGroups;
 
-  const int split_begin = blockIdx.x * a.split_keys;
-  const int split_end = min(N, split_begin + a.split_keys);
-  for (int k0 = split_begin + warp * S::kKeys; k0 < split_end; k0 += kWarps * S::kKeys) {
-    // 1. Issue every load of the step before any use.
-    uint4 kw[S::kSlices][S::kChunks];
-#pragma unroll
-    for (int n = 0; n < S::kSlices; ++n) {
-      const int key = min(k0 + n * 8 + q, N - 1);
-#pragma unroll
-      for (int c = 0; c < S::kChunks; ++c) {
-        kw[n][c] = *reinterpret_cast<const uint4*>(kbase + key * krow + c * 64 + 16 * t);
-      }
-    }
-    uint32_t vw[S::kVSteps][4][S::kGroups][S::kRunWords];
-#pragma unroll
-    for (int s = 0; s < S::kVSteps; ++s) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = min(k0 + 16 * s + 2 * t + (e & 1) + (e >> 1) * 8, N - 1);
-#pragma unroll
-        for (int g = 0; g < S::kGroups; ++g) {
-          const uint8_t* p =
-              vbase + key * vrow + (g * GS + q * S::kRunDims) * BITS / 8;
-          load_run<S::kRunBytes>(p, vw[s][e][g]);
-        }
-      }
-    }
-    constexpr int kStaged = S::kKeys * S::kGroups;
-    constexpr int kStage = (kStaged + 31) / 32;
-    float sk[kStage], sb[kStage], vs[kStage], vbi[kStage];
-#pragma unroll
-    for (int u = 0; u < kStage; ++u) {
-      const int i = min(lane + 32 * u, kStaged - 1);
-      const int key = min(k0 + i / S::kGroups, N - 1), g = i % S::kGroups;
-      const int64_t ko = b * a.ks_st[0] + kvh * a.ks_st[1] + key * a.ks_st[2] + g * a.ks_st[3];
-      const int64_t kbo = b * a.kb_st[0] + kvh * a.kb_st[1] + key * a.kb_st[2] + g * a.kb_st[3];
-      const int64_t vo = b * a.vs_st[0] + kvh * a.vs_st[1] + key * a.vs_st[2] + g * a.vs_st[3];
-      const int64_t vbo = b * a.vb_st[0] + kvh * a.vb_st[1] + key * a.vb_st[2] + g * a.vb_st[3];
-      sk[u] = load_float(a.ks, ko, a.s_dtype);
-      sb[u] = load_float(a.kb, kbo, a.s_dtype);
-      vs[u] = load_float(a.vs, vo, a.s_dtype);
-      vbi[u] = load_float(a.vb, vbo, a.s_dtype);
-    }
+  auto process = [&](const StepT& cur, int k0) {
     __syncwarp();
 #pragma unroll
-    for (int u = 0; u < kStage; ++u) {
-      if (kStaged % 32 != 0 && lane + 32 * u >= kStaged) {
+    for (int u = 0; u < StepT::kStage; ++u) {
+      if (StepT::kStaged % 32 != 0 && lane + 32 * u >= StepT::kStaged) {
         break;
       }
-      st_ks[lane + 32 * u] = sk[u];
-      st_kb[lane + 32 * u] = sb[u];
-      st_vs[lane + 32 * u] = vs[u];
-      st_vb[lane + 32 * u] = vbi[u];
+      st_ks[lane + 32 * u] = cur.ks[u];
+      st_kb[lane + 32 * u] = cur.kb[u];
+      st_vs[lane + 32 * u] = cur.vs[u];
+      st_vb[lane + 32 * u] = cur.vb[u];
     }
     __syncwarp();
 
-    // 2. Scores of this lane's row at keys 8n + 2t + e.
+    // Scores of this lane's row at keys 8n + 2t + e.
     float s[S::kSlices][2];
 #pragma unroll
     for (int n = 0; n < S::kSlices; ++n) s[n][0] = s[n][1] = 0.0f;
@@ -284,16 +355,19 @@ __global__ void __launch_bounds__(kWarps * 32, D >= 256 ? 2 : 3) qsdpa_mma_kerne
 #pragma unroll
       for (int j = 0; j < S::kSteps; ++j) {
         const uint4 a_hi = qfrag[(c * S::kSteps + j) * 32 + lane];
-        const uint4 a_lo = qfrag[((S::kChunks + c) * S::kSteps + j) * 32 + lane];
+        uint4 a_lo = a_hi;
+        if constexpr (two_terms) {
+          a_lo = qfrag[((S::kChunks + c) * S::kSteps + j) * 32 + lane];
+        }
         const int word = j / S::kStepsPerWord;
         const int s0 = 2 * (j % S::kStepsPerWord);
 #pragma unroll
         for (int n = 0; n < S::kSlices; ++n) {
-          const uint32_t w = (&kw[n][c].x)[word];
-          const uint32_t b0 = codes_bf16x2<BITS>(w >> (BITS * s0));
-          const uint32_t b1 = codes_bf16x2<BITS>(w >> (BITS * (s0 + 1)));
+          const uint32_t w = (&cur.kw[n][c].x)[word];
+          const uint32_t b0 = code_pair<BITS>(w >> (BITS * s0));
+          const uint32_t b1 = code_pair<BITS>(w >> (BITS * (s0 + 1)));
           mma_bf16(d[n], a_hi, b0, b1);
-          if (nq == 2) {
+          if constexpr (two_terms) {
             mma_bf16(d[n], a_lo, b0, b1);
           }
         }
@@ -324,7 +398,7 @@ __global__ void __launch_bounds__(kWarps * 32, D >= 256 ? 2 : 3) qsdpa_mma_kerne
         const int kl = n * 8 + 2 * t + e;
 #pragma unroll
         for (int g = 0; g < S::kGroups; ++g) {
-          v += st_kb[kl * S::kGroups + g] * qsum[(my_live ? my_r : 0) * S::kGroups + g];
+          v += st_kb[kl * S::kGroups + g] * qsum[qrow * S::kGroups + g];
         }
         const int key = k0 + kl;
         const bool visible = my_live && key < N && key <= limit;
@@ -335,7 +409,8 @@ __global__ void __launch_bounds__(kWarps * 32, D >= 256 ? 2 : 3) qsdpa_mma_kerne
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
 
-    // 3. Online softmax (log2 domain).
+    // Online softmax (log2 domain). Rescaling is skipped while no row's
+    // max moved (most steps once the first keys are seen).
     const float m_new = fmaxf(m, tile_max);
     const float corr = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
     m = m_new;
@@ -361,63 +436,113 @@ __global__ void __launch_bounds__(kWarps * 32, D >= 256 ? 2 : 3) qsdpa_mma_kerne
           add += p[n][e] > 0.0f ? p[n][e] * st_vb[kl * S::kGroups + g] : 0.0f;
         }
       }
-      vb[g] = vb[g] * corr + add;
+      vbias[g] = vbias[g] * corr + add;
     }
-    // Output columns of this lane are query rows 2t and 2t + 1.
-    const float c0 = __shfl_sync(0xffffffffu, corr, (2 * t) * 4);
-    const float c1 = __shfl_sync(0xffffffffu, corr, (2 * t + 1) * 4);
+    if (__any_sync(0xffffffffu, corr != 1.0f)) {
+      // Output columns of this lane are query rows 2t and 2t + 1.
+      const float c0 = __shfl_sync(0xffffffffu, corr, (2 * t) * 4);
+      const float c1 = __shfl_sync(0xffffffffu, corr, (2 * t + 1) * 4);
 #pragma unroll
-    for (int i = 0; i < S::kTiles; ++i) {
-      acc[i][0] *= c0;
-      acc[i][1] *= c1;
-      acc[i][2] *= c0;
-      acc[i][3] *= c1;
+      for (int i = 0; i < S::kTiles; ++i) {
+        acc[i][0] *= c0;
+        acc[i][1] *= c1;
+        acc[i][2] *= c0;
+        acc[i][3] *= c1;
+      }
+#pragma unroll
+      for (int g = 0; g < S::kGroups; ++g) {
+        poff[g][0] *= c0;
+        poff[g][1] *= c1;
+        poff[g][2] *= c0;
+        poff[g][3] *= c1;
+      }
     }
 
-    // 4. O^T += V_codes^T . P' per group.
+    // O^T += V_codes^T . P' per group.
     const bool col_live = q < R; // B column n = q is query row q
 #pragma unroll
-    for (int sv = 0; sv < S::kVSteps; ++sv) {
+    for (int sv2 = 0; sv2 < S::kVSteps; ++sv2) {
 #pragma unroll
       for (int g = 0; g < S::kGroups; ++g) {
         float w4[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int n = 2 * sv + (e >> 1);
+          const int n = 2 * sv2 + (e >> 1);
           const float pe = p[n][e & 1];
           const int kl = n * 8 + 2 * t + (e & 1);
           w4[e] = col_live && pe > 0.0f ? pe * st_vs[kl * S::kGroups + g] : 0.0f;
         }
-        uint32_t bh[2], bl[2];
+        uint32_t bh[2], bl[2] = {0u, 0u};
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const __nv_bfloat162 x = __floats2bfloat162_rn(w4[2 * h], w4[2 * h + 1]);
-          const float2 xf = __bfloat1622float2(x);
           bh[h] = bf2_bits(x);
-          bl[h] = bf2_bits(__floats2bfloat162_rn(w4[2 * h] - xf.x, w4[2 * h + 1] - xf.y));
-        }
-#pragma unroll
-        for (int j = 0; j < S::kTilesPerGroup; ++j) {
-          uint32_t areg[4];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) { // h = 0: row q (run code 2j); 1: row q + 8
-            const int bit = (2 * j + h) * BITS;
-            const int word = bit / 32, byte = (bit % 32) / 8, shift = bit % 8;
-            const uint32_t sel = byte | ((byte + 4) << 8);
-            const uint32_t x01 = __byte_perm(vw[sv][0][g][word], vw[sv][1][g][word], sel);
-            const uint32_t x89 = __byte_perm(vw[sv][2][g][word], vw[sv][3][g][word], sel);
-            areg[h] = codes_bf16x2<BITS>(x01 >> shift);
-            areg[2 + h] = codes_bf16x2<BITS>(x89 >> shift);
+          if constexpr (two_terms) {
+            const float2 xf = __bfloat1622float2(x);
+            bl[h] = bf2_bits(__floats2bfloat162_rn(w4[2 * h] - xf.x, w4[2 * h + 1] - xf.y));
           }
-          const uint4 av = make_uint4(areg[0], areg[1], areg[2], areg[3]);
-          mma_bf16(acc[g * S::kTilesPerGroup + j], av, bh[0], bh[1]);
-          if (nq == 2) {
-            mma_bf16(acc[g * S::kTilesPerGroup + j], av, bl[0], bl[1]);
+        }
+        if constexpr (kOff != 0.0f) {
+          mma_bf16(poff[g], ones, bh[0], bh[1]);
+          if constexpr (two_terms) {
+            mma_bf16(poff[g], ones, bl[0], bl[1]);
+          }
+        }
+        // Byte-permute puts the bytes of run positions into half words: key
+        // 2t (or 2t + 8) low, key 2t + 1 (2t + 9) high. One permute covers
+        // two m-tiles of 4-bit codes (4 codes a byte pair) or one of 8-bit.
+        constexpr int kTilesPerPerm = BITS == 4 ? 2 : 1;
+#pragma unroll
+        for (int jp = 0; jp < S::kTilesPerGroup; jp += kTilesPerPerm) {
+          const int bit = 2 * jp * BITS;
+          const int word = bit / 32, byte = (bit % 32) / 8;
+          const uint32_t sel = byte | ((byte + 1) << 4) | ((byte + 4) << 8) | ((byte + 5) << 12);
+          const uint32_t x01 = __byte_perm(cur.vw[sv2][0][g][word], cur.vw[sv2][1][g][word], sel);
+          const uint32_t x89 = __byte_perm(cur.vw[sv2][2][g][word], cur.vw[sv2][3][g][word], sel);
+#pragma unroll
+          for (int jj = 0; jj < kTilesPerPerm; ++jj) {
+            const int j = jp + jj;
+            uint32_t areg[4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) { // h = 0: row q (run code 2j); 1: row q + 8
+              const int shift = (2 * jj + h) * BITS;
+              areg[h] = code_pair<BITS>(x01 >> shift);
+              areg[2 + h] = code_pair<BITS>(x89 >> shift);
+            }
+            const uint4 av = make_uint4(areg[0], areg[1], areg[2], areg[3]);
+            mma_bf16(acc[g * S::kTilesPerGroup + j], av, bh[0], bh[1]);
+            if constexpr (two_terms) {
+              mma_bf16(acc[g * S::kTilesPerGroup + j], av, bl[0], bl[1]);
+            }
           }
         }
       }
     }
-    __syncwarp();
+  };
+
+  // Two step buffers in turn: the next step loads while this one computes.
+  const int split_begin = blockIdx.x * a.split_keys;
+  const int split_end = min(N, split_begin + a.split_keys);
+  constexpr int kStride = kWarps * S::kKeys;
+  int k0 = split_begin + warp * S::kKeys;
+  StepT buf0, buf1;
+  if (k0 < split_end) {
+    load_step(buf0, k0, N, lane, views);
+  }
+  while (k0 < split_end) {
+    if (k0 + kStride < split_end) {
+      load_step(buf1, k0 + kStride, N, lane, views);
+    }
+    process(buf0, k0);
+    k0 += kStride;
+    if (k0 >= split_end) {
+      break;
+    }
+    if (k0 + kStride < split_end) {
+      load_step(buf0, k0 + kStride, N, lane, views);
+    }
+    process(buf1, k0);
+    k0 += kStride;
   }
 
   // Block merge of the four warps' states, then one partial per block.
@@ -425,8 +550,8 @@ __global__ void __launch_bounds__(kWarps * 32, D >= 256 ? 2 : 3) qsdpa_mma_kerne
   l += __shfl_xor_sync(0xffffffffu, l, 2);
 #pragma unroll
   for (int g = 0; g < S::kGroups; ++g) {
-    vb[g] += __shfl_xor_sync(0xffffffffu, vb[g], 1);
-    vb[g] += __shfl_xor_sync(0xffffffffu, vb[g], 2);
+    vbias[g] += __shfl_xor_sync(0xffffffffu, vbias[g], 1);
+    vbias[g] += __shfl_xor_sync(0xffffffffu, vbias[g], 2);
   }
   if (t == 0 && q < S::kMaxRows && row_query(q) == q) {
     wm[warp * S::kMaxRows + q] = m;
@@ -447,8 +572,8 @@ __global__ void __launch_bounds__(kWarps * 32, D >= 256 ? 2 : 3) qsdpa_mma_kerne
   }
 #pragma unroll
   for (int g = 0; g < S::kGroups; ++g) {
-    const float b0 = __shfl_sync(0xffffffffu, vb[g], (2 * t) * 4);
-    const float b1 = __shfl_sync(0xffffffffu, vb[g], (2 * t + 1) * 4);
+    const float b0 = __shfl_sync(0xffffffffu, vbias[g], (2 * t) * 4);
+    const float b1 = __shfl_sync(0xffffffffu, vbias[g], (2 * t + 1) * 4);
 #pragma unroll
     for (int j = 0; j < S::kTilesPerGroup; ++j) {
       const int i = g * S::kTilesPerGroup + j;
@@ -459,7 +584,8 @@ __global__ void __launch_bounds__(kWarps * 32, D >= 256 ? 2 : 3) qsdpa_mma_kerne
         for (int e = 0; e < 2; ++e) {
           const int r = 2 * t + e;
           if (r < R && wgt[e] > 0.0f) {
-            atomicAdd(&obuf[r * D + d], wgt[e] * (acc[i][2 * h + e] + (e ? b1 : b0)));
+            const float off = kOff * poff[g][2 * h + e]; // the codes' offset
+            atomicAdd(&obuf[r * D + d], wgt[e] * (acc[i][2 * h + e] - off + (e ? b1 : b0)));
           }
         }
       }
@@ -500,30 +626,27 @@ int smem_of() {
   return frag + floats * 4;
 }
 
+template <int BITS, int D, int GS, bool kTwo>
+void* by_scale_dtype(int scale_dtype) {
+  switch (scale_dtype) {
+    case kF16: return handle(qsdpa_mma_kernel<BITS, D, GS, __half, kTwo>);
+    case kBF16: return handle(qsdpa_mma_kernel<BITS, D, GS, __nv_bfloat16, kTwo>);
+    default: return handle(qsdpa_mma_kernel<BITS, D, GS, float, kTwo>);
+  }
+}
+
+template <int BITS, int D, int GS>
+MmaKernel instance(int scale_dtype, int q_dtype) {
+  MmaKernel k{nullptr, smem_of<BITS, D, GS>(), Shape<BITS, D, GS>::kMaxRows,
+              Shape<BITS, D, GS>::kKeys * kWarps};
+  k.fn = q_dtype == kBF16 ? by_scale_dtype<BITS, D, GS, false>(scale_dtype)
+                          : by_scale_dtype<BITS, D, GS, true>(scale_dtype);
+  return k;
+}
+
 } // namespace
 
-MmaKernel sdpa_mma_kernel(int bits, int D, int gs) {
-#define MLXQ_MMA_CASE(BITS, DIM, GS)                                                    \
-  if (bits == BITS && D == DIM && gs == GS) {                                           \
-    return {handle(qsdpa_mma_kernel<BITS, DIM, GS>), smem_of<BITS, DIM, GS>(),  \
-            Shape<BITS, DIM, GS>::kMaxRows, Shape<BITS, DIM, GS>::kKeys * kWarps};            \
-  }
-  MLXQ_MMA_CASE(4, 128, 32)
-  MLXQ_MMA_CASE(4, 128, 64)
-  MLXQ_MMA_CASE(4, 128, 128)
-  MLXQ_MMA_CASE(4, 256, 32)
-  MLXQ_MMA_CASE(4, 256, 64)
-  MLXQ_MMA_CASE(4, 256, 128)
-  MLXQ_MMA_CASE(8, 64, 32)
-  MLXQ_MMA_CASE(8, 64, 64)
-  MLXQ_MMA_CASE(8, 128, 32)
-  MLXQ_MMA_CASE(8, 128, 64)
-  MLXQ_MMA_CASE(8, 128, 128)
-  MLXQ_MMA_CASE(8, 256, 32)
-  MLXQ_MMA_CASE(8, 256, 64)
-  MLXQ_MMA_CASE(8, 256, 128)
-#undef MLXQ_MMA_CASE
-  return {};
-}
+MmaKernel sdpa_mma_kernel_4bit(int D, int gs, int scale_dtype, int q_dtype);
+MmaKernel sdpa_mma_kernel_8bit(int D, int gs, int scale_dtype, int q_dtype);
 
 } // namespace mlxq::cuda
