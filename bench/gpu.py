@@ -7,7 +7,7 @@ stock MLX in one process.
            mlx-lm is not installed); effective GB/s = packed codes + scales +
            biases of K and V / mlxq time. Two timings of each: one call per
            eval (includes MLX's per-eval launch and sync, ~0.05-0.1 ms), and
-           "in graph": 16 calls per eval on distinct inputs that together
+           "in graph": 64 calls per eval on distinct inputs that together
            overflow the L2 cache, as the layers of a model's decode step run.
   prefill  causal L = N in {4096, 16384}, 32/8/128, 4-bit: time and peak memory.
   ring     per-token cache write into [1, 8, N, 128] at N in {1k, 128k}: mlxq
@@ -76,7 +76,7 @@ def peak_of(fn):
     return (mx.get_peak_memory() - base) / 2**20
 
 
-GRAPH_CALLS = 16
+GRAPH_CALLS = 64
 L2_FLUSH_BYTES = 200 * 2**20  # inputs per graph: several times the H200's 50 MB L2
 
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
+#include <unordered_map>
 
 #include "cuda/launch.h"
 #include "mlx/backend/cuda/utils.h"
@@ -97,25 +99,48 @@ MmaKernel mma_kernel_for(const SdpaArgs& a) {
       a.N < 1) {
     return {};
   }
+  // The kernel indexes within one (batch, KV head) with 32-bit offsets.
+  auto fits = [&](const int64_t* st, int64_t unit) {
+    return (int64_t(a.N) * std::abs(st[2]) + int64_t(a.Dk) * std::abs(st[3])) * unit <
+        (int64_t(1) << 31);
+  };
+  if (!fits(a.kw_st, 4) || !fits(a.vw_st, 4) || !fits(a.ks_st, 1) || !fits(a.kb_st, 1) ||
+      !fits(a.vs_st, 1) || !fits(a.vb_st, 1)) {
+    return {};
+  }
   const MmaKernel k = sdpa_mma_kernel(a.bits, a.Dk, a.gs, a.s_dtype, a.q_dtype);
   return a.rep * a.L <= k.max_rows ? k : MmaKernel{};
+}
+
+// Blocks of the kernel that fit on one SM (one wave: a second, partial wave
+// would leave most SMs idle while it runs). Sets the kernel's shared-memory
+// limit the first time; both are cached per kernel.
+int blocks_per_sm(const MmaKernel& k) {
+  static std::mutex mutex;
+  static std::unordered_map<void*, int> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(k.fn);
+  if (it != cache.end()) {
+    return it->second;
+  }
+  const auto fn = static_cast<CUfunction>(k.fn);
+  cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k.smem);
+  int per_sm = 0;
+  if (cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kMmaWarps * 32, k.smem) !=
+          CUDA_SUCCESS ||
+      per_sm < 1) {
+    per_sm = 1;
+  }
+  cache.emplace(k.fn, per_sm);
+  return per_sm;
 }
 
 // The tensor-core decode path: one partial per block of kMmaWarps warps,
 // splits of whole warp steps, enough blocks for a few per SM at any N.
 void eval_mma(mx::cu::CommandEncoder& enc, SdpaArgs& a, mx::array& out) {
   const MmaKernel k = mma_kernel_for(a);
-  cuFuncSetAttribute(static_cast<CUfunction>(k.fn),
-                     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k.smem);
-  // One wave: as many blocks as fit on the GPU at once (a second, partial
-  // wave would leave most SMs idle while it runs).
-  int per_sm = 0;
-  if (cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, static_cast<CUfunction>(k.fn),
-                                                  kMmaWarps * 32, k.smem) != CUDA_SUCCESS) {
-    per_sm = 2;
-  }
   const long units = long(a.B) * a.Hkv;
-  const long want = long(std::max(1, per_sm)) * sm_count();
+  const long want = long(blocks_per_sm(k)) * sm_count();
   long splits = std::max(1L, (want + units - 1) / units);
   splits = std::min<long>(splits, (a.N + k.step_keys - 1) / k.step_keys);
   int keys = int((a.N + splits - 1) / splits);
