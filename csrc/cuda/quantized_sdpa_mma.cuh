@@ -6,9 +6,10 @@
 // costs more instructions than the bytes allow; here codes go from 16-byte
 // coalesced global loads straight into the register fragments of bf16
 // mma.sync.m16n8k16 (f32 accumulators):
-//   * codes become exact bf16 integers with two integer ops per pair
-//     (OR into the mantissa of 128.0, subtract 128.0; 8-bit codes add a
-//     second magic for their high nibble), never through float conversions;
+//   * a pair of 4-bit codes becomes bf16 (128 + c) with one LOP3 (OR into
+//     the mantissa of 128.0); the 128 comes back out of the sums once per
+//     group (K: through the bias term, V: a ones . P' mma). 8-bit codes are
+//     made exact (a second magic for the high nibble). No float conversions;
 //   * scores: S = Q . K_codes^T per quantization group, with Q as the A
 //     operand. Rows of A are (group slot, query row): the k dimension of one
 //     mma mixes the dims of up to four groups, so each group's query values
@@ -17,10 +18,11 @@
 //   * values: O^T = V_codes^T . P', P' = p * scale_g per group (bf16; the f16
 //     path splits P' in a high and a low bf16 term), plus sum(p * bias_g);
 //   * f16 queries are split exactly into two bf16 terms (8 + 3 bits).
-// One warp owns 32 (16 for 256-wide 8-bit rows) keys per step: lane (q, t)
-// loads 16 contiguous bytes of K row q of each 8-key slice, and for V the
-// run of dims that its output rows need from 4 keys. Scales and biases of the
-// step are staged in shared memory with coalesced loads. Four warps per block
+// One warp owns 32 keys per step (16 for rows of 128 bytes or more): lane
+// (q, t) loads 16 contiguous bytes of K row q of each 8-key slice, and for V
+// the run of dims that its output rows need from 4 keys; the next step's
+// loads are issued before this step computes. Scales and biases of a step
+// are staged in shared memory with coalesced loads. Four warps per block
 // share the query fragments and merge their online softmax states before one
 // partial per block is written; merge_kernel then combines the key splits by
 // log-sum-exp (and applies sinks).
