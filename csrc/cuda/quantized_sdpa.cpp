@@ -1,5 +1,6 @@
-// eval_gpu of QuantizedSDPA on CUDA: plans the grid and launches the kernels
-// of quantized_sdpa.cu (see the comment there for the algorithm).
+// eval_gpu of QuantizedSDPA on CUDA: picks the tensor-core decode kernel
+// (quantized_sdpa_mma.cuh) where it has an instance, else the generic one
+// (quantized_sdpa.cu), plans the grid, and merges the key splits.
 #include <cuda.h>
 
 #include <algorithm>
