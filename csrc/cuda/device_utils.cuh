@@ -12,6 +12,15 @@
 
 namespace mlxq::cuda {
 
+// The driver handle of one of our kernels: MLX's launch API takes CUfunction
+// handles, and libmlx's static runtime does not know our kernels' symbols.
+template <typename F>
+void* handle(F f) {
+  cudaFunction_t fn = nullptr;
+  cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(f));
+  return reinterpret_cast<void*>(fn);
+}
+
 __device__ __forceinline__ float load_float(const void* base, int64_t i, int dtype) {
   switch (dtype) {
     case kF16: return __half2float(static_cast<const __half*>(base)[i]);

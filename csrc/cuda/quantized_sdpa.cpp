@@ -138,16 +138,14 @@ int blocks_per_sm(const MmaKernel& k) {
 
 // The tensor-core decode path: one partial per block of kMmaWarps warps,
 // splits of whole warp steps, enough blocks for a few per SM at any N.
-void eval_mma(mx::cu::CommandEncoder& enc, SdpaArgs& a, mx::array& out) {
-  const MmaKernel k = mma_kernel_for(a);
+void eval_mma(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaArgs& a, mx::array& out) {
   const long units = long(a.B) * a.Hkv;
   const long want = long(blocks_per_sm(k)) * sm_count();
   long splits = std::max(1L, (want + units - 1) / units);
   splits = std::min<long>(splits, (a.N + k.step_keys - 1) / k.step_keys);
   int keys = int((a.N + splits - 1) / splits);
   keys = (keys + k.step_keys - 1) / k.step_keys * k.step_keys;
-  a.rows = a.rep * a.L;
-  a.row_tile = a.rows;
+  a.row_tile = a.rows; // plan() set rows = rep * L
   a.row_tiles = 1;
   a.split_keys = keys;
   a.splits = (a.N + keys - 1) / keys;
@@ -212,8 +210,8 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   for (const auto& x : in) {
     enc.set_input_array(x);
   }
-  if (mma_kernel_for(a).fn) {
-    eval_mma(enc, a, out);
+  if (const MmaKernel k = mma_kernel_for(a); k.fn) {
+    eval_mma(enc, k, a, out);
     return;
   }
   void* kernel = sdpa_kernel(a.bits);

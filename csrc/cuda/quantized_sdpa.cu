@@ -403,13 +403,6 @@ __global__ void fill_kernel_impl(FillArgs a) {
   }
 }
 
-template <typename F>
-void* handle(F f) {
-  cudaFunction_t fn = nullptr;
-  cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(f));
-  return reinterpret_cast<void*>(fn);
-}
-
 } // namespace
 
 int sdpa_smem_bytes(int Dk, int Dv, int bits) {

@@ -612,13 +612,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
   }
 }
 
-template <typename F>
-void* handle(F f) {
-  cudaFunction_t fn = nullptr;
-  cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(f));
-  return reinterpret_cast<void*>(fn);
-}
-
 template <int BITS, int D, int GS>
 int smem_of() {
   using S = Shape<BITS, D, GS>;

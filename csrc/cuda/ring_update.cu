@@ -115,13 +115,6 @@ __global__ void quant_ring_kernel_impl(QuantRingArgs a) {
   }
 }
 
-template <typename F>
-void* handle(F f) {
-  cudaFunction_t fn = nullptr;
-  cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(f));
-  return reinterpret_cast<void*>(fn);
-}
-
 template <int BITS>
 void* quant_ring_for_group(int gs) {
   switch (gs) {
