@@ -25,9 +25,7 @@ void RingUpdate::eval_gpu(const std::vector<mx::array>&, mx::array&) {
       "the CPU (stream=mx.cpu).");
 }
 
-void QuantizedRingUpdate::eval_gpu(
-    const std::vector<mx::array>&,
-    std::vector<mx::array>&) {
+void QuantizedRingUpdate::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   throw std::runtime_error(
       "[mlxq.quantized_ring_update] this build of mlxq has no GPU kernels; "
       "run it on the CPU (stream=mx.cpu).");

@@ -145,11 +145,21 @@ std::vector<mx::array> quantized_ring_update(
          " bits, group size ", group_size, ".");
   }
   auto p = position_input(op, pos, s);
-  return mx::array::make_arrays(
-      {packed.shape(), scales.shape(), biases.shape()},
-      {packed.dtype(), scales.dtype(), biases.dtype()},
-      std::make_shared<QuantizedRingUpdate>(mx::to_stream(s), group_size, bits),
-      {packed, scales, biases, update, p});
+  using Part = QuantizedRingUpdate::Part;
+  const mx::array* buffers[3] = {&packed, &scales, &biases};
+  const Part parts[3] = {Part::Codes, Part::Scales, Part::Biases};
+  std::vector<mx::array> out;
+  out.reserve(3);
+  for (int i = 0; i < 3; ++i) {
+    const mx::array& b = *buffers[i];
+    out.emplace_back(
+        b.shape(),
+        b.dtype(),
+        std::make_shared<QuantizedRingUpdate>(
+            mx::to_stream(s), group_size, bits, parts[i]),
+        std::vector<mx::array>{b, update, p});
+  }
+  return out;
 }
 
 namespace detail {
@@ -159,21 +169,11 @@ bool can_update_in_place(const mx::array& buffer) {
       buffer.data_size() == buffer.size();
 }
 
-void release_sibling_inputs(
-    const std::vector<mx::array>& inputs,
-    std::vector<mx::array>& outputs) {
-  for (auto& o : outputs) {
-    if (&o.inputs() != &inputs) {
-      o.inputs().clear();
-    }
-  }
-}
-
 } // namespace detail
 
 bool QuantizedRingUpdate::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedRingUpdate&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_;
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && part_ == o.part_;
 }
 
 } // namespace mlxq

@@ -37,17 +37,31 @@ class RingUpdate : public mx::UnaryPrimitive {
   }
 };
 
-/** Inputs: packed, scales, biases (a quantized buffer of S rows), update
- *  [B, H, T, D] float, pos. Outputs: the three arrays with update row t
- *  quantized (bit-identical to mx.quantize on this backend) into row
- *  (pos + t) mod S. */
-class QuantizedRingUpdate : public mx::Primitive {
+/** One array of a quantized ring buffer. Inputs: that part's buffer (packed
+ *  uint32 [B, H, S, W], or scales / biases [B, H, S, G]), update [B, H, T, D]
+ *  float, pos. Output: the buffer with update row t quantized (bit-identical
+ *  to mx.quantize on this backend) into row (pos + t) mod S; only this part
+ *  is written.
+ *
+ *  One single-output primitive per part, not one primitive with three
+ *  outputs: MLX's GPU eval (Metal and CUDA) keeps every input other than the
+ *  evaluated output's own buffer, and every sibling output, alive until the
+ *  command buffer completes (after mx.eval returns), so with three outputs
+ *  none of the buffers could be donated at the next step and each token
+ *  would copy the whole cache. Each part re-quantizes the T new rows (cheap)
+ *  and writes only its own array. */
+class QuantizedRingUpdate : public mx::UnaryPrimitive {
  public:
-  QuantizedRingUpdate(mx::Stream stream, int group_size, int bits)
-      : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
+  enum class Part : int { Codes = 0, Scales = 1, Biases = 2 };
 
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  QuantizedRingUpdate(mx::Stream stream, int group_size, int bits, Part part)
+      : mx::UnaryPrimitive(stream),
+        group_size_(group_size),
+        bits_(bits),
+        part_(part) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
 
   const char* name() const override {
     return "QuantizedRingUpdate";
@@ -55,7 +69,7 @@ class QuantizedRingUpdate : public mx::Primitive {
   bool is_equivalent(const mx::Primitive& other) const override;
   std::vector<mx::Shape> output_shapes(
       const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape(), inputs[1].shape(), inputs[2].shape()};
+    return {inputs[0].shape()};
   }
   int group_size() const {
     return group_size_;
@@ -63,10 +77,14 @@ class QuantizedRingUpdate : public mx::Primitive {
   int bits() const {
     return bits_;
   }
+  Part part() const {
+    return part_;
+  }
 
  private:
   int group_size_;
   int bits_;
+  Part part_;
 };
 
 // Shared by the backends' eval functions.
@@ -75,16 +93,6 @@ namespace detail {
 // True when `buffer`'s memory may become the output's (MLX says it is not
 // referenced elsewhere) and is row-contiguous, so only new rows are written.
 bool can_update_in_place(const mx::array& buffer);
-
-// mx::array::make_arrays gives each output of a multi-output primitive its
-// own copy of the input list, so every input is referenced once per output
-// and never looks donatable. Only the list this evaluation reads is needed
-// (MLX detaches all outputs right after), so the siblings' copies are dropped
-// first: an input then counts as donatable exactly when a single-output
-// primitive's input would.
-void release_sibling_inputs(
-    const std::vector<mx::array>& inputs,
-    std::vector<mx::array>& outputs);
 
 } // namespace detail
 

@@ -28,6 +28,12 @@ typedef int64_t mlxq_i64;
 #define MLXQ_DT_F16 1
 #define MLXQ_DT_BF16 2
 
+// The array of a quantized triple that one QuantizedRingUpdate writes
+// (MlxqRingParams::part; the values of QuantizedRingUpdate::Part).
+#define MLXQ_PART_CODES 0
+#define MLXQ_PART_SCALES 1
+#define MLXQ_PART_BIASES 2
+
 // Keys per tile of the attention kernels: one per SIMD lane.
 #define MLXQ_TILE_KEYS 32
 // Most rows (query head x query position) one threadgroup serves: one SIMD
@@ -68,15 +74,16 @@ struct MlxqSdpaParams {
 static_assert(sizeof(MlxqSdpaParams) == 27 * 8 + 22 * 4, "MlxqSdpaParams layout");
 
 // RingUpdate and QuantizedRingUpdate: the output buffer is row-contiguous
-// [B, H, S, D] (or [B, H, S, W] words + [B, H, S, G] scales/biases); the
-// update [B, H, T, D] is read through its strides. pos is a device int32.
+// [B, H, S, D] (or, quantized, one part: [B, H, S, W] words or [B, H, S, G]
+// scales or biases); the update [B, H, T, D] is read through its strides.
+// pos is a device int32.
 struct MlxqRingParams {
   mlxq_i64 upd_strides[4];
   int B, H, S, T, D;
   int group_size, bits;
   int W;  // packed words per row (quantized)
   int G;  // groups per row (quantized)
-  int reserved;
+  int part;  // quantized: the part written, MLXQ_PART_* (0 for RingUpdate)
 };
 static_assert(sizeof(MlxqRingParams) == 4 * 8 + 10 * 4, "MlxqRingParams layout");
 

@@ -28,6 +28,12 @@
 //   bias = edge (else bias 0); code = min(round((w - bias) / scale), n_bins).
 // Codes go through threadgroup memory; lane k then assembles packed word k of
 // the group from the codes whose bits overlap it.
+//
+// One dispatch writes one part of the triple (p.part: MLXQ_PART_CODES,
+// _SCALES or _BIASES), since each QuantizedRingUpdate primitive owns one
+// array; the host binds that array to the part's slot (and to the two other
+// slots, which the kernel never touches). The group's scale and bias are
+// computed for every part; codes are only computed for the codes part.
 #include "mlxq_utils.h"
 
 template <typename E>
@@ -129,6 +135,17 @@ template <typename T, int BITS>
   scale = at_zero ? scale : edge / q0;
   const float bias = at_zero ? 0.0f : edge;
 
+  const mlxq_i64 row =
+      mlxq_i64(bh) * p.S + (mlxq_ring_start(pos, p.S) + t) % p.S;
+  if (p.part != MLXQ_PART_CODES) { // uniform across the threadgroup
+    if (lane == 0 && p.part == MLXQ_PART_SCALES) {
+      scales[row * p.G + g] = mlxq_from_float<T>(scale);
+    } else if (lane == 0) {
+      biases[row * p.G + g] = mlxq_from_float<T>(bias);
+    }
+    return;
+  }
+
   for (int k = 0; k < 4; ++k) {
     if (k < vpl) {
 #if defined(MLXQ_BUG_RINT)
@@ -141,8 +158,6 @@ template <typename T, int BITS>
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
 
-  const mlxq_i64 row =
-      mlxq_i64(bh) * p.S + (mlxq_ring_start(pos, p.S) + t) % p.S;
   const int wpg = gs * BITS / 32; // packed words of one group (<= 32)
   if (int(lane) < wpg) {
     const int lo = 32 * lane; // this word holds bits [lo, lo + 32) of the group
@@ -153,10 +168,6 @@ template <typename T, int BITS>
       word |= bit >= lo ? (c << (bit - lo)) : (c >> (lo - bit));
     }
     packed[row * p.W + g * wpg + lane] = word;
-  }
-  if (lane == 0) {
-    scales[row * p.G + g] = mlxq_from_float<T>(scale);
-    biases[row * p.G + g] = mlxq_from_float<T>(bias);
   }
 }
 

@@ -132,6 +132,77 @@ def test_quantized_ring_update_in_place_when_donated():
     np.testing.assert_array_equal(np.array(buf[0][:, :, 3:4]), np.array(ref[0]))
 
 
+def test_quantized_ring_update_copy_leaves_caller_arrays_unchanged():
+    # Buffers still referenced by the caller are not donated: the outputs are
+    # copies and the caller's three arrays keep their contents.
+    buf = mx.quantize(mx.random.normal((1, 2, 6, 64)), group_size=32, bits=4)
+    mx.eval(buf)
+    before = [np_of(a).copy() for a in buf]
+    x = mx.random.normal((1, 2, 2, 64))
+    out = mlxq.quantized_ring_update(buf, x, 5, group_size=32, bits=4)
+    mx.eval(out)
+    for a, old in zip(buf, before):
+        np.testing.assert_array_equal(np_of(a), old)
+    ref = mx.quantize(x, group_size=32, bits=4)
+    for got, want in zip(out, ref):
+        np.testing.assert_array_equal(np_of(got)[:, :, [5, 0]], np_of(want))
+
+
+def test_quantized_ring_update_parts_are_separate_primitives():
+    """Each of the three outputs comes from its own single-output primitive
+    (a multi-output one keeps its inputs and siblings referenced under MLX's
+    GPU eval, so nothing could be donated): evaluating one part computes only
+    that part, and the others can be evaluated later, or never."""
+    B, H, S, D = 1, 8, 16384, 128
+    buf = mx.quantize(mx.random.normal((B, H, S, D)), group_size=64, bits=8)
+    x = mx.random.normal((B, H, 2, D))
+    mx.eval(buf, x)
+    before = [np_of(a).copy() for a in buf]
+    ref = [np_of(a) for a in mx.quantize(x, group_size=64, bits=8)]
+    rows = ring_rows(S, S - 1, 2)
+    out = mlxq.quantized_ring_update(buf, x, S - 1, group_size=64, bits=8)
+    # buf is still referenced, so the part evaluated is copied: only the
+    # scales (1 MiB), not the 16 MiB of codes a sibling would bring along.
+    mx.synchronize()
+    mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    mx.eval(out[1])
+    assert mx.get_peak_memory() - base < 4 << 20
+    np.testing.assert_array_equal(np_of(out[1])[:, :, rows], ref[1])
+    for part in (2, 0):
+        mx.eval(out[part])
+        got = np_of(out[part])
+        np.testing.assert_array_equal(got[:, :, rows], ref[part])
+        keep = np.ones(S, bool)
+        keep[rows] = False
+        np.testing.assert_array_equal(got[:, :, keep], before[part][:, :, keep])
+    # One part alone, the other two never evaluated.
+    only = mlxq.quantized_ring_update(buf, x, 3, group_size=64, bits=8)[2]
+    mx.eval(only)
+    np.testing.assert_array_equal(np_of(only)[:, :, 3:5], ref[2])
+
+
+def test_quantized_ring_update_parts_not_merged_by_compile():
+    # The same array passed as scales and biases: the scales and biases
+    # primitives then have identical inputs, and only their part tells them
+    # apart (is_equivalent), so compile must not merge them. (Compile never
+    # merges the function's outputs, hence the * 1.)
+    def step(packed, params, row, pos):
+        out = mlxq.quantized_ring_update((packed, params, params), row, pos, group_size=32, bits=4)
+        return out[0], out[1] * 1, out[2] * 1
+
+    packed = mx.zeros((1, 1, 4, 4), mx.uint32)
+    params = mx.zeros((1, 1, 4, 1))
+    row = mx.random.normal((1, 1, 1, 32)) + 3.0
+    ref = mx.quantize(row, group_size=32, bits=4)
+    assert not np.array_equal(np.array(ref[1]), np.array(ref[2]))
+    for fn in (step, mx.compile(step)):
+        out = fn(packed, params, row, mx.array(2, dtype=mx.int32))
+        mx.eval(out)
+        for got, want in zip(out, ref):
+            np.testing.assert_array_equal(np.array(got[:, :, 2:3]), np.array(want))
+
+
 def test_quantized_ring_update_compiled_step_does_not_retrace():
     traces = []
 

@@ -69,18 +69,20 @@ int ring_start(const mx::array& pos, int S) {
   return static_cast<int>(((p % S) + S) % S);
 }
 
+// Quantizes the T update rows and writes one part of them (codes, scales or
+// biases) into ring rows (start + t) mod S of `out`.
 template <typename Scalar>
 void quantize_rows(
     const mx::array& update,
-    mx::array& packed,
-    mx::array& scales,
-    mx::array& biases,
+    mx::array& out,
+    QuantizedRingUpdate::Part part,
     int start,
     int group_size,
     int bits) {
+  using Part = QuantizedRingUpdate::Part;
   const int B = update.shape(0), H = update.shape(1), T = update.shape(2);
-  const int D = update.shape(3), S = packed.shape(2);
-  const int W = packed.shape(3), G = scales.shape(3);
+  const int D = update.shape(3), S = out.shape(2);
+  const int W = D * bits / 32, G = D / group_size;
   std::vector<float> row(D);
   std::vector<Scalar> raw(D);
   for (int b = 0; b < B; ++b) {
@@ -92,19 +94,31 @@ void quantize_rows(
           row[i] = static_cast<float>(raw[i]);
         }
         const int64_t r = (int64_t(b) * H + h) * S + (start + t) % S;
-        uint32_t* words = packed.data<uint32_t>() + r * W;
-        Scalar* sc = scales.data<Scalar>() + r * G;
-        Scalar* bi = biases.data<Scalar>() + r * G;
-        std::memset(words, 0, sizeof(uint32_t) * W);
+        uint32_t* words = nullptr;
+        Scalar* params = nullptr; // scales or biases
+        if (part == Part::Codes) {
+          words = out.data<uint32_t>() + r * W;
+          std::memset(words, 0, sizeof(uint32_t) * W);
+        } else {
+          params = out.data<Scalar>() + r * G;
+        }
         for (int g = 0; g < G; ++g) {
           const float* w = row.data() + g * group_size;
           const auto q = cpu::affine_group_params(w, group_size, bits);
-          for (int j = 0; j < group_size; ++j) {
-            cpu::put_code(words, g * group_size + j, bits,
-                          cpu::affine_code(w[j], q, bits));
+          switch (part) {
+            case Part::Codes:
+              for (int j = 0; j < group_size; ++j) {
+                cpu::put_code(words, g * group_size + j, bits,
+                              cpu::affine_code(w[j], q, bits));
+              }
+              break;
+            case Part::Scales:
+              params[g] = static_cast<Scalar>(q.scale);
+              break;
+            case Part::Biases:
+              params[g] = static_cast<Scalar>(q.bias);
+              break;
           }
-          sc[g] = static_cast<Scalar>(q.scale);
-          bi[g] = static_cast<Scalar>(q.bias);
         }
       }
     }
@@ -145,38 +159,31 @@ void RingUpdate::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
 
 void QuantizedRingUpdate::eval_cpu(
     const std::vector<mx::array>& inputs,
-    std::vector<mx::array>& outputs) {
-  detail::release_sibling_inputs(inputs, outputs);
-  bool copy[3];
-  for (int i = 0; i < 3; ++i) {
-    copy[i] = take_or_allocate(inputs[i], outputs[i]);
-  }
+    mx::array& out) {
+  const auto& buffer = inputs[0];
+  const auto& update = inputs[1];
+  const auto& pos = inputs[2];
+  const bool copy = take_or_allocate(buffer, out);
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) {
     enc.set_input_array(a);
   }
-  for (auto& o : outputs) {
-    enc.set_output_array(o);
-  }
-  enc.dispatch([in = inputs,
-                packed = mx::array::unsafe_weak_copy(outputs[0]),
-                scales = mx::array::unsafe_weak_copy(outputs[1]),
-                biases = mx::array::unsafe_weak_copy(outputs[2]),
-                c0 = copy[0], c1 = copy[1], c2 = copy[2],
-                gs = group_size_, bits = bits_]() mutable {
-    if (c0) copy_all(in[0], packed.data<char>());
-    if (c1) copy_all(in[1], scales.data<char>());
-    if (c2) copy_all(in[2], biases.data<char>());
-    const int start = ring_start(in[4], packed.shape(2));
-    switch (in[3].dtype()) {
+  enc.set_output_array(out);
+  enc.dispatch([buffer, update, pos, out = mx::array::unsafe_weak_copy(out), copy,
+                part = part_, gs = group_size_, bits = bits_]() mutable {
+    if (copy) {
+      copy_all(buffer, out.data<char>());
+    }
+    const int start = ring_start(pos, out.shape(2));
+    switch (update.dtype()) {
       case mx::float16:
-        quantize_rows<mx::float16_t>(in[3], packed, scales, biases, start, gs, bits);
+        quantize_rows<mx::float16_t>(update, out, part, start, gs, bits);
         break;
       case mx::bfloat16:
-        quantize_rows<mx::bfloat16_t>(in[3], packed, scales, biases, start, gs, bits);
+        quantize_rows<mx::bfloat16_t>(update, out, part, start, gs, bits);
         break;
       default:
-        quantize_rows<float>(in[3], packed, scales, biases, start, gs, bits);
+        quantize_rows<float>(update, out, part, start, gs, bits);
         break;
     }
   });

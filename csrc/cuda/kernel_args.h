@@ -75,12 +75,11 @@ struct CopyArgs {
 
 struct QuantRingArgs {
   const void* src; // update [B, H, T, D] (strided), dtype = scales dtype
-  uint32_t* packed; // [B, H, S, W]
-  void* scales; // [B, H, S, G]
-  void* biases;
+  void* dst; // the part written: packed uint32 [B, H, S, W] or scales/biases [B, H, S, G]
   const int32_t* pos;
   int64_t src_st[4];
   int B, H, T, S, D, W, G, gs, bits, dtype;
+  int part; // 0 codes, 1 scales, 2 biases (QuantizedRingUpdate::Part)
 };
 
 struct FillArgs {

@@ -64,39 +64,33 @@ void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) 
 
 void QuantizedRingUpdate::eval_gpu(
     const std::vector<mx::array>& inputs,
-    std::vector<mx::array>& outputs) {
-  detail::release_sibling_inputs(inputs, outputs);
+    mx::array& out) {
   auto& enc = mx::cu::get_command_encoder(stream());
-  for (int i = 0; i < 3; ++i) {
-    take_or_copy(inputs[i], outputs[i], enc);
-  }
-  const auto& update = inputs[3];
+  const auto& buffer = inputs[0];
+  const auto& update = inputs[1];
+  const auto& pos = inputs[2];
+  take_or_copy(buffer, out, enc);
   QuantRingArgs q{};
   q.src = mx::gpu_ptr<void>(update);
-  q.packed = mx::gpu_ptr<uint32_t>(outputs[0]);
-  q.scales = mx::gpu_ptr<void>(outputs[1]);
-  q.biases = mx::gpu_ptr<void>(outputs[2]);
-  q.pos = mx::gpu_ptr<int32_t>(inputs[4]);
+  q.dst = mx::gpu_ptr<void>(out);
+  q.pos = mx::gpu_ptr<int32_t>(pos);
   copy_strides(update, q.src_st);
   q.B = update.shape(0);
   q.H = update.shape(1);
   q.T = update.shape(2);
   q.D = update.shape(3);
-  q.S = outputs[0].shape(2);
-  q.W = outputs[0].shape(3);
-  q.G = outputs[1].shape(3);
+  q.S = out.shape(2);
+  q.W = q.D * bits_ / 32;
+  q.G = q.D / group_size_;
   q.gs = group_size_;
   q.bits = bits_;
   q.dtype = dtype_code(update.dtype());
+  q.part = static_cast<int>(part_);
   if (q.B * q.H * q.T == 0) {
     return;
   }
-  for (const auto& a : inputs) {
-    enc.set_input_array(a);
-  }
   launch(enc, quant_ring_kernel(bits_, group_size_), dim3(q.B * q.H * q.T),
-         dim3(kRowThreads), 0, q, {&outputs[0], &outputs[1], &outputs[2]},
-         {&outputs[0], &outputs[1], &outputs[2]});
+         dim3(kRowThreads), 0, q, {&buffer, &update, &pos, &out}, {&out});
 }
 
 } // namespace mlxq

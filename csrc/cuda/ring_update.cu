@@ -4,7 +4,9 @@
 // (possibly strided) update into row (pos + t) mod S of the buffer.
 // copy_kernel: the whole-buffer copy used when the buffer cannot be donated.
 // quant_ring_kernel: one block per written row, one warp per quantization
-// group (looping), reproducing MLX's CUDA affine quantize exactly: the group
+// group (looping); it writes one part of the quantized rows (a.part: codes,
+// scales or biases -- one launch per QuantizedRingUpdate part), reproducing
+// MLX's CUDA affine quantize exactly: the group
 // max starts at 0 and the min at FLT_MAX, scale = max((max - min) / n_bins,
 // 1e-7) signed towards the larger-magnitude edge, the edge snapped to a
 // whole code, round() (half away from zero) for every code.
@@ -91,12 +93,19 @@ __global__ void quant_ring_kernel_impl(QuantRingArgs a) {
     const bool at_zero = q0 == 0.0f;
     scale = at_zero ? scale : edge / q0;
     const float bias = at_zero ? 0.0f : edge;
+    if (a.part != 0) { // scales (1) or biases (2): one value per group
+      if (lane == 0) {
+        store_float(a.dst, dst_row * a.G + g, a.dtype, a.part == 1 ? scale : bias);
+      }
+      continue; // a.part is uniform: the whole warp moves on
+    }
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
       const float c = fminf(fmaxf(roundf((w[k] - bias) / scale), 0.0f), n_bins);
       codes[warp][lane * kPerLane + k] = static_cast<uint8_t>(c);
     }
     __syncwarp();
+    uint32_t* packed = static_cast<uint32_t*>(a.dst);
     for (int wi = lane; wi < kWordsPerGroup; wi += 32) {
       uint32_t word = 0;
       const int first = (wi * 32) / BITS, last = (wi * 32 + 31) / BITS;
@@ -105,11 +114,7 @@ __global__ void quant_ring_kernel_impl(QuantRingArgs a) {
         const uint32_t c = codes[warp][e];
         word |= shift >= 0 ? (c << shift) : (c >> -shift);
       }
-      a.packed[dst_row * a.W + g * kWordsPerGroup + wi] = word;
-    }
-    if (lane == 0) {
-      store_float(a.scales, dst_row * a.G + g, a.dtype, scale);
-      store_float(a.biases, dst_row * a.G + g, a.dtype, bias);
+      packed[dst_row * a.W + g * kWordsPerGroup + wi] = word;
     }
     __syncwarp();
   }

@@ -167,7 +167,7 @@ RingPlan plan_ring_update(
 
 RingPlan plan_quantized_ring_update(
     int B, int H, int S, int T, int D, int group_size, int bits, int dtype,
-    const int64_t upd_strides[4]) {
+    int part, const int64_t upd_strides[4]) {
   RingPlan plan;
   plan.kernel = std::string("mlxq_quantized_ring_update_") + dtype_tag(dtype) +
       "_b" + std::to_string(bits);
@@ -181,6 +181,7 @@ RingPlan plan_quantized_ring_update(
   p.bits = bits;
   p.W = D * bits / 32;
   p.G = G;
+  p.part = part;
   return plan;
 }
 

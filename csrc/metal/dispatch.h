@@ -25,7 +25,8 @@ constexpr int kMergePartialO = 0, kMergePartialML = 1, kMergeSinks = 2,
               kMergeOut = 3, kMergeParams = 4;
 // mlxq_ring_update_*
 constexpr int kRingUpdate = 0, kRingPos = 1, kRingOut = 2, kRingParams = 3;
-// mlxq_quantized_ring_update_*
+// mlxq_quantized_ring_update_* (one dispatch writes one part: its array is
+// bound to that part's slot, and to the two others, which it leaves alone)
 constexpr int kQRingUpdate = 0, kQRingPos = 1, kQRingPacked = 2,
               kQRingScales = 3, kQRingBiases = 4, kQRingParams = 5;
 // mlxq_copy4d_*
@@ -108,10 +109,11 @@ RingPlan plan_ring_update(
     int B, int H, int S, int T, int D, int itemsize,
     const int64_t upd_strides[4]);
 
-// Update [B, H, T, D] in `dtype` (MLXQ_DT_*), quantized into rows of S.
+// Update [B, H, T, D] in `dtype` (MLXQ_DT_*), quantized into rows of S;
+// `part` (MLXQ_PART_*) is the array of the triple this dispatch writes.
 RingPlan plan_quantized_ring_update(
     int B, int H, int S, int T, int D, int group_size, int bits, int dtype,
-    const int64_t upd_strides[4]);
+    int part, const int64_t upd_strides[4]);
 
 // A strided [s0, s1, s2, s3] array of `itemsize`-byte elements into a
 // row-contiguous one.

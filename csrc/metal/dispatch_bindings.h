@@ -152,9 +152,11 @@ inline nb::dict quantized_ring(const nb::dict& d) {
   const RingPlan plan = plan_quantized_ring_update(
       get<int>(d, "B", 1), get<int>(d, "H", 1), get<int>(d, "S", 1),
       get<int>(d, "T", 1), get<int>(d, "D", 32), get<int>(d, "group_size", 64),
-      get<int>(d, "bits", 4), get<int>(d, "dtype", MLXQ_DT_F32), st);
+      get<int>(d, "bits", 4), get<int>(d, "dtype", MLXQ_DT_F32),
+      get<int>(d, "part", MLXQ_PART_CODES), st);
   nb::dict r = elementwise(plan);
   r["params"] = raw(plan.params);
+  r["part"] = plan.params.part;
   nb::dict s;
   s["update"] = slots::kQRingUpdate;
   s["pos"] = slots::kQRingPos;

@@ -63,29 +63,20 @@ void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) 
 
 void QuantizedRingUpdate::eval_gpu(
     const std::vector<mx::array>& inputs,
-    std::vector<mx::array>& outputs) {
-  // make_arrays gives each output its own copy of the input list, so no
-  // input would look donatable; only the list evaluated now matters (MLX
-  // detaches the outputs right after), as in the CPU implementation.
-  for (auto& o : outputs) {
-    if (&o.inputs() != &inputs) {
-      o.inputs().clear();
-    }
-  }
+    mx::array& out) {
   auto& s = stream();
   auto& d = mx::metal::device(s.device);
-  for (int i = 0; i < 3; ++i) {
-    take_or_copy(inputs[i], outputs[i], s);
-  }
-  const mx::array& update = inputs[3];
-  const mx::array& pos = inputs[4];
-  const mx::array& packed = outputs[0];
+  const mx::array& buffer = inputs[0];
+  const mx::array& update = inputs[1];
+  const mx::array& pos = inputs[2];
+  take_or_copy(buffer, out, s);
 
   int64_t st[4];
   strides4(update, st);
   const md::RingPlan plan = md::plan_quantized_ring_update(
-      packed.shape(0), packed.shape(1), packed.shape(2), update.shape(2),
-      update.shape(3), group_size_, bits_, mh::dtype_code(update.dtype()), st);
+      out.shape(0), out.shape(1), out.shape(2), update.shape(2),
+      update.shape(3), group_size_, bits_, mh::dtype_code(update.dtype()),
+      static_cast<int>(part_), st);
   if (plan.grid.empty()) {
     return;
   }
@@ -93,9 +84,11 @@ void QuantizedRingUpdate::eval_gpu(
   enc.set_compute_pipeline_state(mh::kernel(d, plan.kernel));
   enc.set_input_array(update, md::slots::kQRingUpdate);
   enc.set_input_array(pos, md::slots::kQRingPos);
-  enc.set_output_array(outputs[0], md::slots::kQRingPacked);
-  enc.set_output_array(outputs[1], md::slots::kQRingScales);
-  enc.set_output_array(outputs[2], md::slots::kQRingBiases);
+  // The kernel writes only this part's slot; the same array fills the other
+  // two so that every buffer argument is bound.
+  enc.set_output_array(out, md::slots::kQRingPacked);
+  enc.set_output_array(out, md::slots::kQRingScales);
+  enc.set_output_array(out, md::slots::kQRingBiases);
   enc.set_bytes(plan.params, md::slots::kQRingParams);
   mh::dispatch(enc, plan.grid, plan.group, plan.grid_is_threads);
 }

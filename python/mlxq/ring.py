@@ -51,8 +51,8 @@ def quantized_ring_update(
 
     Each new row is quantized exactly as ``mx.quantize(update, group_size,
     bits)`` does on this backend (bit-identical codes, scales and biases), and
-    written at sequence row ``(pos + t) % S`` of all three arrays, in one
-    primitive.
+    written at sequence row ``(pos + t) % S`` of all three arrays, each by
+    its own single-output primitive (so that each array can be donated).
 
     Args:
         buffer (tuple(array, array, array)): ``(packed, scales, biases)`` of

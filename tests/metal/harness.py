@@ -146,16 +146,40 @@ def run_ring_update(emu, buffer, update, pos, *, check=True):
     return plan
 
 
-def run_quantized_ring_update(emu, triple, update, pos, *, group_size, bits, tag, check=True):
-    packed, scales, biases = triple
-    B, H, S, _ = packed.shape
+PARTS = ("packed", "scales", "biases")  # QuantizedRingUpdate's part 0, 1, 2
+
+
+def run_quantized_ring_update_part(emu, part, out, update, pos, *, group_size, bits, tag, others=None,
+                                   check=True):
+    """One QuantizedRingUpdate primitive: writes part `part` (0 codes, 1
+    scales, 2 biases) of the new rows into `out`, the row-contiguous array of
+    that part (updated in place). As the host code does, `out` is bound to
+    all three array slots unless `others` ({slot name: array}) gives other
+    arrays for the slots that are not the part's. Returns the plan."""
+    B, H, S, _ = out.shape
     T, D = update.shape[2], update.shape[3]
     ub, us, _ = Buffer.of_view(update)
     plan = mlxq._ext._metal_plan_quantized_ring_update(dict(
-        B=B, H=H, S=S, T=T, D=D, group_size=group_size, bits=bits, dtype=DT[tag], update_strides=us))
-    bufs = {"update": ub, "pos": np.array([pos], np.int32), "packed": packed, "scales": scales,
-            "biases": biases}
+        B=B, H=H, S=S, T=T, D=D, group_size=group_size, bits=bits, dtype=DT[tag], part=part,
+        update_strides=us))
+    assert plan["part"] == part
+    bufs = {"update": ub, "pos": np.array([pos], np.int32)}
+    for i, name in enumerate(PARTS):
+        bufs[name] = out if i == part or others is None else others[name]
     _dispatch(emu, plan, bufs, check)
+    return plan
+
+
+def run_quantized_ring_update(emu, triple, update, pos, *, group_size, bits, tag, check=True):
+    """quantized_ring_update: one dispatch per part, as its three primitives
+    run, each writing its own array of `triple` in place. Returns the plans
+    (the last one's kernel name, ok and diagnostics at the top level)."""
+    plans = [run_quantized_ring_update_part(emu, part, triple[part], update, pos, group_size=group_size,
+                                            bits=bits, tag=tag, check=check) for part in range(3)]
+    plan = dict(plans[-1])
+    plan["ok"] = all(p["ok"] for p in plans)
+    plan["diagnostics"] = "".join(p["diagnostics"] for p in plans)
+    plan["parts"] = plans
     return plan
 
 

@@ -2,6 +2,7 @@
 host code will ask of a real GPU, for shapes too large to emulate."""
 
 import itertools
+import struct
 
 import pytest
 
@@ -71,7 +72,6 @@ def test_sixteen_byte_loads_need_alignment():
 
 
 def test_argument_block_layout():
-    import struct
     p = plan(B=3, Hq=12, Hkv=4, L=5, N=77, Dk=96, Dv=64, bits=3, group_size=32, scale=0.25,
              q_strides=(1, 2, 3, 4), has_sinks=True, mask_kind=2, mask_strides=(5, 6, 7, 8), sinks_stride=2)
     raw = p["params"]
@@ -93,6 +93,12 @@ def test_ring_plans():
                                                          dtype=2))
     assert q["kernel"] == "mlxq_quantized_ring_update_bf16_b6" and not q["grid_is_threads"]
     assert q["grid"] == (4, 1, 16) and q["group"] == (32, 1, 1)
+    assert q["part"] == 0 and struct.unpack_from("<i", q["params"], 4 * 8 + 9 * 4) == (0,)
+    for part in (1, 2):  # the part is the argument block's last word; the dispatch is the same
+        qp = mlxq._ext._metal_plan_quantized_ring_update(dict(B=2, H=8, S=4096, T=1, D=256, group_size=64,
+                                                              bits=6, dtype=2, part=part))
+        assert qp["part"] == part and struct.unpack_from("<i", qp["params"], 4 * 8 + 9 * 4) == (part,)
+        assert (qp["kernel"], qp["grid"], qp["group"]) == (q["kernel"], q["grid"], q["group"])
     c = mlxq._ext._metal_plan_copy4d(dict(shape=(2, 3, 5, 7), strides=(1, 1, 1, 1), itemsize=8))
     assert c["kernel"] == "mlxq_copy4d_u64" and c["grid"] == (7, 5, 6)
 

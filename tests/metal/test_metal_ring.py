@@ -11,7 +11,8 @@ mx.quantize on the CPU wherever the two MLX backends agree.
 import numpy as np
 import pytest
 
-from harness import DT, in_buffer, run_copy4d, run_quantized_ring_update, run_ring_update
+from harness import DT, PARTS, in_buffer, poisoned, run_copy4d, run_quantized_ring_update, \
+    run_quantized_ring_update_part, run_ring_update
 from mlx_oracle import BITS, GROUP_SIZES, build_oracle, cpu_quantize_differs, metal_quantize_model, \
     mlx_metal_quantize
 
@@ -162,3 +163,31 @@ def test_empty_update_dispatches_nothing():
     assert 0 in plan["grid"]
     plan = mlxq._ext._metal_plan_quantized_ring_update(dict(B=1, H=2, S=8, T=0, D=64, group_size=64, bits=4))
     assert 0 in plan["grid"]
+
+
+@pytest.mark.parametrize("tag", ["f32", "bf16"])
+@pytest.mark.parametrize("bits", [3, 4, 8])
+@pytest.mark.parametrize("part", [0, 1, 2])
+def test_quantized_ring_update_part_writes_only_its_array(emu, oracle, rng, tag, bits, part):
+    """Each QuantizedRingUpdate primitive owns one array of the triple: a
+    part-k dispatch writes its rows of that array and nothing else, even with
+    distinct (poisoned) arrays bound in the other two slots."""
+    B, H, S, D, T, pos, gs = 2, 2, 6, 128, 3, 4, 64
+    x = quantizer_rows(rng, (B, H, T, D), gs, tag)
+    shapes = [(B, H, S, D * bits // 32), (B, H, S, D // gs), (B, H, S, D // gs)]
+    own = random_storage(rng, shapes[part], tag) if part else \
+        rng.integers(0, 2**32, shapes[0], dtype=np.uint64).astype(np.uint32)
+    before = own.copy()
+    others = {name: (np.full(shapes[i], 0xFFFFFFFF, np.uint32) if i == 0 else poisoned(shapes[i], tag))
+              for i, name in enumerate(PARTS) if i != part}
+    untouched = {name: a.copy() for name, a in others.items()}
+    plan = run_quantized_ring_update_part(emu, part, own, x, pos, group_size=gs, bits=bits, tag=tag,
+                                          others=others)
+    assert plan["kernel"] == f"mlxq_quantized_ring_update_{tag}_b{bits}"
+    for name, a in others.items():
+        assert a.tobytes() == untouched[name].tobytes(), f"part {part} wrote {name}"
+    rows = ring_rows(S, pos, T)
+    kept = [r for r in range(S) if r not in rows]
+    want = mlx_metal_quantize(oracle, x, gs, bits, tag)[part]
+    np.testing.assert_array_equal(own[:, :, rows], want)
+    np.testing.assert_array_equal(own[:, :, kept], before[:, :, kept])
