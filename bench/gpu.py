@@ -143,7 +143,7 @@ def prefill(args, comp):
             ("mlxq MiB", "mlxq_mib", "{:.0f}"), ("fast bf16 ms", "fast_ms", "{:.3f}"),
             ("fast MiB", "fast_mib", "{:.0f}"), ("comp ms", "comp_ms", "{:.3f}"),
             ("comp MiB", "comp_mib", "{:.0f}"), ("x fast", "x_fast", "{:.2f}"),
-            ("x comp", "x_comp", "{:.1f}")]
+            ("x comp", "x_comp", "{:.1f}"), ("mlxq TFLOP/s", "tflops", "{:.0f}")]
     table, rows = common.Table(cols), []
     table.header()
     Hq, Hkv, D, bits = 32, 8, 128, 4
@@ -167,6 +167,8 @@ def prefill(args, comp):
             r["comp_mib"] = peak_of(f_comp)
             r["x_comp"] = r["comp_ms"] / r["mlxq_ms"]
         r["x_fast"] = r["fast_ms"] / r["mlxq_ms"]
+        # Causal L = N: about half of the 4 * Hq * D * L * N flops of the two products.
+        r["tflops"] = 2 * Hq * D * L * (L + 1) / (r["mlxq_ms"] * 1e-3) / 1e12
         table.row(r)
         if "comp_skipped" in r:
             print(f"  composition skipped: {r['comp_skipped']}")

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import mlxq
-from helpers import assert_close, random_inputs
+from helpers import DTYPES, assert_close, random_inputs
 from reference64 import sdpa64
 
 BITS, GROUP_SIZE = 4, 64
@@ -185,17 +185,72 @@ def test_prefill_batch_and_per_head_window(rng):
     run_and_check(q, k, v, mask)
 
 
+# --- half precision, many rows (CUDA: the tensor-core tiled kernel) ----------------------
+
+# Every (head dim, group size) the tiled kernel has an instance for, each with
+# both query dtypes; bits cycle so that every width meets several shapes.
+TILED_SHAPES = [(64, 32), (64, 64), (128, 32), (128, 64), (128, 128), (256, 32), (256, 64),
+                (256, 128)]
+# (B, Hq, Hkv, L, offset, mask): ragged row tiles (rows = Hq / Hkv * L), GQA 1
+# to 8, key splits (few rows over many keys, with and without causal),
+# offsets, bool and additive masks.
+TILED_ROWS = [
+    (1, 8, 2, 40, 0, "causal"),
+    (2, 4, 4, 20, 77, None),
+    (1, 8, 1, 5, 3000, None),
+    (1, 6, 2, 33, 100, "window"),
+    (1, 8, 2, 70, 5, "additive"),
+    (1, 16, 2, 9, 1200, "causal"),
+]
+TILED_CASES = [
+    (D, gs, [2, 3, 4, 5, 6, 8][(2 * i + j) % 6], q_dtype, *TILED_ROWS[(i + 3 * j) % len(TILED_ROWS)],
+     (i + j) % 2 == 1, (i + j) % 3 == 0, ["bf16", "f16", "f32"][(i + 2 * j) % 3])
+    for i, (D, gs) in enumerate(TILED_SHAPES)
+    for j, q_dtype in enumerate(["bf16", "f16"])
+]
+
+
+def additive_mask(rng, L, N, dtype):
+    """Causal window as an additive mask: random finite biases where visible."""
+    vis = bool_mask("window", L, N)
+    bias = rng.normal(0.0, 0.5, vis.shape).astype(np.float32)
+    return mx.array(np.where(vis, bias, -np.inf)).astype(dtype)
+
+
+@pytest.mark.parametrize(
+    "D,group_size,bits,q_dtype,B,Hq,Hkv,L,offset,mask,with_sinks,strided,kv_dtype", TILED_CASES)
+def test_half_precision_many_rows(rng, D, group_size, bits, q_dtype, B, Hq, Hkv, L, offset,
+                                  mask, with_sinks, strided, kv_dtype):
+    N = L + offset
+    qd, kd = DTYPES[q_dtype], DTYPES[kv_dtype]
+    cap = capacity_for(N) if strided else N
+    q, k, v = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=cap, Dk=D, bits=bits,
+                            group_size=group_size, q_dtype=qd, kv_dtype=kd)
+    if strided:  # views of a larger buffer whose rows past N are NaN garbage
+        k, v = prefix_view(poison_rows(k, N), N), prefix_view(poison_rows(v, N), N)
+    if mask == "window":
+        mask = mx.array(bool_mask("window", L, N))
+    elif mask == "additive":
+        mask = additive_mask(rng, L, N, qd)
+    sinks = (mx.array(rng.normal(0.5, 1.5, Hq).astype(np.float32)) if with_sinks else None)
+    scale = D ** -0.5
+    out = mlxq.sdpa(q, k, v, scale=scale, mask=mask, sinks=sinks)
+    ref = sdpa64(q, k, v, scale=scale, mask=mask, sinks=sinks, group_size=group_size, bits=bits)
+    assert_close(out, ref, dtype=qd)
+
+
 # --- hidden keys are not read -----------------------------------------------------------
 
 @pytest.mark.parametrize("mask_kind", ["causal", "causal_bool"])
-@pytest.mark.parametrize("L,offset", [(300, 0), (300, 700), (2048, 0)])
-def test_causal_result_ignores_hidden_keys(rng, L, offset, mask_kind):
+@pytest.mark.parametrize("L,offset,q_dtype", [(300, 0, "f32"), (300, 700, "f32"), (2048, 0, "f32"),
+                                              (300, 0, "bf16"), (300, 700, "f16")])
+def test_causal_result_ignores_hidden_keys(rng, L, offset, q_dtype, mask_kind):
     """A causal call's result does not depend on the K/V rows the mask hides.
 
     K/V are views of a buffer whose rows past N are NaN garbage (never part of
     the view), and whose rows in [P, N) are also made NaN garbage after a clean
     run. Query l sees keys <= offset + l, so queries l < P - offset never see
-    them; those whose whole row tile (at most 64 rows: 16 queries at GQA 4)
+    them; those whose whole row tile (at most 128 rows: 32 queries at GQA 4)
     stays below P must come out finite and bit-identical to the clean run.
 
     With "causal" a row tile stops at its last row's limit, so those rows are
@@ -207,21 +262,22 @@ def test_causal_result_ignores_hidden_keys(rng, L, offset, mask_kind):
     N = L + offset
     Hq, Hkv, D = 8, 2, 64
     q, kbuf, vbuf = random_inputs(rng, Hq=Hq, Hkv=Hkv, L=L, N=capacity_for(N), Dk=D,
-                                  bits=BITS, group_size=GROUP_SIZE, kv_dtype=mx.bfloat16)
+                                  bits=BITS, group_size=GROUP_SIZE, q_dtype=DTYPES[q_dtype],
+                                  kv_dtype=mx.bfloat16)
     kbuf, vbuf = poison_rows(kbuf, N), poison_rows(vbuf, N)
     mask = make_mask(mask_kind, L, N)
     scale = D ** -0.5
     clean = mlxq.sdpa(q, prefix_view(kbuf, N), prefix_view(vbuf, N), scale=scale, mask=mask)
     ref = sdpa64(q, prefix_view(kbuf, N), prefix_view(vbuf, N), scale=scale, mask=mask,
                  group_size=GROUP_SIZE, bits=BITS)
-    clean = np.array(clean)
-    assert_close(mx.array(clean), ref)
+    clean = np.array(clean.astype(mx.float32))
+    assert_close(mx.array(clean).astype(q.dtype), ref)
 
     P = offset + L // 2  # first poisoned key
     k = prefix_view(poison_rows(kbuf, P), N)
     v = prefix_view(poison_rows(vbuf, P), N)
-    got = np.array(mlxq.sdpa(q, k, v, scale=scale, mask=mask))
-    safe = P - offset - 32  # queries whose row tile (<= 16 queries) lies wholly before key P
+    got = np.array(mlxq.sdpa(q, k, v, scale=scale, mask=mask).astype(mx.float32))
+    safe = P - offset - 32  # queries whose row tile (<= 32 queries) lies wholly before key P
     assert safe > 0
     assert np.isfinite(got[:, :, :safe]).all(), "a hidden key reached the output"
     assert np.array_equal(got[:, :, :safe], clean[:, :, :safe])

@@ -59,6 +59,19 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// The factor that turns a row's unnormalised output (weights relative to its
+// running max m, summing to lsum) into attention output, with an optional
+// sink logit in the denominator. A row that saw no key gets 0.
+__device__ inline float output_scale(float m, float lsum, const float* sink) {
+  if (sink) {
+    const float mm = fmaxf(m, *sink);
+    const float carried = m == -INFINITY ? 0.0f : expf(m - mm);
+    const float denom = lsum * carried + expf(*sink - mm);
+    return denom > 0.0f ? carried / denom : 0.0f;
+  }
+  return lsum > 0.0f ? 1.0f / lsum : 0.0f;
+}
+
 // Code i of a row of MLX-packed codes (one little-endian bit stream).
 template <int BITS>
 __device__ __forceinline__ uint32_t extract_code(const uint32_t* words, int i) {

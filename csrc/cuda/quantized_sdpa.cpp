@@ -1,6 +1,7 @@
 // eval_gpu of QuantizedSDPA on CUDA: picks the tensor-core decode kernel
-// (quantized_sdpa_mma.cuh) where it has an instance, else the generic one
-// (quantized_sdpa.cu), plans the grid, and merges the key splits.
+// (quantized_sdpa_mma.cuh) for a few query rows, the tensor-core tiled
+// kernel (quantized_sdpa_prefill.cu) for many, else the generic one
+// (quantized_sdpa.cu); plans the grid and merges the key splits.
 #include <cuda.h>
 
 #include <algorithm>
@@ -85,54 +86,80 @@ void merge(mx::cu::CommandEncoder& enc, const SdpaArgs& a, const Partials& parts
          dim3(kMergeThreads), 0, m, {&parts.o, &parts.ml, &out}, {&out});
 }
 
-// MLXQ_CUDA_MMA=0 forces the generic kernel (for comparisons).
+// MLXQ_CUDA_MMA=0 / MLXQ_CUDA_TC=0 turn the tensor-core decode / tiled
+// kernels off (for comparisons); MLXQ_CUDA_TC_WARPS=8 picks the tiled
+// kernel's 8-warp blocks (default 4).
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
 bool mma_allowed() {
-  static const bool on = [] {
-    const char* v = std::getenv("MLXQ_CUDA_MMA");
-    return !(v && v[0] == '0');
-  }();
+  static const bool on = env_int("MLXQ_CUDA_MMA", 1) != 0;
   return on;
+}
+
+bool tc_allowed() {
+  static const bool on = env_int("MLXQ_CUDA_TC", 1) != 0;
+  return on;
+}
+
+int tc_warps() {
+  static const int warps = env_int("MLXQ_CUDA_TC_WARPS", 4) == 8 ? 8 : 4;
+  return warps;
+}
+
+// Both tensor-core kernels index within one (batch, KV head) with 32-bit
+// offsets.
+bool head_fits_32bit(const SdpaArgs& a) {
+  auto fits = [&](const int64_t* st, int64_t unit) {
+    return (int64_t(a.N) * std::abs(st[2]) + int64_t(a.Dk) * std::abs(st[3])) * unit <
+        (int64_t(1) << 31);
+  };
+  return fits(a.kw_st, 4) && fits(a.vw_st, 4) && fits(a.ks_st, 1) && fits(a.kb_st, 1) &&
+      fits(a.vs_st, 1) && fits(a.vb_st, 1);
 }
 
 MmaKernel mma_kernel_for(const SdpaArgs& a) {
   const bool half_q = a.q_dtype == kF16 || a.q_dtype == kBF16;
   if (!mma_allowed() || !half_q || a.Dk != a.Dv || a.mask_kind == 2 || !a.vec_loads ||
-      a.N < 1) {
-    return {};
-  }
-  // The kernel indexes within one (batch, KV head) with 32-bit offsets.
-  auto fits = [&](const int64_t* st, int64_t unit) {
-    return (int64_t(a.N) * std::abs(st[2]) + int64_t(a.Dk) * std::abs(st[3])) * unit <
-        (int64_t(1) << 31);
-  };
-  if (!fits(a.kw_st, 4) || !fits(a.vw_st, 4) || !fits(a.ks_st, 1) || !fits(a.kb_st, 1) ||
-      !fits(a.vs_st, 1) || !fits(a.vb_st, 1)) {
+      a.N < 1 || !head_fits_32bit(a)) {
     return {};
   }
   const MmaKernel k = sdpa_mma_kernel(a.bits, a.Dk, a.gs, a.s_dtype, a.q_dtype);
   return a.rep * a.L <= k.max_rows ? k : MmaKernel{};
 }
 
-// Blocks of the kernel that fit on one SM (one wave: a second, partial wave
+// The tiled kernel for many query rows: f16/bf16 queries, Dk = Dv, packed
+// words with unit stride along the row.
+TcKernel tc_kernel_for(const SdpaArgs& a) {
+  const bool half_q = a.q_dtype == kF16 || a.q_dtype == kBF16;
+  if (!tc_allowed() || !half_q || a.Dk != a.Dv || a.rows <= kMaxTileRows || a.N < 1 ||
+      a.kw_st[3] != 1 || a.vw_st[3] != 1 || !head_fits_32bit(a)) {
+    return {};
+  }
+  return sdpa_tc_kernel(a.q_dtype, a.Dk, a.gs, tc_warps());
+}
+
+// Blocks of a kernel that fit on one SM (one wave: a second, partial wave
 // would leave most SMs idle while it runs). Sets the kernel's shared-memory
 // limit the first time; both are cached per kernel.
-int blocks_per_sm(const MmaKernel& k) {
+int blocks_per_sm(void* kernel, int threads, int smem) {
   static std::mutex mutex;
   static std::unordered_map<void*, int> cache;
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(k.fn);
+  auto it = cache.find(kernel);
   if (it != cache.end()) {
     return it->second;
   }
-  const auto fn = static_cast<CUfunction>(k.fn);
-  cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k.smem);
+  const auto fn = static_cast<CUfunction>(kernel);
+  cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
   int per_sm = 0;
-  if (cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kMmaWarps * 32, k.smem) !=
-          CUDA_SUCCESS ||
+  if (cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != CUDA_SUCCESS ||
       per_sm < 1) {
     per_sm = 1;
   }
-  cache.emplace(k.fn, per_sm);
+  cache.emplace(kernel, per_sm);
   return per_sm;
 }
 
@@ -140,7 +167,7 @@ int blocks_per_sm(const MmaKernel& k) {
 // splits of whole warp steps, enough blocks for a few per SM at any N.
 void eval_mma(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaArgs& a, mx::array& out) {
   const long units = long(a.B) * a.Hkv;
-  const long want = long(blocks_per_sm(k)) * sm_count();
+  const long want = long(blocks_per_sm(k.fn, kMmaWarps * 32, k.smem)) * sm_count();
   long splits = std::max(1L, (want + units - 1) / units);
   splits = std::min<long>(splits, (a.N + k.step_keys - 1) / k.step_keys);
   int keys = int((a.N + splits - 1) / splits);
@@ -152,6 +179,26 @@ void eval_mma(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaArgs& a, mx::
   Partials parts(a, enc);
   launch(enc, k.fn, dim3(a.splits, a.Hkv, a.B), dim3(kMmaWarps * 32), k.smem, a, {},
          {&parts.o, &parts.ml});
+  merge(enc, a, parts, out);
+}
+
+// The tiled path: row tiles of k.rows, keys split only while the row tiles
+// alone leave SMs idle (few rows over many keys).
+void eval_tc(mx::cu::CommandEncoder& enc, const TcKernel& k, SdpaArgs& a, mx::array& out) {
+  const long want = long(blocks_per_sm(k.fn, k.threads, k.smem)) * sm_count();
+  const auto p = plan_sdpa(a.B, a.Hkv, a.rep, a.L, a.N, k.rows, want, 8 * kTcKeys, kTcKeys);
+  a.row_tile = p.row_tile;
+  a.row_tiles = p.row_tiles;
+  a.splits = p.splits;
+  a.split_keys = p.split_keys;
+  const dim3 grid(a.splits, a.Hkv * a.row_tiles, a.B);
+  if (a.splits == 1) {
+    // `out` is read too: the kernel must run after the poisoning fill.
+    launch(enc, k.fn, grid, dim3(k.threads), k.smem, a, {&out}, {&out});
+    return;
+  }
+  Partials parts(a, enc);
+  launch(enc, k.fn, grid, dim3(k.threads), k.smem, a, {}, {&parts.o, &parts.ml});
   merge(enc, a, parts, out);
 }
 
@@ -212,6 +259,10 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   }
   if (const MmaKernel k = mma_kernel_for(a); k.fn) {
     eval_mma(enc, k, a, out);
+    return;
+  }
+  if (const TcKernel k = tc_kernel_for(a); k.fn) {
+    eval_tc(enc, k, a, out);
     return;
   }
   void* kernel = sdpa_kernel(a.bits);

@@ -77,19 +77,6 @@ __host__ __device__ inline int smem_floats(int Dk, int Dv, int bits, Smem* out, 
   return total;
 }
 
-// The factor that turns a row's unnormalised output (weights relative to its
-// running max m, summing to lsum) into attention output, with an optional
-// sink logit in the denominator. A row that saw no key gets 0.
-__device__ inline float output_scale(float m, float lsum, const float* sink) {
-  if (sink) {
-    const float mm = fmaxf(m, *sink);
-    const float carried = m == -INFINITY ? 0.0f : expf(m - mm);
-    const float denom = lsum * carried + expf(*sink - mm);
-    return denom > 0.0f ? carried / denom : 0.0f;
-  }
-  return lsum > 0.0f ? 1.0f / lsum : 0.0f;
-}
-
 __device__ inline int64_t off3(const int64_t* st, int64_t a, int64_t b, int64_t c) {
   return a * st[0] + b * st[1] + c * st[2];
 }

@@ -1,0 +1,553 @@
+// CUDA QuantizedSDPA, tensor-core tiled path: prefill and other many-row
+// calls (f16/bf16 queries, Dk = Dv in {64, 128, 256}, every bit width,
+// group size and mask kind, sinks).
+//
+// Why this shape: with many query rows per KV head the work is the two
+// matmuls, not the bytes, so each K/V tile is unpacked once into shared
+// memory for 64 (or 128) query rows and both products run on mma.sync.m16n8k16
+// (flash-attention style, f32 accumulators, online softmax in registers):
+//   * a block is 4 (or 8) warps x 16 query rows of one KV head (its query
+//     heads x positions) and walks the keys of one split in tiles of 32;
+//   * K is dequantized (scale * code + bias, in f32) to the query's dtype and
+//     S = Q . K^T runs in that dtype;
+//   * V stays as exact integer codes (bf16) and the scales go on the other
+//     operand: O += (P * scale_v) . codes per group, plus sum(P * bias_v).
+//     So a key whose weight is 0 adds exactly 0 even if its scales are not
+//     finite, and bf16 keeps f32's exponent range for P * scale. For f16
+//     queries P * scale is split in a high and a low bf16 term (two mmas),
+//     which keeps the value product near f16 precision;
+//   * the next tile's packed words are copied to shared memory (cp.async)
+//     and its scales loaded into registers while this tile computes;
+//   * a causal row tile stops at its last row's limit (hidden tiles are
+//     never read); masks are applied per score only on tiles that need it.
+// Grid: (splits, row tiles x Hkv, B), heavier (later) causal row tiles first.
+// One split writes the output; several (few rows, long N) write partials for
+// merge_kernel.
+#include <climits>
+
+#include "cuda/device_utils.cuh"
+
+namespace mlxq::cuda {
+
+namespace {
+
+constexpr int kKeys = kTcKeys;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d += a . b on m16n8k16 tiles, T = __half or __nv_bfloat16 operands.
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float x, float y) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 v = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// x - bf16(x) for a pair packed by pack2<bf16>: the low term of a split.
+__device__ __forceinline__ uint32_t bf16_rest(float x, float y, uint32_t hi) {
+  const __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&hi);
+  const float2 f = __bfloat1622float2(h);
+  return pack2<__nv_bfloat16>(x - f.x, y - f.y);
+}
+
+// Code j of 8 consecutive codes (bits [8 * BITS) of w1:w0 from `shift`) as
+// an exact float: OR-ing it into the mantissa of 2^23 and subtracting.
+template <int BITS>
+__device__ __forceinline__ void unpack8(uint32_t w0, uint32_t w1, int shift, float (&c)[8]) {
+  const uint64_t v = ((uint64_t(w1) << 32) | w0) >> shift;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t code = uint32_t(v >> (j * BITS)) & ((1u << BITS) - 1u);
+    c[j] = __uint_as_float(0x4B000000u | code) - 8388608.0f;
+  }
+}
+
+// Asynchronous global -> shared copies (no registers held while in flight).
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* dst, const void* src) {
+  if constexpr (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
+  }
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
+}
+
+// This thread's scales and biases of one tile, fetched a tile ahead.
+template <int D, int GS, int THREADS>
+struct Scales {
+  static constexpr int kChunks = kKeys * (D / 8) / THREADS; // 8-code chunks of K (and V)
+  static constexpr int kV = (kKeys * (D / GS) + THREADS - 1) / THREADS; // V (key, group)s
+  float ks[kChunks], kb[kChunks];
+  float vs[kV], vb[kV];
+};
+
+template <typename T, int D, int GS, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kernel(SdpaArgs a) {
+  constexpr int kThreads = 32 * WARPS;
+  constexpr int kRows = 16 * WARPS;
+  constexpr int kStride = D + 8; // smem row (elements): conflict-free ldmatrix
+  constexpr int kCPR = D / 8; // chunks per row
+  constexpr int kG = D / GS;
+  constexpr int kNT = D / 8; // n-tiles of the output
+  constexpr bool kTwoTerms = std::is_same_v<T, __half>;
+  using ScalesT = Scales<D, GS, kThreads>;
+  static_assert(kKeys * kCPR % kThreads == 0, "tile layout");
+
+  extern __shared__ float4 smem4[];
+  uint16_t* qs = reinterpret_cast<uint16_t*>(smem4); // [kRows][kStride], T
+  uint16_t* ks = qs + kRows * kStride; // [kKeys][kStride], T (dequantized)
+  uint16_t* vs = ks + kKeys * kStride; // [kKeys][kStride], bf16 codes
+  float* vsc = reinterpret_cast<float*>(vs + kKeys * kStride); // [kKeys][kG]
+  float* vbi = vsc + kKeys * kG;
+  uint32_t* kraw = reinterpret_cast<uint32_t*>(vbi + kKeys * kG); // [kKeys][W]
+  uint32_t* vraw = kraw + kKeys * D / 4;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g8 = lane >> 2, t4 = lane & 3;
+  const int split = blockIdx.x;
+  const int tile = a.row_tiles - 1 - blockIdx.y / a.Hkv;
+  const int kvh = blockIdx.y % a.Hkv, b = blockIdx.z;
+  const int r0 = tile * a.row_tile;
+  const int R = min(a.row_tile, a.rows - r0);
+  const int shift = a.N - a.L; // causal: position l sees keys <= l + shift
+  const int n0 = split * a.split_keys;
+  int n1 = min(a.N, n0 + a.split_keys);
+  if (a.mask_kind == 1) {
+    n1 = min(n1, (r0 + R - 1) / a.rep + shift + 1);
+  }
+
+  for (int i = threadIdx.x; i < kRows * D; i += kThreads) {
+    const int r = i / D, d = i % D;
+    uint16_t v = 0;
+    if (r < R) {
+      const int rr = r0 + r, l = rr / a.rep, h = kvh * a.rep + rr % a.rep;
+      v = static_cast<const uint16_t*>(a.q)[b * a.q_st[0] + h * a.q_st[1] + l * a.q_st[2] +
+                                             d * a.q_st[3]];
+    }
+    qs[r * kStride + d] = v;
+  }
+
+  // This thread's rows (tile-local): ra = 16 warp + g8 and rb = ra + 8.
+  const int wr0 = 16 * warp;
+  const bool warp_live = wr0 < R;
+  int lim[2], lpos[2], head[2];
+  bool live[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = wr0 + g8 + 8 * h;
+    live[h] = r < R;
+    const int rr = r0 + (live[h] ? r : 0);
+    lpos[h] = rr / a.rep;
+    head[h] = kvh * a.rep + rr % a.rep;
+    lim[h] = a.mask_kind == 1 ? lpos[h] + shift : INT_MAX;
+  }
+  const int warp_first_lim = (r0 + wr0) / a.rep + shift;
+  const float scale2 = a.scale * kLog2e;
+
+  const uint32_t* kw0 = a.kw + b * a.kw_st[0] + kvh * a.kw_st[1];
+  const uint32_t* vw0 = a.vw + b * a.vw_st[0] + kvh * a.vw_st[1];
+  const int64_t ks0 = b * a.ks_st[0] + kvh * a.ks_st[1];
+  const int64_t kb0 = b * a.kb_st[0] + kvh * a.kb_st[1];
+  const int64_t vs0 = b * a.vs_st[0] + kvh * a.vs_st[1];
+  const int64_t vb0 = b * a.vb_st[0] + kvh * a.vb_st[1];
+  const int bits = a.bits;
+
+  // Tile c0's packed words (keys below n1) into kraw / vraw, asynchronously.
+  const int W = D * bits / 32; // words per row
+  auto fetch_words = [&](int c0) {
+    const int total = kKeys * W;
+    if (a.vec_loads) { // 16-byte aligned rows (host-checked)
+      for (int i = 4 * threadIdx.x; i < total; i += 4 * kThreads) {
+        const int key = i / W, col = i % W, n = c0 + key;
+        if (n < n1) {
+          cp_async<16>(kraw + i, kw0 + int64_t(n) * a.kw_st[2] + col);
+          cp_async<16>(vraw + i, vw0 + int64_t(n) * a.vw_st[2] + col);
+        }
+      }
+    } else {
+      for (int i = threadIdx.x; i < total; i += kThreads) {
+        const int key = i / W, col = i % W, n = c0 + key;
+        if (n < n1) {
+          cp_async<4>(kraw + i, kw0 + int64_t(n) * a.kw_st[2] + col);
+          cp_async<4>(vraw + i, vw0 + int64_t(n) * a.vw_st[2] + col);
+        }
+      }
+    }
+  };
+  // This thread's scales and biases of tile c0 (zeros past n1).
+  auto fetch_scales = [&](ScalesT& sc, int c0) {
+#pragma unroll
+    for (int u = 0; u < ScalesT::kChunks; ++u) {
+      const int i = threadIdx.x + u * kThreads;
+      const int n = c0 + i / kCPR, g = (i % kCPR) * 8 / GS;
+      const bool ok = n < n1;
+      sc.ks[u] = ok ? load_float(a.ks, ks0 + n * a.ks_st[2] + g * a.ks_st[3], a.s_dtype) : 0.0f;
+      sc.kb[u] = ok ? load_float(a.kb, kb0 + n * a.kb_st[2] + g * a.kb_st[3], a.s_dtype) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < ScalesT::kV; ++u) {
+      const int i = threadIdx.x + u * kThreads;
+      const int n = c0 + i / kG, g = i % kG;
+      const bool ok = i < kKeys * kG && n < n1;
+      sc.vs[u] = ok ? load_float(a.vs, vs0 + n * a.vs_st[2] + g * a.vs_st[3], a.s_dtype) : 0.0f;
+      sc.vb[u] = ok ? load_float(a.vb, vb0 + n * a.vb_st[2] + g * a.vb_st[3], a.s_dtype) : 0.0f;
+    }
+  };
+
+  // Unpacks a landed tile into shared memory: K dequantized to T, V codes as
+  // exact bf16, V scales and biases as f32. Words past n1 are stale but
+  // finite codes, and their scales are 0.
+  auto stage = [&](const ScalesT& sc) {
+    auto body = [&](auto bits_tag) {
+      constexpr int BITS = decltype(bits_tag)::value;
+#pragma unroll
+      for (int u = 0; u < ScalesT::kChunks; ++u) {
+        const int i = threadIdx.x + u * kThreads;
+        const int key = i / kCPR, c = i % kCPR;
+        const int byte = c * BITS, wi = key * W + (byte >> 2), sh = (byte & 3) * 8;
+        const bool two = sh + 8 * BITS > 32;
+        float x[8];
+        unpack8<BITS>(kraw[wi], two ? kraw[wi + 1] : 0u, sh, x);
+        uint4 kv, vv;
+        uint32_t* kp = &kv.x;
+        uint32_t* vp = &vv.x;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          kp[j] = pack2<T>(fmaf(sc.ks[u], x[2 * j], sc.kb[u]),
+                           fmaf(sc.ks[u], x[2 * j + 1], sc.kb[u]));
+        }
+        unpack8<BITS>(vraw[wi], two ? vraw[wi + 1] : 0u, sh, x);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          vp[j] = pack2<__nv_bfloat16>(x[2 * j], x[2 * j + 1]);
+        }
+        *reinterpret_cast<uint4*>(ks + key * kStride + c * 8) = kv;
+        *reinterpret_cast<uint4*>(vs + key * kStride + c * 8) = vv;
+      }
+    };
+    switch (bits) {
+      case 2: body(std::integral_constant<int, 2>{}); break;
+      case 3: body(std::integral_constant<int, 3>{}); break;
+      case 4: body(std::integral_constant<int, 4>{}); break;
+      case 5: body(std::integral_constant<int, 5>{}); break;
+      case 6: body(std::integral_constant<int, 6>{}); break;
+      default: body(std::integral_constant<int, 8>{}); break;
+    }
+#pragma unroll
+    for (int u = 0; u < ScalesT::kV; ++u) {
+      const int i = threadIdx.x + u * kThreads;
+      if (i < kKeys * kG) {
+        vsc[i] = sc.vs[u];
+        vbi[i] = sc.vb[u];
+      }
+    }
+  };
+
+  // Running state of rows ra (index 0) and rb (1): max (log2 units), this
+  // thread's share of the sum of weights and of sum(P * bias_v) per group,
+  // and the output columns 8 nt + 2 t4 (+1).
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float vbias[2][kG];
+  float acc[kNT][4];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) vbias[0][g] = vbias[1][g] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kNT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+  auto compute = [&](int c0) {
+    // S = Q . K^T: 16 rows x 32 keys (4 n-tiles of 8 keys).
+    float s[4][4];
+#pragma unroll
+    for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    const uint16_t* qrow = qs + (wr0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4);
+    const uint16_t* krow = ks + ((lane & 7) + 8 * (lane >> 4)) * kStride + 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qa[4];
+      ldsm_x4(qa, qrow + kk * 16);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t kb4[4];
+        ldsm_x4(kb4, krow + np * 16 * kStride + kk * 16);
+        mma<T>(s[2 * np], qa, kb4[0], kb4[1]);
+        mma<T>(s[2 * np + 1], qa, kb4[2], kb4[3]);
+      }
+    }
+
+    // Scale, mask, online softmax (rows ra: s[n][0..1], rb: s[n][2..3]).
+    const bool plain = a.mask_kind != 2 && c0 + kKeys <= n1 &&
+        (a.mask_kind != 1 || c0 + kKeys - 1 <= warp_first_lim);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        float x = s[n][e] * scale2;
+        if (!plain) {
+          const int key = c0 + 8 * n + 2 * t4 + (e & 1);
+          bool vis = live[h] && key < n1 && key <= lim[h];
+          if (vis && a.mask_kind == 2) {
+            const int64_t mo = b * a.m_st[0] + head[h] * a.m_st[1] + lpos[h] * a.m_st[2] +
+                int64_t(key) * a.m_st[3];
+            const float mv = load_float(a.mask, mo, a.mask_dtype);
+            if (a.mask_dtype == kBool) {
+              vis = mv != 0.0f;
+            } else {
+              x += mv * kLog2e;
+            }
+          }
+          x = vis ? x : -INFINITY;
+        }
+        s[n][e] = x;
+        mx[h] = fmaxf(mx[h], x);
+      }
+    }
+    float corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      const float m_new = fmaxf(m[h], mx[h]);
+      corr[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
+      m[h] = m_new;
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        s[n][e] = m[h] == -INFINITY ? 0.0f : exp2f(s[n][e] - m[h]);
+      }
+    }
+    if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+      for (int i = 0; i < kNT; ++i) {
+        acc[i][0] *= corr[0];
+        acc[i][1] *= corr[0];
+        acc[i][2] *= corr[1];
+        acc[i][3] *= corr[1];
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) sum += s[n][2 * h] + s[n][2 * h + 1];
+      l[h] = l[h] * corr[h] + sum;
+    }
+    // Keys of this thread: 8 n + 2 t4 + (e & 1), scales at vsc[key * kG + g].
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      float add[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float bv = vbi[(8 * n + 2 * t4 + (e & 1)) * kG + g];
+          add[e >> 1] += s[n][e] > 0.0f ? s[n][e] * bv : 0.0f;
+        }
+      }
+      vbias[0][g] = vbias[0][g] * corr[0] + add[0];
+      vbias[1][g] = vbias[1][g] * corr[1] + add[1];
+    }
+
+    // O += (P * scale_v) . codes, per 16-key step and group.
+    const uint16_t* vrow = vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        float w[4][2]; // a-register order: (ra, keys lo), (rb, lo), (ra, hi), (rb, hi)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int n = 2 * j + (q >> 1), h = q & 1;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = s[n][2 * h + e];
+            const float sc = vsc[(8 * n + 2 * t4 + e) * kG + g];
+            w[q][e] = p > 0.0f ? p * sc : 0.0f;
+          }
+        }
+        uint32_t ahi[4], alo[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          ahi[q] = pack2<__nv_bfloat16>(w[q][0], w[q][1]);
+          if constexpr (kTwoTerms) {
+            alo[q] = bf16_rest(w[q][0], w[q][1], ahi[q]);
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < GS / 16; ++np) {
+          const int nt = g * (GS / 8) + 2 * np;
+          uint32_t vb4[4];
+          ldsm_x4_trans(vb4, vrow + j * 16 * kStride + nt * 8);
+          mma<__nv_bfloat16>(acc[nt], ahi, vb4[0], vb4[1]);
+          mma<__nv_bfloat16>(acc[nt + 1], ahi, vb4[2], vb4[3]);
+          if constexpr (kTwoTerms) {
+            mma<__nv_bfloat16>(acc[nt], alo, vb4[0], vb4[1]);
+            mma<__nv_bfloat16>(acc[nt + 1], alo, vb4[2], vb4[3]);
+          }
+        }
+      }
+    }
+  };
+
+  // One tile ahead: the next tile's words and scales load while this one
+  // computes.
+  ScalesT sc;
+  if (n0 < n1) {
+    fetch_words(n0);
+    fetch_scales(sc, n0);
+  }
+  for (int c0 = n0; c0 < n1; c0 += kKeys) {
+    cp_async_wait_all();
+    __syncthreads(); // words landed; the previous tile's readers are done
+    stage(sc);
+    __syncthreads();
+    if (c0 + kKeys < n1) {
+      fetch_words(c0 + kKeys);
+      fetch_scales(sc, c0 + kKeys);
+    }
+    if (warp_live) {
+      compute(c0);
+    }
+  }
+
+  // Sums over the quad, then the output (one split) or this split's partial.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      vbias[h][g] += __shfl_xor_sync(0xffffffffu, vbias[h][g], 1);
+      vbias[h][g] += __shfl_xor_sync(0xffffffffu, vbias[h][g], 2);
+    }
+  }
+  const int64_t blk = ((int64_t(b) * a.Hkv + kvh) * a.row_tiles + tile) * a.splits + split;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!live[h]) {
+      continue;
+    }
+    const int r = wr0 + g8 + 8 * h;
+    const float m_nat = m[h] == -INFINITY ? -INFINITY : m[h] * kLn2;
+    if (a.splits == 1) {
+      const float inv = output_scale(m_nat, l[h], a.sinks ? a.sinks + head[h] : nullptr);
+      T* out = static_cast<T*>(a.out) + ((int64_t(b) * a.Hq + head[h]) * a.L + lpos[h]) * D;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const float bv = vbias[h][nt * 8 / GS];
+        const uint32_t v = pack2<T>((acc[nt][2 * h] + bv) * inv, (acc[nt][2 * h + 1] + bv) * inv);
+        *reinterpret_cast<uint32_t*>(out + nt * 8 + 2 * t4) = v;
+      }
+    } else {
+      float* po = a.part_o + (blk * a.row_tile + r) * D;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const float bv = vbias[h][nt * 8 / GS];
+        *reinterpret_cast<float2*>(po + nt * 8 + 2 * t4) =
+            make_float2(acc[nt][2 * h] + bv, acc[nt][2 * h + 1] + bv);
+      }
+      if (t4 == 0) {
+        a.part_ml[(blk * a.row_tile + r) * 2] = m_nat;
+        a.part_ml[(blk * a.row_tile + r) * 2 + 1] = l[h];
+      }
+    }
+  }
+}
+
+template <int D, int WARPS>
+constexpr int smem_bytes(int gs) {
+  return (16 * WARPS + 2 * kKeys) * (D + 8) * 2 + 2 * kKeys * (D / gs) * 4 + 2 * kKeys * D;
+}
+
+template <typename T, int D, int GS, int WARPS>
+TcKernel instance() {
+  return {handle(qsdpa_tc_kernel<T, D, GS, WARPS>), smem_bytes<D, WARPS>(GS), 32 * WARPS,
+          16 * WARPS};
+}
+
+template <typename T, int D, int GS>
+TcKernel by_warps(int warps) {
+  return warps == 8 ? instance<T, D, GS, 8>() : instance<T, D, GS, 4>();
+}
+
+template <typename T, int D>
+TcKernel for_group(int gs, int warps) {
+  switch (gs) {
+    case 32: return by_warps<T, D, 32>(warps);
+    case 64: return by_warps<T, D, 64>(warps);
+    default:
+      if constexpr (D >= 128) {
+        return by_warps<T, D, 128>(warps);
+      }
+      return {};
+  }
+}
+
+template <typename T>
+TcKernel for_dim(int D, int gs, int warps) {
+  switch (D) {
+    case 64: return for_group<T, 64>(gs, warps);
+    case 128: return for_group<T, 128>(gs, warps);
+    case 256: return for_group<T, 256>(gs, warps);
+    default: return {};
+  }
+}
+
+} // namespace
+
+TcKernel sdpa_tc_kernel(int q_dtype, int D, int gs, int warps) {
+  if (gs != 32 && gs != 64 && gs != 128) {
+    return {};
+  }
+  switch (q_dtype) {
+    case kF16: return for_dim<__half>(D, gs, warps);
+    case kBF16: return for_dim<__nv_bfloat16>(D, gs, warps);
+    default: return {};
+  }
+}
+
+} // namespace mlxq::cuda
