@@ -15,7 +15,8 @@ add_library(mlxq_cuda_kernels OBJECT
   csrc/cuda/quantized_sdpa.cu
   csrc/cuda/quantized_sdpa_mma_4bit.cu
   csrc/cuda/quantized_sdpa_mma_8bit.cu
-  csrc/cuda/quantized_sdpa_prefill.cu
+  csrc/cuda/quantized_sdpa_prefill_bf16.cu
+  csrc/cuda/quantized_sdpa_prefill_f16.cu
   csrc/cuda/ring_update.cu)
 set_target_properties(mlxq_cuda_kernels PROPERTIES
   CUDA_STANDARD 17

@@ -113,17 +113,18 @@ struct MmaKernel {
 };
 MmaKernel sdpa_mma_kernel(int bits, int D, int group_size, int scale_dtype, int q_dtype);
 
-// The tensor-core tiled kernel (quantized_sdpa_prefill.cu) for f16/bf16
+// The tensor-core tiled kernel (quantized_sdpa_prefill.cuh) for f16/bf16
 // queries and Dk = Dv = D, or fn == nullptr where it has no instance. A
-// block is `warps` (4 or 8) warps of 16 query rows: row tiles of at most
-// `rows`; splits are whole multiples of kTcKeys keys.
-constexpr int kTcKeys = 32;
+// block is `threads / 32` warps of 16 query rows (row tiles of at most
+// `rows`) and walks its keys in tiles of `keys`; `warps` and `keys` ask for
+// a block shape (those without an instance give the default, 4 x 32).
 struct TcKernel {
   void* fn = nullptr;
   int smem = 0;
   int threads = 0;
   int rows = 0;
+  int keys = 0;
 };
-TcKernel sdpa_tc_kernel(int q_dtype, int D, int group_size, int warps);
+TcKernel sdpa_tc_kernel(int q_dtype, int D, int group_size, int warps, int keys);
 
 } // namespace mlxq::cuda

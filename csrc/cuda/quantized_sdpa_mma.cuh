@@ -435,7 +435,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int kl = n * 8 + 2 * t + e;
-          add += p[n][e] > 0.0f ? p[n][e] * st_vb[kl * S::kGroups + g] : 0.0f;
+          add += p[n][e] != 0.0f ? p[n][e] * st_vb[kl * S::kGroups + g] : 0.0f;
         }
       }
       vbias[g] = vbias[g] * corr + add;
@@ -472,7 +472,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
           const int n = 2 * sv2 + (e >> 1);
           const float pe = p[n][e & 1];
           const int kl = n * 8 + 2 * t + (e & 1);
-          w4[e] = col_live && pe > 0.0f ? pe * st_vs[kl * S::kGroups + g] : 0.0f;
+          w4[e] = col_live && pe != 0.0f ? pe * st_vs[kl * S::kGroups + g] : 0.0f;
         }
         uint32_t bh[2], bl[2] = {0u, 0u};
 #pragma unroll

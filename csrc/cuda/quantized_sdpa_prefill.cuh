@@ -23,7 +23,10 @@
 // Grid: (splits, row tiles x Hkv, B), heavier (later) causal row tiles first.
 // One split writes the output; several (few rows, long N) write partials for
 // merge_kernel.
+#pragma once
+
 #include <climits>
+#include <type_traits>
 
 #include "cuda/device_utils.cuh"
 
@@ -31,7 +34,6 @@ namespace mlxq::cuda {
 
 namespace {
 
-constexpr int kKeys = kTcKeys;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -113,24 +115,27 @@ __device__ __forceinline__ void cp_async_wait_all() {
 }
 
 // This thread's scales and biases of one tile, fetched a tile ahead.
-template <int D, int GS, int THREADS>
+template <int D, int GS, int THREADS, int KEYS>
 struct Scales {
-  static constexpr int kChunks = kKeys * (D / 8) / THREADS; // 8-code chunks of K (and V)
-  static constexpr int kV = (kKeys * (D / GS) + THREADS - 1) / THREADS; // V (key, group)s
+  static constexpr int kChunks = KEYS * (D / 8) / THREADS; // 8-code chunks of K (and V)
+  static constexpr int kV = (KEYS * (D / GS) + THREADS - 1) / THREADS; // V (key, group)s
   float ks[kChunks], kb[kChunks];
   float vs[kV], vb[kV];
 };
 
-template <typename T, int D, int GS, int WARPS>
+template <typename T, int D, int GS, int WARPS, int KEYS>
 __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kernel(SdpaArgs a) {
   constexpr int kThreads = 32 * WARPS;
   constexpr int kRows = 16 * WARPS;
+  constexpr int kKeys = KEYS;
+  constexpr int kSN = KEYS / 8; // n-tiles of scores
+  constexpr int kKS = KEYS / 16; // 16-key steps of values
   constexpr int kStride = D + 8; // smem row (elements): conflict-free ldmatrix
   constexpr int kCPR = D / 8; // chunks per row
   constexpr int kG = D / GS;
   constexpr int kNT = D / 8; // n-tiles of the output
   constexpr bool kTwoTerms = std::is_same_v<T, __half>;
-  using ScalesT = Scales<D, GS, kThreads>;
+  using ScalesT = Scales<D, GS, kThreads, KEYS>;
   static_assert(kKeys * kCPR % kThreads == 0, "tile layout");
 
   extern __shared__ float4 smem4[];
@@ -295,10 +300,10 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
   for (int i = 0; i < kNT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
   auto compute = [&](int c0) {
-    // S = Q . K^T: 16 rows x 32 keys (4 n-tiles of 8 keys).
-    float s[4][4];
+    // S = Q . K^T: 16 rows x KEYS keys (n-tiles of 8 keys).
+    float s[kSN][4];
 #pragma unroll
-    for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int n = 0; n < kSN; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
     const uint16_t* qrow = qs + (wr0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4);
     const uint16_t* krow = ks + ((lane & 7) + 8 * (lane >> 4)) * kStride + 8 * ((lane >> 3) & 1);
 #pragma unroll
@@ -306,7 +311,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
       uint32_t qa[4];
       ldsm_x4(qa, qrow + kk * 16);
 #pragma unroll
-      for (int np = 0; np < 2; ++np) {
+      for (int np = 0; np < kKS; ++np) {
         uint32_t kb4[4];
         ldsm_x4(kb4, krow + np * 16 * kStride + kk * 16);
         mma<T>(s[2 * np], qa, kb4[0], kb4[1]);
@@ -319,7 +324,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
         (a.mask_kind != 1 || c0 + kKeys - 1 <= warp_first_lim);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < kSN; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e >> 1;
@@ -353,7 +358,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
       m[h] = m_new;
     }
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < kSN; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e >> 1;
@@ -373,7 +378,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
     for (int h = 0; h < 2; ++h) {
       float sum = 0.0f;
 #pragma unroll
-      for (int n = 0; n < 4; ++n) sum += s[n][2 * h] + s[n][2 * h + 1];
+      for (int n = 0; n < kSN; ++n) sum += s[n][2 * h] + s[n][2 * h + 1];
       l[h] = l[h] * corr[h] + sum;
     }
     // Keys of this thread: 8 n + 2 t4 + (e & 1), scales at vsc[key * kG + g].
@@ -381,11 +386,11 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
     for (int g = 0; g < kG; ++g) {
       float add[2] = {0.0f, 0.0f};
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
+      for (int n = 0; n < kSN; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float bv = vbi[(8 * n + 2 * t4 + (e & 1)) * kG + g];
-          add[e >> 1] += s[n][e] > 0.0f ? s[n][e] * bv : 0.0f;
+          add[e >> 1] += s[n][e] != 0.0f ? s[n][e] * bv : 0.0f;
         }
       }
       vbias[0][g] = vbias[0][g] * corr[0] + add[0];
@@ -395,7 +400,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
     // O += (P * scale_v) . codes, per 16-key step and group.
     const uint16_t* vrow = vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < kKS; ++j) {
 #pragma unroll
       for (int g = 0; g < kG; ++g) {
         float w[4][2]; // a-register order: (ra, keys lo), (rb, lo), (ra, hi), (rb, hi)
@@ -406,7 +411,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
           for (int e = 0; e < 2; ++e) {
             const float p = s[n][2 * h + e];
             const float sc = vsc[(8 * n + 2 * t4 + e) * kG + g];
-            w[q][e] = p > 0.0f ? p * sc : 0.0f;
+            w[q][e] = p != 0.0f ? p * sc : 0.0f;
           }
         }
         uint32_t ahi[4], alo[4];
@@ -498,56 +503,59 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
   }
 }
 
-template <int D, int WARPS>
+template <int D, int WARPS, int KEYS>
 constexpr int smem_bytes(int gs) {
-  return (16 * WARPS + 2 * kKeys) * (D + 8) * 2 + 2 * kKeys * (D / gs) * 4 + 2 * kKeys * D;
+  return (16 * WARPS + 2 * KEYS) * (D + 8) * 2 + 2 * KEYS * (D / gs) * 4 + 2 * KEYS * D;
 }
 
-template <typename T, int D, int GS, int WARPS>
+template <typename T, int D, int GS, int WARPS, int KEYS>
 TcKernel instance() {
-  return {handle(qsdpa_tc_kernel<T, D, GS, WARPS>), smem_bytes<D, WARPS>(GS), 32 * WARPS,
-          16 * WARPS};
+  return {handle(qsdpa_tc_kernel<T, D, GS, WARPS, KEYS>), smem_bytes<D, WARPS, KEYS>(GS),
+          32 * WARPS, 16 * WARPS, KEYS};
 }
 
+// Block shapes: 4 warps x 32 keys everywhere; head dim 128 also has 8-warp
+// and 64-key variants (MLXQ_CUDA_TC_WARPS / MLXQ_CUDA_TC_KEYS). On the H200
+// at L = N = 4096, 32/8/128, causal: 8 x 32 2.46 ms, 8 x 64 2.49, 4 x 32
+// 2.94, 4 x 64 3.03.
 template <typename T, int D, int GS>
-TcKernel by_warps(int warps) {
-  return warps == 8 ? instance<T, D, GS, 8>() : instance<T, D, GS, 4>();
+TcKernel by_block(int warps, int keys) {
+  if constexpr (D == 128) {
+    if (warps == 8) {
+      return keys == 64 ? instance<T, D, GS, 8, 64>() : instance<T, D, GS, 8, 32>();
+    }
+    if (keys == 64) {
+      return instance<T, D, GS, 4, 64>();
+    }
+  }
+  return instance<T, D, GS, 4, 32>();
 }
 
 template <typename T, int D>
-TcKernel for_group(int gs, int warps) {
+TcKernel for_group(int gs, int warps, int keys) {
   switch (gs) {
-    case 32: return by_warps<T, D, 32>(warps);
-    case 64: return by_warps<T, D, 64>(warps);
+    case 32: return by_block<T, D, 32>(warps, keys);
+    case 64: return by_block<T, D, 64>(warps, keys);
     default:
       if constexpr (D >= 128) {
-        return by_warps<T, D, 128>(warps);
+        return by_block<T, D, 128>(warps, keys);
       }
       return {};
   }
 }
 
 template <typename T>
-TcKernel for_dim(int D, int gs, int warps) {
+TcKernel for_dim(int D, int gs, int warps, int keys) {
   switch (D) {
-    case 64: return for_group<T, 64>(gs, warps);
-    case 128: return for_group<T, 128>(gs, warps);
-    case 256: return for_group<T, 256>(gs, warps);
+    case 64: return for_group<T, 64>(gs, warps, keys);
+    case 128: return for_group<T, 128>(gs, warps, keys);
+    case 256: return for_group<T, 256>(gs, warps, keys);
     default: return {};
   }
 }
 
 } // namespace
 
-TcKernel sdpa_tc_kernel(int q_dtype, int D, int gs, int warps) {
-  if (gs != 32 && gs != 64 && gs != 128) {
-    return {};
-  }
-  switch (q_dtype) {
-    case kF16: return for_dim<__half>(D, gs, warps);
-    case kBF16: return for_dim<__nv_bfloat16>(D, gs, warps);
-    default: return {};
-  }
-}
+TcKernel sdpa_tc_kernel_f16(int D, int gs, int warps, int keys);
 
 } // namespace mlxq::cuda
