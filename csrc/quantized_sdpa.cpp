@@ -196,7 +196,9 @@ mx::array quantized_sdpa(
            dtype_str(sinks->dtype()), ".");
     }
     params.has_sinks = true;
-    inputs.push_back(mx::astype(*sinks, mx::float32, s));
+    // The kernels read sinks[h] directly: a strided or broadcast float32 view
+    // (which astype passes through) must become a dense copy first.
+    inputs.push_back(mx::contiguous(mx::astype(*sinks, mx::float32, s), false, s));
   }
 
   auto stream = mx::to_stream(s);

@@ -223,6 +223,20 @@ def test_sinks(rng, sink_dtype, level):
         np.testing.assert_allclose(np.array(out), np.array(plain), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("view", ["strided", "broadcast", "reversed"])
+def test_sinks_views(rng, view):
+    """Sinks that are float32 views (no copy from astype) are read per head."""
+    Hq = 8
+    q, k, v = random_inputs(rng, B=1, Hq=Hq, Hkv=2, L=3, N=70, bits=4, group_size=64)
+    base = mx.array(rng.normal(0.5, 1.5, 2 * Hq).astype(np.float32))
+    sinks = {"strided": base[::2], "broadcast": mx.broadcast_to(base[3], (Hq,)),
+             "reversed": base[:Hq][::-1]}[view]
+    dense = mx.array(np.array(sinks))
+    out = run_and_check(q, k, v, bits=4, group_size=64, mask="causal", sinks=sinks)
+    same = mlxq.sdpa(q, k, v, scale=128 ** -0.5, mask="causal", sinks=dense)
+    np.testing.assert_array_equal(np.array(out), np.array(same))
+
+
 # --- dtypes ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("q_dtype", ["f32", "f16", "bf16"])
