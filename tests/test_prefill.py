@@ -207,6 +207,10 @@ TILED_CASES = [
      (i + j) % 2 == 1, (i + j) % 3 == 0, ["bf16", "f16", "f32"][(i + 2 * j) % 3])
     for i, (D, gs) in enumerate(TILED_SHAPES)
     for j, q_dtype in enumerate(["bf16", "f16"])
+] + [
+    # An array mask over split keys, and batches of strided views.
+    (128, 64, 4, "bf16", 2, 8, 1, 5, 2500, "window", True, True, "bf16"),
+    (64, 32, 8, "f16", 2, 4, 2, 30, 50, "additive", False, True, "f32"),
 ]
 
 

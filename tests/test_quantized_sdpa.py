@@ -120,16 +120,19 @@ def test_batch_and_query_length(rng, B, L, N, mask):
     run_and_check(q, k, v, bits=8, group_size=32, mask=mask)
 
 
-@pytest.mark.parametrize("L,N", [(8, 5), (31, 7), (64, 1), (300, 257)])
+@pytest.mark.parametrize("L,N,q_dtype", [(8, 5, "f32"), (31, 7, "f32"), (64, 1, "f32"),
+                                         (300, 257, "f32"), (31, 7, "bf16"), (300, 257, "f16")])
 @pytest.mark.parametrize("with_sinks", [False, True])
-def test_causal_queries_longer_than_keys(rng, L, N, with_sinks):
+def test_causal_queries_longer_than_keys(rng, L, N, q_dtype, with_sinks):
     """Bottom-right causal alignment: rows l < L - N see no key and output 0."""
-    q, k, v = random_inputs(rng, Hq=4, Hkv=2, L=L, N=N, Dk=64, bits=4, group_size=64)
+    q, k, v = random_inputs(rng, Hq=4, Hkv=2, L=L, N=N, Dk=64, bits=4, group_size=64,
+                            q_dtype=DTYPES[q_dtype])
     sinks = random_sinks(rng, 4) if with_sinks else None
     out = run_and_check(q, k, v, bits=4, group_size=64, mask="causal", sinks=sinks)
-    dead = np.array(out[:, :, : L - N])
+    out = np.array(out.astype(mx.float32))
+    dead = out[:, :, : L - N]
     assert dead.size and (dead == 0).all()
-    assert (np.abs(np.array(out[:, :, L - N:])).max(axis=-1) > 0).all()
+    assert (np.abs(out[:, :, L - N:]).max(axis=-1) > 0).all()
 
 
 # --- masks and sinks --------------------------------------------------------------
@@ -170,6 +173,11 @@ def make_mask(kind, rng, B, Hq, L, N):
         return with_neg_inf((B, 1, L, N), mx.float16)
     if kind == "add_row_const":  # broadcast along keys: stride 0 in the last axis
         return mx.array(rng.normal(0, 3, (Hq, L, 1)).astype(np.float32))
+    if kind == "add_finfo_min":  # the "masked" fill of HF-style masks, finite
+        lowest = np.finfo(np.float32).min
+        a = np.where(rng.random((B, 1, L, N)) < 0.3, lowest, 0.0).astype(np.float32)
+        a[..., 0, :] = lowest  # every key equally far down: a plain average
+        return mx.array(a)
     if kind == "all_hidden":
         return mx.zeros((L, N), dtype=mx.bool_)
     if kind == "all_neg_inf":
@@ -179,7 +187,7 @@ def make_mask(kind, rng, B, Hq, L, N):
 
 MASK_KINDS = ["none", "causal", "bool_LN", "bool_B1LN", "bool_BHLN", "bool_keypad",
               "bool_window", "bool_transposed", "add_f32", "add_bf16", "add_f16",
-              "add_row_const", "all_hidden", "all_neg_inf"]
+              "add_row_const", "add_finfo_min", "all_hidden", "all_neg_inf"]
 
 
 @pytest.mark.parametrize("kind", MASK_KINDS)
@@ -192,6 +200,22 @@ def test_masks(rng, kind, with_sinks):
     out = run_and_check(q, k, v, bits=4, group_size=64, mask=mask, sinks=sinks)
     if kind.startswith("all_"):
         assert (np.array(out) == 0).all()
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_masks_half_precision_many_rows(rng, kind):
+    # 8 query heads x 12 positions over 2 KV heads: 48 rows per KV head (the
+    # CUDA tiled kernel's path), per-batch / per-head masks, dead rows, sinks.
+    i = MASK_KINDS.index(kind)
+    q_dtype = [mx.bfloat16, mx.float16][i % 2]
+    B, Hq, Hkv, L, N = 2, 8, 2, 12, 90
+    q, k, v = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=N, bits=[4, 8, 3][i % 3],
+                            group_size=64, q_dtype=q_dtype, kv_dtype=mx.bfloat16)
+    mask = make_mask(kind, rng, B, Hq, L, N)
+    sinks = random_sinks(rng, Hq) if i % 3 != 1 else None
+    out = run_and_check(q, k, v, bits=[4, 8, 3][i % 3], group_size=64, mask=mask, sinks=sinks)
+    if kind.startswith("all_"):
+        assert (np.array(out.astype(mx.float32)) == 0).all()
 
 
 @pytest.mark.parametrize(

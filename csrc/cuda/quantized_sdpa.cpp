@@ -197,7 +197,7 @@ void eval_tc(mx::cu::CommandEncoder& enc, const TcKernel& k, SdpaArgs& a, mx::ar
   a.row_tiles = p.row_tiles;
   a.splits = p.splits;
   a.split_keys = p.split_keys;
-  const dim3 grid(a.splits, a.Hkv * a.row_tiles, a.B);
+  const dim3 grid(a.Hkv * a.row_tiles, a.splits, a.B);
   if (a.splits == 1) {
     // `out` is read too: the kernel must run after the poisoning fill.
     launch(enc, k.fn, grid, dim3(k.threads), k.smem, a, {&out}, {&out});
@@ -277,12 +277,12 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
                      CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
   if (a.splits == 1) {
     // `out` is read too: the kernel must run after the poisoning fill.
-    launch(enc, kernel, dim3(a.splits, a.Hkv * a.row_tiles, a.B), dim3(kBlockThreads), smem,
+    launch(enc, kernel, dim3(a.Hkv * a.row_tiles, a.splits, a.B), dim3(kBlockThreads), smem,
            a, {&out}, {&out});
     return;
   }
   Partials parts(a, enc);
-  launch(enc, kernel, dim3(a.splits, a.Hkv * a.row_tiles, a.B), dim3(kBlockThreads), smem, a,
+  launch(enc, kernel, dim3(a.Hkv * a.row_tiles, a.splits, a.B), dim3(kBlockThreads), smem, a,
          {&out}, {&parts.o, &parts.ml});
   merge(enc, a, parts, out);
 }

@@ -12,7 +12,8 @@
 //   4. an online softmax per row, one warp per row (a tile is one warp wide);
 //   5. values: thread t owns output columns t + 128c of every row and keeps
 //      them in registers across all tiles.
-// Grid: (splits, Hkv x row_tiles, B). Decode uses many splits so that every
+// Grid: (Hkv x row_tiles, splits, B): the row tiles go in x, whose limit is
+// 2^31 - 1 (y and z stop at 65535). Decode uses many splits so that every
 // SM has work at any N; each writes an unnormalised partial (o, max, sum) and
 // merge_kernel combines them by log-sum-exp. Prefill (many rows) uses one
 // split: row tiles alone fill the GPU, and a causal row tile stops at its
@@ -140,8 +141,8 @@ __global__ void __launch_bounds__(NT) qsdpa_kernel(SdpaArgs a) {
   smem_floats(a.Dk, a.Dv, BITS, &sm, smem_raw);
 
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
-  const int split = blockIdx.x;
-  const int tile = blockIdx.y % a.row_tiles, kvh = blockIdx.y / a.row_tiles;
+  const int split = blockIdx.y;
+  const int tile = blockIdx.x % a.row_tiles, kvh = blockIdx.x / a.row_tiles;
   const int b = blockIdx.z;
   const int r0 = tile * a.row_tile;
   const int R = min(a.row_tile, a.rows - r0);

@@ -20,11 +20,13 @@
 //     and its scales loaded into registers while this tile computes;
 //   * a causal row tile stops at its last row's limit (hidden tiles are
 //     never read); masks are applied per score only on tiles that need it.
-// Grid: (splits, row tiles x Hkv, B), heavier (later) causal row tiles first.
+// Grid: (row tiles x Hkv, splits, B), heavier (later) causal row tiles first;
+// the row tiles go in x, whose limit is 2^31 - 1 (y and z stop at 65535).
 // One split writes the output; several (few rows, long N) write partials for
 // merge_kernel.
 #pragma once
 
+#include <cfloat>
 #include <climits>
 #include <type_traits>
 
@@ -149,9 +151,9 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g8 = lane >> 2, t4 = lane & 3;
-  const int split = blockIdx.x;
-  const int tile = a.row_tiles - 1 - blockIdx.y / a.Hkv;
-  const int kvh = blockIdx.y % a.Hkv, b = blockIdx.z;
+  const int split = blockIdx.y;
+  const int tile = a.row_tiles - 1 - blockIdx.x / a.Hkv;
+  const int kvh = blockIdx.x % a.Hkv, b = blockIdx.z;
   const int r0 = tile * a.row_tile;
   const int R = min(a.row_tile, a.rows - r0);
   const int shift = a.N - a.L; // causal: position l sees keys <= l + shift
@@ -339,7 +341,8 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
             if (a.mask_dtype == kBool) {
               vis = mv != 0.0f;
             } else {
-              x += mv * kLog2e;
+              // A finite bias stays finite in log2 units (finfo.min fills).
+              x += mv == -INFINITY ? mv : fmaxf(mv * kLog2e, -FLT_MAX);
             }
           }
           x = vis ? x : -INFINITY;
