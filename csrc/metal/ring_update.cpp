@@ -19,7 +19,7 @@ namespace md = metal_dispatch;
 // Points `out` at `in`'s memory when it can be updated in place, else gives
 // it a copy of `in`.
 void take_or_copy(const mx::array& in, mx::array& out, const mx::Stream& s) {
-  if (in.is_donatable() && in.flags().row_contiguous && in.data_size() == in.size()) {
+  if (detail::can_update_in_place(in)) {
     out.copy_shared_buffer(in);
     return;
   }
