@@ -86,6 +86,20 @@ void merge(mx::cu::CommandEncoder& enc, const SdpaArgs& a, const Partials& parts
          dim3(kMergeThreads), 0, m, {&parts.o, &parts.ml, &out}, {&out});
 }
 
+// Launches a kernel that writes `out` itself (one split) or, with several
+// splits, per-split partials that merge() then combines into `out`.
+void launch_split(mx::cu::CommandEncoder& enc, void* kernel, dim3 grid, int threads, int smem,
+                  SdpaArgs& a, mx::array& out) {
+  if (a.splits == 1) {
+    // `out` is read too: the kernel must run after the poisoning fill.
+    launch(enc, kernel, grid, dim3(threads), smem, a, {&out}, {&out});
+    return;
+  }
+  Partials parts(a, enc);
+  launch(enc, kernel, grid, dim3(threads), smem, a, {&out}, {&parts.o, &parts.ml});
+  merge(enc, a, parts, out);
+}
+
 // MLXQ_CUDA_MMA=0 / MLXQ_CUDA_TC=0 turn the tensor-core decode / tiled
 // kernels off (for comparisons); MLXQ_CUDA_TC_WARPS=4 and
 // MLXQ_CUDA_TC_KEYS=64 ask for the tiled kernel's other block shapes
@@ -199,15 +213,7 @@ void eval_tc(mx::cu::CommandEncoder& enc, const TcKernel& k, SdpaArgs& a, mx::ar
   a.row_tiles = p.row_tiles;
   a.splits = p.splits;
   a.split_keys = p.split_keys;
-  const dim3 grid(a.Hkv * a.row_tiles, a.splits, a.B);
-  if (a.splits == 1) {
-    // `out` is read too: the kernel must run after the poisoning fill.
-    launch(enc, k.fn, grid, dim3(k.threads), k.smem, a, {&out}, {&out});
-    return;
-  }
-  Partials parts(a, enc);
-  launch(enc, k.fn, grid, dim3(k.threads), k.smem, a, {}, {&parts.o, &parts.ml});
-  merge(enc, a, parts, out);
+  launch_split(enc, k.fn, dim3(a.Hkv * a.row_tiles, a.splits, a.B), k.threads, k.smem, a, out);
 }
 
 } // namespace
@@ -277,16 +283,8 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   const int smem = sdpa_smem_bytes(a.Dk, a.Dv, a.bits);
   cuFuncSetAttribute(static_cast<CUfunction>(kernel),
                      CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
-  if (a.splits == 1) {
-    // `out` is read too: the kernel must run after the poisoning fill.
-    launch(enc, kernel, dim3(a.Hkv * a.row_tiles, a.splits, a.B), dim3(kBlockThreads), smem,
-           a, {&out}, {&out});
-    return;
-  }
-  Partials parts(a, enc);
-  launch(enc, kernel, dim3(a.Hkv * a.row_tiles, a.splits, a.B), dim3(kBlockThreads), smem, a,
-         {&out}, {&parts.o, &parts.ml});
-  merge(enc, a, parts, out);
+  launch_split(enc, kernel, dim3(a.Hkv * a.row_tiles, a.splits, a.B), kBlockThreads, smem, a,
+               out);
 }
 
 } // namespace mlxq
