@@ -38,14 +38,10 @@ namespace mlxq::cuda {
 namespace {
 
 constexpr int kWarps = kMmaWarps;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
+// d += a . b on bf16 m16n8k16 tiles, the A fragment as one uint4.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint4 a, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+  const uint32_t regs[4] = {a.x, a.y, a.z, a.w};
+  mma<__nv_bfloat16>(d, regs, b0, b1);
 }
 
 __device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) {
