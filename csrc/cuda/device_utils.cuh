@@ -15,11 +15,15 @@ namespace mlxq::cuda {
 
 // The driver handle of one of our kernels: MLX's launch API takes CUfunction
 // handles, and libmlx's static runtime does not know our kernels' symbols.
-template <typename F>
-void* handle(F f) {
-  cudaFunction_t fn = nullptr;
-  cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(f));
-  return reinterpret_cast<void*>(fn);
+// Looked up once per kernel (every evaluation asks for it).
+template <auto Kernel>
+void* handle() {
+  static void* const fn = [] {
+    cudaFunction_t f = nullptr;
+    cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(Kernel));
+    return reinterpret_cast<void*>(f);
+  }();
+  return fn;
 }
 
 constexpr float kLog2e = 1.4426950408889634f;

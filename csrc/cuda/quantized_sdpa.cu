@@ -399,21 +399,21 @@ int sdpa_smem_bytes(int Dk, int Dv, int bits) {
 
 void* sdpa_kernel(int bits) {
   switch (bits) {
-    case 2: return handle(qsdpa_kernel<2>);
-    case 3: return handle(qsdpa_kernel<3>);
-    case 4: return handle(qsdpa_kernel<4>);
-    case 5: return handle(qsdpa_kernel<5>);
-    case 6: return handle(qsdpa_kernel<6>);
-    default: return handle(qsdpa_kernel<8>);
+    case 2: return handle<qsdpa_kernel<2>>();
+    case 3: return handle<qsdpa_kernel<3>>();
+    case 4: return handle<qsdpa_kernel<4>>();
+    case 5: return handle<qsdpa_kernel<5>>();
+    case 6: return handle<qsdpa_kernel<6>>();
+    default: return handle<qsdpa_kernel<8>>();
   }
 }
 
 void* merge_kernel() {
-  return handle(merge_kernel_impl);
+  return handle<merge_kernel_impl>();
 }
 
 void* fill_kernel() {
-  return handle(fill_kernel_impl);
+  return handle<fill_kernel_impl>();
 }
 
 } // namespace mlxq::cuda

@@ -620,9 +620,9 @@ int smem_of() {
 template <int BITS, int D, int GS, bool kTwo>
 void* by_scale_dtype(int scale_dtype) {
   switch (scale_dtype) {
-    case kF16: return handle(qsdpa_mma_kernel<BITS, D, GS, __half, kTwo>);
-    case kBF16: return handle(qsdpa_mma_kernel<BITS, D, GS, __nv_bfloat16, kTwo>);
-    default: return handle(qsdpa_mma_kernel<BITS, D, GS, float, kTwo>);
+    case kF16: return handle<qsdpa_mma_kernel<BITS, D, GS, __half, kTwo>>();
+    case kBF16: return handle<qsdpa_mma_kernel<BITS, D, GS, __nv_bfloat16, kTwo>>();
+    default: return handle<qsdpa_mma_kernel<BITS, D, GS, float, kTwo>>();
   }
 }
 

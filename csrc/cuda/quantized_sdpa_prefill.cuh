@@ -493,7 +493,7 @@ constexpr int smem_bytes(int gs) {
 
 template <typename T, int D, int GS, int WARPS, int KEYS>
 TcKernel instance() {
-  return {handle(qsdpa_tc_kernel<T, D, GS, WARPS, KEYS>), smem_bytes<D, WARPS, KEYS>(GS),
+  return {handle<qsdpa_tc_kernel<T, D, GS, WARPS, KEYS>>(), smem_bytes<D, WARPS, KEYS>(GS),
           32 * WARPS, 16 * WARPS, KEYS};
 }
 

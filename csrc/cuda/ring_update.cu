@@ -123,20 +123,20 @@ __global__ void quant_ring_kernel_impl(QuantRingArgs a) {
 template <int BITS>
 void* quant_ring_for_group(int gs) {
   switch (gs) {
-    case 32: return handle(quant_ring_kernel_impl<BITS, 32>);
-    case 64: return handle(quant_ring_kernel_impl<BITS, 64>);
-    default: return handle(quant_ring_kernel_impl<BITS, 128>);
+    case 32: return handle<quant_ring_kernel_impl<BITS, 32>>();
+    case 64: return handle<quant_ring_kernel_impl<BITS, 64>>();
+    default: return handle<quant_ring_kernel_impl<BITS, 128>>();
   }
 }
 
 } // namespace
 
 void* ring_kernel() {
-  return handle(ring_kernel_impl);
+  return handle<ring_kernel_impl>();
 }
 
 void* copy_kernel() {
-  return handle(copy_kernel_impl);
+  return handle<copy_kernel_impl>();
 }
 
 void* quant_ring_kernel(int bits, int gs) {
