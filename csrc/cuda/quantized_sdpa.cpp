@@ -142,10 +142,23 @@ bool head_fits_32bit(const SdpaArgs& a) {
       fits(a.vs_st, 1) && fits(a.vb_st, 1);
 }
 
-MmaKernel mma_kernel_for(const SdpaArgs& a) {
+// The decode kernel reads dense rows: a key's packed words, scales and biases
+// each consecutive (a cache buffer and its prefix views are; the strides of
+// a size-1 dim do not matter).
+bool dense_rows(const mx::array& a, int64_t row) {
+  return (a.shape(2) == 1 || a.strides()[2] == row) && (a.shape(3) == 1 || a.strides()[3] == 1);
+}
+
+bool dense_kv(const std::vector<mx::array>& in, const SdpaArgs& a) {
+  const int64_t words = int64_t(a.Dk) * a.bits / 32, groups = a.Dk / a.gs;
+  return dense_rows(in[1], words) && dense_rows(in[4], words) && dense_rows(in[2], groups) &&
+      dense_rows(in[3], groups) && dense_rows(in[5], groups) && dense_rows(in[6], groups);
+}
+
+MmaKernel mma_kernel_for(const std::vector<mx::array>& in, const SdpaArgs& a) {
   const bool half_q = a.q_dtype == kF16 || a.q_dtype == kBF16;
   if (!mma_allowed() || !half_q || a.Dk != a.Dv || a.mask_kind == 2 || !a.vec_loads ||
-      a.N < 1 || !head_fits_32bit(a)) {
+      a.N < 1 || !head_fits_32bit(a) || !dense_kv(in, a)) {
     return {};
   }
   const MmaKernel k = sdpa_mma_kernel(a.bits, a.Dk, a.gs, a.s_dtype, a.q_dtype);
@@ -271,7 +284,7 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   for (const auto& x : in) {
     enc.set_input_array(x);
   }
-  if (const MmaKernel k = mma_kernel_for(a); k.fn) {
+  if (const MmaKernel k = mma_kernel_for(in, a); k.fn) {
     eval_mma(enc, k, a, out);
     return;
   }

@@ -1,31 +1,34 @@
 // CUDA QuantizedSDPA, tensor-core decode path (4- and 8-bit codes, f16/bf16
-// queries, few query rows per KV head: decode and short speculative drafts).
+// queries, at most 8 query rows per KV head: decode and short drafts).
 //
 // Why this shape: decode reads every packed K/V byte once, so the kernel must
-// stream at HBM speed. Dequantizing into shared memory (the generic kernel)
-// costs more instructions than the bytes allow; here codes go from 16-byte
-// coalesced global loads straight into the register fragments of bf16
-// mma.sync.m16n8k16 (f32 accumulators):
-//   * a pair of 4-bit codes becomes bf16 (128 + c) with one LOP3 (OR into
-//     the mantissa of 128.0); the 128 comes back out of the sums once per
-//     group (K: through the bias term, V: a ones . P' mma). 8-bit codes are
-//     made exact (a second magic for the high nibble). No float conversions;
-//   * scores: S = Q . K_codes^T per quantization group, with Q as the A
-//     operand. Rows of A are (group slot, query row): the k dimension of one
-//     mma mixes the dims of up to four groups, so each group's query values
-//     sit in their own rows and the others are zero there. Then
-//     s = scale_g * dot_g + bias_g * sum(q over g) (the qdot factoring);
-//   * values: O^T = V_codes^T . P', P' = p * scale_g per group (bf16; the f16
-//     path splits P' in a high and a low bf16 term), plus sum(p * bias_g);
-//   * f16 queries are split exactly into two bf16 terms (8 + 3 bits).
-// One warp owns 32 keys per step (16 for rows of 128 bytes or more): lane
-// (q, t) loads 16 contiguous bytes of K row q of each 8-key slice, and for V
-// the run of dims that its output rows need from 4 keys; the next step's
-// loads are issued before this step computes. Scales and biases of a step
-// are staged in shared memory with coalesced loads. Four warps per block
-// share the query fragments and merge their online softmax states before one
-// partial per block is written; merge_kernel then combines the key splits by
-// log-sum-exp (and applies sinks).
+// stream at HBM speed with as few instructions per byte as possible. Codes
+// go from coalesced global loads straight into mma.sync.m16n8k16 register
+// fragments (f32 accumulators); nothing is dequantized element by element.
+//
+// Scores, S^T = K . Q^T with 16 keys as the M rows and the query rows as the
+// 8 columns. K codes become f16 (1024 + c) with one LOP3 per pair: the low
+// nibble of a byte in place, the high nibble as 1024 + 16 c whose query
+// value is pre-divided by 16, so a 32-bit word of eight 4-bit codes costs one
+// shift and four LOP3s; 8-bit codes are one PRMT per pair. Each k-step of 16
+// dims lies in one quantization group (a lane's words of a key are within
+// one group), so per-group dot products accumulate separately and
+//   s = sum_g scale_g * (dot_g - 1024 * sum of the fed q) + bias_g * qsum_g.
+// Queries are scaled per row by a power of two into f16 range (exact for
+// bf16 and f16 values) and the scores take the factor back out.
+//
+// Values, O^T = V_codes^T . P'^T per group with P' = p * scale_g (bf16; f16
+// queries add a low bf16 term), V codes as bf16 (128 + c) as before, the
+// 128 offset taken back out through a ones . P' mma, and sum(p * bias_g) in
+// f32. The score fragment (keys x rows) becomes P's B fragment (rows x keys)
+// with two movmatrix transposes per 16 keys.
+//
+// A warp owns 16 or 32 keys per step; its loads for the next step are issued
+// before this step computes. Scales and biases of a step are loaded once per
+// (key, group) and staged in shared memory, already in the softmax's log2
+// units. Four warps per block merge their online softmax states into one
+// partial per block; merge_kernel combines the key splits by log-sum-exp
+// (and applies sinks).
 #pragma once
 
 #include <cfloat>
@@ -38,11 +41,6 @@ namespace mlxq::cuda {
 namespace {
 
 constexpr int kWarps = kMmaWarps;
-// d += a . b on bf16 m16n8k16 tiles, the A fragment as one uint4.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint4 a, uint32_t b0, uint32_t b1) {
-  const uint32_t regs[4] = {a.x, a.y, a.z, a.w};
-  mma<__nv_bfloat16>(d, regs, b0, b1);
-}
 
 __device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) {
   return *reinterpret_cast<uint32_t*>(&v);
@@ -52,14 +50,9 @@ __device__ __forceinline__ __nv_bfloat162 bf2(uint32_t v) {
   return *reinterpret_cast<__nv_bfloat162*>(&v);
 }
 
-// Two codes -> bf16x2 integers. Code A sits in bits [0, BITS) of x, code B
-// in bits [16, 16 + BITS); other bits are ignored. OR-ing a 4-bit code into
-// the mantissa of 128.0 gives 128 + c exactly (one instruction; the kernel
-// takes the 128 back out of its sums, see kCodeOffset). 8-bit codes are made
-// exact: 128 + low nibble and 256 + 16 * high nibble (the high nibble three
-// bits up in the mantissa of 256.0, step 2), less 384, added.
-template <int BITS>
-constexpr float kCodeOffset = BITS == 4 ? 128.0f : 0.0f;
+__device__ __forceinline__ uint32_t h2_bits(__half2 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
 
 // (x & mask) | magic in one LOP3 (the compiler splits two immediates in two).
 __device__ __forceinline__ uint32_t and_or(uint32_t x, uint32_t mask, uint32_t magic) {
@@ -68,8 +61,41 @@ __device__ __forceinline__ uint32_t and_or(uint32_t x, uint32_t mask, uint32_t m
   return r;
 }
 
+// Transposes an 8x8 matrix of 16-bit values held one row pair per lane.
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t r;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
+constexpr uint32_t kF16Magic = 0x64006400u; // f16 1024.0 twice: 1024 + c
+
+// d += a . b, f16 and bf16 m16n8k16 tiles.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  mma<__half>(d, a, b0, b1);
+}
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  mma<__nv_bfloat16>(d, a, b0, b1);
+}
+
+// V codes -> bf16x2 integers. Code A sits in bits [0, BITS) of x, code B in
+// bits [16, 16 + BITS). A 4-bit code OR-ed into the mantissa of 128.0 gives
+// 128 + c (one instruction; the kernel takes the 128 back out of its sums).
+// 8-bit codes are made exact: 128 + low nibble and 256 + 16 * high nibble
+// less 384, added.
 template <int BITS>
-__device__ __forceinline__ uint32_t code_pair(uint32_t x) {
+constexpr float kVOffset = BITS == 4 ? 128.0f : 0.0f;
+
+template <int BITS>
+__device__ __forceinline__ uint32_t v_code_pair(uint32_t x) {
   const uint32_t lo = and_or(x, 0x000F000Fu, 0x43004300u);
   if constexpr (BITS == 4) {
     return lo;
@@ -83,56 +109,89 @@ __device__ __forceinline__ uint32_t code_pair(uint32_t x) {
 // The compile-time layout of one (bits, head dim, group size) instance.
 template <int BITS, int D, int GS>
 struct Shape {
-  static constexpr int kRowBytes = D * BITS / 8;
-  static constexpr int kChunks = kRowBytes / 64; // 64-byte chunks: 4 lanes x 16 B
-  static constexpr int kChunkDims = 512 / BITS;
-  static constexpr int kLaneDims = kChunkDims / 4; // per lane per chunk
-  static constexpr int kWordDims = 32 / BITS;
-  static constexpr int kStepsPerWord = kWordDims / 4; // k-steps of 4 codes
-  static constexpr int kSteps = 4 * kStepsPerWord; // k-steps per chunk
-  static constexpr int kSlots = kChunkDims / GS > 1 ? kChunkDims / GS : 1;
-  static constexpr int kSlotRows = kSlots == 4 ? 4 : 8; // rows per slot
-  static constexpr int kMaxRows = kSlotRows;
   static constexpr int kGroups = D / GS;
-  static constexpr int kKeys = kRowBytes >= 128 ? 16 : 32; // keys per warp step
-  static constexpr int kSlices = kKeys / 8; // 8-key mma n-tiles of K
-  static constexpr int kVSteps = kKeys / 16; // 16-key mma k-steps of V
-  static constexpr int kRunDims = GS / 8; // dims of one V run (per quad, group)
+  static constexpr int kGroupWords = GS * BITS / 32;
+  static constexpr int kLaneWords = kGroupWords / 4; // K words per lane, key row and group
+  static constexpr int kKSteps = D / 16; // 16-dim k-steps of the scores
+  static constexpr int kGroupKSteps = GS / 16;
+  static constexpr int kRunDims = GS / 8; // V dims of one lane quad per key and group
   static constexpr int kRunBytes = kRunDims * BITS / 8;
   static constexpr int kRunWords = kRunBytes >= 4 ? kRunBytes / 4 : 1;
-  static constexpr int kTilesPerGroup = GS / 16; // V m-tiles per group
-  static constexpr int kTiles = D / 16;
-  static_assert(kRowBytes % 64 == 0, "rows must be whole 64-byte chunks");
+  static constexpr int kTilesPerGroup = GS / 16; // V m-tiles (16 dims) per group
+  static constexpr int kVTiles = D / 16;
+  // Registers one 16-key tile's codes take per lane; tiles per warp step.
+  static constexpr int kTileWords = 2 * kGroups * kLaneWords + 4 * kGroups * kRunWords;
+  static constexpr int kKeyTiles = kTileWords <= 16 ? 2 : 1;
+  static constexpr int kKeys = 16 * kKeyTiles;
+  static constexpr int kMaxRows = 8;
+  // Query fragments live in registers up to D = 128, in shared memory above
+  // (registers would spill there).
+  static constexpr bool kQInSmem = D > 128;
+  static constexpr int kQSmemBytes = kQInSmem ? kKSteps * 32 * 8 : 0;
+  static constexpr int kStaged = kKeys * kGroups; // (key, group) scale entries per step
+  static constexpr int kStage = (kStaged + 31) / 32; // per lane
+  static_assert(kGroupWords % 4 == 0, "a group must fill four lanes' words");
   static_assert(GS % 32 == 0 && D % GS == 0, "unsupported group size");
 
-  // Head dim of element e (0: k = 2t, 1: 2t+1, 2: 2t+8, 3: 2t+9) of the K
-  // B-fragment of lane t in chunk c, k-step j.
-  __device__ static int key_dim(int c, int t, int j, int e) {
-    const int word = j / kStepsPerWord;
-    const int s0 = 2 * (j % kStepsPerWord);
-    const int idx = s0 + (e >> 1) + (e & 1) * (kWordDims / 2);
-    return c * kChunkDims + t * kLaneDims + word * kWordDims + idx;
+  // Head dim of element e (0: k = 2t, 1: 2t + 1, 2: 2t + 8, 3: 2t + 9) of the
+  // K fragments of lane t in k-step j of group g, and whether the code sits
+  // there as 16 c (the high nibble of a byte, 4-bit).
+  __device__ static int key_dim(int t, int g, int j, int e) {
+    if constexpr (BITS == 4) {
+      const int word = g * kGroupWords + t * kLaneWords + (j >> 1);
+      constexpr int kOff[4] = {0, 4, 1, 5};
+      return 8 * word + 2 * (j & 1) + kOff[e];
+    } else {
+      const int word = g * kGroupWords + t * kLaneWords + j;
+      constexpr int kOff[4] = {0, 2, 1, 3};
+      return 4 * word + kOff[e];
+    }
   }
-  // Group of `slot` in chunk c.
-  __device__ static int slot_group(int c, int slot) {
-    return (c * kChunkDims + slot * (kChunkDims / kSlots)) / GS;
-  }
+  __device__ static constexpr bool high_nibble(int e) { return BITS == 4 && e >= 2; }
 };
 
-// One V run (the dims a quad needs from one key and group) as 32-bit words,
-// with the widest load its size allows.
-template <int BYTES>
-__device__ __forceinline__ void load_run(const uint8_t* p, uint32_t* w) {
-  if constexpr (BYTES == 16) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
-    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-  } else if constexpr (BYTES == 8) {
+// Registers of `WORDS` consecutive 32-bit words, with the widest loads.
+template <int WORDS>
+__device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w) {
+  if constexpr (WORDS >= 4) {
+#pragma unroll
+    for (int i = 0; i < WORDS; i += 4) {
+      const uint4 v = *reinterpret_cast<const uint4*>(p + 4 * i);
+      w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
+    }
+  } else if constexpr (WORDS == 2) {
     const uint2 v = *reinterpret_cast<const uint2*>(p);
     w[0] = v.x, w[1] = v.y;
-  } else if constexpr (BYTES == 4) {
+  } else {
     w[0] = *reinterpret_cast<const uint32_t*>(p);
+  }
+}
+
+// One V run (the dims a quad needs from one key and group).
+template <int BYTES>
+__device__ __forceinline__ void load_run(const uint8_t* p, uint32_t* w) {
+  if constexpr (BYTES >= 4) {
+    load_words<BYTES / 4>(p, w);
   } else {
     w[0] = *reinterpret_cast<const uint16_t*>(p);
+  }
+}
+
+// N consecutive floats of shared memory, with the widest aligned loads.
+template <int N>
+__device__ __forceinline__ void load_floats(const float* p, float* out) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(p + i);
+      out[i] = v.x, out[i + 1] = v.y, out[i + 2] = v.z, out[i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; i += 2) {
+      const float2 v = *reinterpret_cast<const float2*>(p + i);
+      out[i] = v.x, out[i + 1] = v.y;
+    }
   }
 }
 
@@ -147,67 +206,87 @@ __device__ __forceinline__ float to_f32(T v) {
   }
 }
 
-// What one warp step reads from global memory: its K words (lane: 16 bytes
-// of key 8n + q per chunk), its V runs (keys 2t, 2t+1, 2t+8, 2t+9 of each
-// 16 keys) and a coalesced share of the step's scales and biases. Loaded one
-// step ahead of its use, so a warp's loads are in flight while it computes.
+// What one warp step reads: for each 16-key tile, the K words of keys q and
+// q + 8 (lane t: words [t, t + 1) * kLaneWords of every group), the V runs of
+// keys 2t, 2t + 1, 2t + 8, 2t + 9, and a share of the scales and biases.
 template <int BITS, int D, int GS>
 struct Step {
   using S = Shape<BITS, D, GS>;
-  static constexpr int kStaged = S::kKeys * S::kGroups;
-  static constexpr int kStage = (kStaged + 31) / 32;
-  uint4 kw[S::kSlices][S::kChunks];
-  uint32_t vw[S::kVSteps][4][S::kGroups][S::kRunWords];
-  float ks[kStage], kb[kStage], vs[kStage], vb[kStage];
+  uint32_t k[S::kKeyTiles][2][S::kGroups][S::kLaneWords];
+  uint32_t v[S::kKeyTiles][4][S::kGroups][S::kRunWords];
+  float ks[S::kStage], kb[S::kStage], vs[S::kStage], vb[S::kStage];
 };
 
-// Where a step's data lives: bases at (batch, KV head), strides within a
-// head in elements (32-bit: the host sends heads of 2^31 bytes or more to the
-// generic kernel).
+// Where a step's data lives: bases at (batch, KV head). Rows are dense (the
+// host sends other layouts to the generic kernel): a key's packed row is
+// D * BITS / 8 bytes, its scales and biases G consecutive elements. So every
+// load of a step is one base plus a compile-time offset.
 template <typename ST>
 struct Views {
   const uint8_t *k, *v;
-  int krow, vrow; // bytes
   const ST *ks, *kb, *vs, *vb;
-  int ks_row, kb_row, vs_row, vb_row, ks_g, kb_g, vs_g, vb_g;
 };
 
-template <int BITS, int D, int GS, typename ST>
-__device__ __forceinline__ void load_step(
-    Step<BITS, D, GS>& st, int k0, int N, int lane, const Views<ST>& w) {
+// Loads the step at keys [k0, k0 + kKeys). kClamp: some of them are past N
+// (read key N - 1 there; the scores hide them and their scales become 0).
+template <bool kClamp, int BITS, int D, int GS, typename ST>
+__device__ __forceinline__ void load_step(Step<BITS, D, GS>& st, int k0, int N, int lane,
+                                          const Views<ST>& w) {
   using S = Shape<BITS, D, GS>;
-  using StepT = Step<BITS, D, GS>;
+  constexpr int kRow = D * BITS / 8;
+  constexpr int G = S::kGroups;
   const int q = lane >> 2, t = lane & 3;
+  // Lane parts of the addresses: K words of key q (lane t's share), V runs of
+  // key 2t (quad q's dims), scale entries from `lane`.
+  const uint8_t* kp = w.k + size_t(k0 + q) * kRow + t * S::kLaneWords * 4;
+  const uint8_t* vp = w.v + size_t(k0 + 2 * t) * kRow + q * S::kRunBytes;
+  auto row = [&](int i) { return kClamp ? min(k0 + i, N - 1) - k0 : i; };
 #pragma unroll
-  for (int n = 0; n < S::kSlices; ++n) {
-    const uint8_t* p = w.k + min(k0 + n * 8 + q, N - 1) * w.krow + 16 * t;
+  for (int mt = 0; mt < S::kKeyTiles; ++mt) {
 #pragma unroll
-    for (int c = 0; c < S::kChunks; ++c) {
-      st.kw[n][c] = *reinterpret_cast<const uint4*>(p + c * 64);
-    }
-  }
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* p = kClamp ? w.k + size_t(row(16 * mt + 8 * h + q) + k0) * kRow +
+                                      t * S::kLaneWords * 4
+                                : kp + (16 * mt + 8 * h) * kRow;
 #pragma unroll
-  for (int s = 0; s < S::kVSteps; ++s) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = min(k0 + 16 * s + 2 * t + (e & 1) + (e >> 1) * 8, N - 1);
-      const uint8_t* p = w.v + key * w.vrow + q * S::kRunDims * BITS / 8;
-#pragma unroll
-      for (int g = 0; g < S::kGroups; ++g) {
-        load_run<S::kRunBytes>(p + g * GS * BITS / 8, st.vw[s][e][g]);
+      for (int g = 0; g < G; ++g) {
+        load_words<S::kLaneWords>(p + g * S::kGroupWords * 4, st.k[mt][h][g]);
       }
     }
   }
 #pragma unroll
-  for (int u = 0; u < StepT::kStage; ++u) {
-    const int i = min(lane + 32 * u, StepT::kStaged - 1);
-    const int key = min(k0 + i / S::kGroups, N - 1), g = i % S::kGroups;
-    const float sk = to_f32(w.ks[key * w.ks_row + g * w.ks_g]);
-    st.ks[u] = sk;
-    // The K bias as the scores use it: less the codes' offset times the scale.
-    st.kb[u] = to_f32(w.kb[key * w.kb_row + g * w.kb_g]) - kCodeOffset<BITS> * sk;
-    st.vs[u] = to_f32(w.vs[key * w.vs_row + g * w.vs_g]);
-    st.vb[u] = to_f32(w.vb[key * w.vb_row + g * w.vb_g]);
+  for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = 16 * mt + (e & 1) + 8 * (e >> 1);
+      const uint8_t* p = kClamp ? w.v + size_t(row(2 * t + c) + k0) * kRow + q * S::kRunBytes
+                                : vp + c * kRow;
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        load_run<S::kRunBytes>(p + g * GS * BITS / 8, st.v[mt][e][g]);
+      }
+    }
+  }
+  const size_t sbase = size_t(k0) * G;
+#pragma unroll
+  for (int u = 0; u < S::kStage; ++u) {
+    int i = lane + 32 * u;
+    if (S::kStaged % 32 != 0) {
+      i = min(i, S::kStaged - 1);
+    }
+    int at = i; // element offset from key k0
+    bool past = false; // may be NaN past a view's end
+    if (kClamp) {
+      const int kl = i / G;
+      past = k0 + kl >= N;
+      at = (row(kl)) * G + i % G;
+    }
+    const float sk = to_f32(w.ks[sbase + at]), bk = to_f32(w.kb[sbase + at]);
+    const float sv = to_f32(w.vs[sbase + at]), bv = to_f32(w.vb[sbase + at]);
+    st.ks[u] = past ? 0.0f : sk;
+    st.kb[u] = past ? 0.0f : bk;
+    st.vs[u] = past ? 0.0f : sv;
+    st.vb[u] = past ? 0.0f : bv;
   }
 }
 
@@ -215,274 +294,302 @@ template <int BITS, int D, int GS, typename ST, bool kTwoTerms>
 __global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
   using S = Shape<BITS, D, GS>;
   using StepT = Step<BITS, D, GS>;
-  constexpr float kOff = kCodeOffset<BITS>; // codes come out as kOff + c
+  constexpr int G = S::kGroups;
+  constexpr float kVOff = kVOffset<BITS>;
   extern __shared__ float4 smem4[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int q = lane >> 2, t = lane & 3;
   const int kvh = blockIdx.y, b = blockIdx.z;
   const int R = a.rows;
-  constexpr bool two_terms = kTwoTerms; // f16 q: q and P' as hi + lo bf16
 
-  // Shared memory: query fragments, per-row sums of q per group, per-warp
-  // scale staging, and the block merge buffers.
-  uint4* qfrag = reinterpret_cast<uint4*>(smem4); // [2][chunks][steps][32]
-  float* qsum = reinterpret_cast<float*>(qfrag + 2 * S::kChunks * S::kSteps * 32);
-  float* stage = qsum + S::kMaxRows * S::kGroups; // [warps][4][keys][groups]
-  float* wm = stage + kWarps * 4 * S::kKeys * S::kGroups; // [warps][rows]
+  // Shared memory: query fragments (D > 128), per-warp scale staging [warps][keys][ks, kb, vs, vb][G],
+  // then the block merge buffers.
+  uint2* qsm = reinterpret_cast<uint2*>(smem4); // [k-steps][lanes] with kQInSmem
+  float* stage = reinterpret_cast<float*>(smem4) + S::kQSmemBytes / 4;
+  float* wm = stage + kWarps * S::kKeys * 4 * G; // [warps][rows]
   float* wl = wm + kWarps * S::kMaxRows;
   float* obuf = wl + kWarps * S::kMaxRows; // [rows][D]
+  for (int i = threadIdx.x; i < S::kMaxRows * D; i += blockDim.x) {
+    obuf[i] = 0.0f;
+  }
 
+  // Query fragments (B operand of the scores: column n = q is query row q),
+  // scaled by 2^e per row into f16 range; the high-nibble slots of 4-bit
+  // codes take q / 16.
   auto qval = [&](int r, int d) {
     const int l = r / a.rep, h = kvh * a.rep + r % a.rep;
     const int64_t i = b * a.q_st[0] + h * a.q_st[1] + l * a.q_st[2] + d * a.q_st[3];
     return load_float(a.q, i, a.q_dtype);
   };
-  // Row rho of the A operand -> (slot, query row).
-  auto row_slot = [](int rho) { return rho / S::kSlotRows; };
-  auto row_query = [](int rho) { return rho % S::kSlotRows; };
-
-  for (int i = threadIdx.x; i < S::kChunks * S::kSteps * 32 * 4; i += blockDim.x) {
-    const int reg = i & 3, ln = (i >> 2) & 31, cj = i >> 7;
-    const int c = cj / S::kSteps, j = cj % S::kSteps;
-    const int lq = ln >> 2, lt = ln & 3;
-    const int rho = (reg & 1) ? lq + 8 : lq;
-    const int lane_slot = lt / (4 / S::kSlots);
-    const int r = row_query(rho);
-    const bool live = row_slot(rho) == lane_slot && r < R;
-    uint32_t hi = 0, lo = 0;
-    for (int half = 0; half < 2; ++half) {
-      const int e = (reg >> 1) * 2 + half;
-      const float v = live ? qval(r, S::key_dim(c, lt, j, e)) : 0.0f;
-      const __nv_bfloat16 vh = __float2bfloat16_rn(v);
-      const __nv_bfloat16 vl = __float2bfloat16_rn(v - __bfloat162float(vh));
-      hi |= uint32_t(*reinterpret_cast<const uint16_t*>(&vh)) << (16 * half);
-      lo |= uint32_t(*reinterpret_cast<const uint16_t*>(&vl)) << (16 * half);
-    }
-    reinterpret_cast<uint32_t*>(qfrag)[(cj * 32 + ln) * 4 + reg] = hi;
-    reinterpret_cast<uint32_t*>(qfrag + S::kChunks * S::kSteps * 32)[(cj * 32 + ln) * 4 + reg] =
-        lo;
-  }
-  for (int i = threadIdx.x; i < S::kMaxRows * S::kGroups; i += blockDim.x) {
-    const int r = i / S::kGroups, g = i % S::kGroups;
-    float s = 0.0f;
-    if (r < R) {
-      for (int d = g * GS; d < (g + 1) * GS; ++d) {
-        s += qval(r, d);
+  const bool qlive = q < R;
+  float amax = 0.0f;
+  for (int g = 0; g < G; ++g) {
+    for (int j = 0; j < S::kGroupKSteps; ++j) {
+      for (int e = 0; e < 4; ++e) {
+        amax = fmaxf(amax, qlive ? fabsf(qval(q, S::key_dim(t, g, j, e))) : 0.0f);
       }
     }
-    qsum[i] = s;
   }
-  for (int i = threadIdx.x; i < S::kMaxRows * D; i += blockDim.x) {
-    obuf[i] = 0.0f;
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  int ex = 0;
+  frexpf(amax, &ex);
+  const float up = amax > 0.0f && amax <= FLT_MAX ? ldexpf(1.0f, 15 - ex) : 1.0f;
+  uint32_t qf[G][S::kGroupKSteps][2];
+  float fed[G], qsum[G]; // per group: sum of the fed f16 values, sum of q
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    fed[g] = qsum[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < S::kGroupKSteps; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int e = 2 * h + i;
+          const float x = qlive ? qval(q, S::key_dim(t, g, j, e)) : 0.0f;
+          qsum[g] += x;
+          v[i] = x * up * (S::high_nibble(e) ? 0.0625f : 1.0f);
+        }
+        const __half2 hv = __floats2half2_rn(v[0], v[1]);
+        const float2 back = __half22float2(hv);
+        fed[g] += back.x + back.y;
+        qf[g][j][h] = h2_bits(hv);
+      }
+      if (S::kQInSmem && warp == 0) {
+        qsm[(g * S::kGroupKSteps + j) * 32 + lane] = make_uint2(qf[g][j][0], qf[g][j][1]);
+      }
+    }
+  }
+  auto qfrag = [&](int g, int j) {
+    if constexpr (S::kQInSmem) {
+      return qsm[(g * S::kGroupKSteps + j) * 32 + lane];
+    } else {
+      return make_uint2(qf[g][j][0], qf[g][j][1]);
+    }
+  };
+  // Per-row constants of the lane's score columns (rows 2t, 2t + 1), all in
+  // log2 softmax units: 2^-e, the fed codes' 1024 offset, and qsum (for the
+  // biases).
+  const float scale2 = a.scale * kLog2e;
+  float inv[2], off[G][2], qs[G][2];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    fed[g] += __shfl_xor_sync(0xffffffffu, fed[g], 1);
+    fed[g] += __shfl_xor_sync(0xffffffffu, fed[g], 2);
+    qsum[g] += __shfl_xor_sync(0xffffffffu, qsum[g], 1);
+    qsum[g] += __shfl_xor_sync(0xffffffffu, qsum[g], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int src = 4 * (2 * t + i);
+    const float down = 1.0f / __shfl_sync(0xffffffffu, up, src);
+    inv[i] = down * scale2;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      off[g][i] = -1024.0f * __shfl_sync(0xffffffffu, fed[g], src) * inv[i];
+      qs[g][i] = __shfl_sync(0xffffffffu, qsum[g], src) * scale2;
+    }
   }
   __syncthreads();
 
   Views<ST> views;
   views.k = reinterpret_cast<const uint8_t*>(a.kw + b * a.kw_st[0] + kvh * a.kw_st[1]);
   views.v = reinterpret_cast<const uint8_t*>(a.vw + b * a.vw_st[0] + kvh * a.vw_st[1]);
-  views.krow = int(a.kw_st[2] * 4);
-  views.vrow = int(a.vw_st[2] * 4);
   views.ks = static_cast<const ST*>(a.ks) + b * a.ks_st[0] + kvh * a.ks_st[1];
   views.kb = static_cast<const ST*>(a.kb) + b * a.kb_st[0] + kvh * a.kb_st[1];
   views.vs = static_cast<const ST*>(a.vs) + b * a.vs_st[0] + kvh * a.vs_st[1];
   views.vb = static_cast<const ST*>(a.vb) + b * a.vb_st[0] + kvh * a.vb_st[1];
-  views.ks_row = int(a.ks_st[2]), views.kb_row = int(a.kb_st[2]);
-  views.vs_row = int(a.vs_st[2]), views.vb_row = int(a.vb_st[2]);
-  views.ks_g = int(a.ks_st[3]), views.kb_g = int(a.kb_st[3]);
-  views.vs_g = int(a.vs_st[3]), views.vb_g = int(a.vb_st[3]);
   const int N = a.N;
+  // Keys up to `clean_end` are visible to every row: no per-score masking.
+  const int clean_end = a.mask_kind == 1 ? N - a.L + 1 : N;
 
-  // This lane's query row and its visible-key limit.
-  const int my_r = row_query(q);
-  const bool my_live = my_r < R;
-  const int qrow = my_live ? my_r : 0;
-  const int limit = a.mask_kind == 1 ? N - a.L + qrow / a.rep : N - 1;
-  const float scale2 = a.scale * kLog2e;
-
-  // Running state of this lane's row (max in log2 units; sum p per lane,
-  // reduced over the quad at the end) and of its output columns (rows 2t,
-  // 2t + 1): O^T tiles, sum p * V bias per group, and for 4-bit codes the
-  // sum of the P' fed to the tensor cores (ones . P'), which times 128 is
-  // the codes' offset to take out.
-  float m = -INFINITY, l = 0.0f;
-  float vbias[S::kGroups];
-  float acc[S::kTiles][4];
-  float poff[S::kGroups][4];
+  // Running state of the lane's rows 2t, 2t + 1: max (log2 units, the same
+  // in all lanes of a t), this lane's share of the sum of p, sum p * V bias
+  // per group, O^T tiles (dims x rows) and, for 4-bit codes, the ones . P'
+  // sums whose 128 multiple is the codes' offset.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float vbias[G][2];
+  float acc[S::kVTiles][4];
+  float poff[G][4];
 #pragma unroll
-  for (int g = 0; g < S::kGroups; ++g) {
-    vbias[g] = 0.0f;
+  for (int g = 0; g < G; ++g) {
+    vbias[g][0] = vbias[g][1] = 0.0f;
 #pragma unroll
     for (int e = 0; e < 4; ++e) poff[g][e] = 0.0f;
   }
 #pragma unroll
-  for (int i = 0; i < S::kTiles; ++i) {
+  for (int i = 0; i < S::kVTiles; ++i) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
   }
-  const uint4 ones = make_uint4(0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u);
+  const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
 
-  float* st = stage + warp * 4 * S::kKeys * S::kGroups;
-  float* st_ks = st;
-  float* st_kb = st + S::kKeys * S::kGroups;
-  float* st_vs = st + 2 * S::kKeys * S::kGroups;
-  float* st_vb = st + 3 * S::kKeys * S::kGroups;
+  float* st = stage + warp * S::kKeys * 4 * G;
+  // Each row's visible-key limit (causal) for masked steps.
+  const int limit0 = a.mask_kind == 1 ? N - a.L + (2 * t) / a.rep : N - 1;
+  const int limit1 = a.mask_kind == 1 ? N - a.L + (2 * t + 1) / a.rep : N - 1;
 
   auto process = [&](const StepT& cur, int k0) {
     __syncwarp();
 #pragma unroll
-    for (int u = 0; u < StepT::kStage; ++u) {
-      if (StepT::kStaged % 32 != 0 && lane + 32 * u >= StepT::kStaged) {
-        break;
+    for (int u = 0; u < S::kStage; ++u) {
+      const int i = lane + 32 * u;
+      if (S::kStaged % 32 == 0 || i < S::kStaged) {
+        const int kl = i / G, g = i % G;
+        float* row = st + kl * 4 * G + g;
+        row[0] = cur.ks[u];
+        row[G] = cur.kb[u];
+        row[2 * G] = cur.vs[u];
+        row[3 * G] = cur.vb[u];
       }
-      st_ks[lane + 32 * u] = cur.ks[u];
-      st_kb[lane + 32 * u] = cur.kb[u];
-      st_vs[lane + 32 * u] = cur.vs[u];
-      st_vb[lane + 32 * u] = cur.vb[u];
     }
     __syncwarp();
 
-    // Scores of this lane's row at keys 8n + 2t + e.
-    float s[S::kSlices][2];
+    // Scores of keys 16 mt + q (e = 0, 1) and 16 mt + q + 8 (e = 2, 3) for
+    // rows 2t + (e & 1), in log2 units.
+    float s[S::kKeyTiles][4];
+    const float* my_keys = st + q * 4 * G; // staged entries of key q of the step
 #pragma unroll
-    for (int n = 0; n < S::kSlices; ++n) s[n][0] = s[n][1] = 0.0f;
+    for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+      float sk[2][2 * G]; // K scales and biases of keys q, q + 8
 #pragma unroll
-    for (int c = 0; c < S::kChunks; ++c) {
-      float d[S::kSlices][4];
+      for (int h = 0; h < 2; ++h) {
+        load_floats<2 * G>(my_keys + (16 * mt + 8 * h) * 4 * G, sk[h]);
+      }
+      float d[G][4];
 #pragma unroll
-      for (int n = 0; n < S::kSlices; ++n) d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.0f;
+      for (int g = 0; g < G; ++g) {
+        d[g][0] = d[g][1] = d[g][2] = d[g][3] = 0.0f;
 #pragma unroll
-      for (int j = 0; j < S::kSteps; ++j) {
-        const uint4 a_hi = qfrag[(c * S::kSteps + j) * 32 + lane];
-        uint4 a_lo = a_hi;
-        if constexpr (two_terms) {
-          a_lo = qfrag[((S::kChunks + c) * S::kSteps + j) * 32 + lane];
-        }
-        const int word = j / S::kStepsPerWord;
-        const int s0 = 2 * (j % S::kStepsPerWord);
-#pragma unroll
-        for (int n = 0; n < S::kSlices; ++n) {
-          const uint32_t w = (&cur.kw[n][c].x)[word];
-          const uint32_t b0 = code_pair<BITS>(w >> (BITS * s0));
-          const uint32_t b1 = code_pair<BITS>(w >> (BITS * (s0 + 1)));
-          mma_bf16(d[n], a_hi, b0, b1);
-          if constexpr (two_terms) {
-            mma_bf16(d[n], a_lo, b0, b1);
+        for (int j = 0; j < S::kGroupKSteps; ++j) {
+          uint32_t af[4];
+          if constexpr (BITS == 4) {
+            const uint32_t x0 = cur.k[mt][0][g][j >> 1] >> (8 * (j & 1));
+            const uint32_t x1 = cur.k[mt][1][g][j >> 1] >> (8 * (j & 1));
+            af[0] = and_or(x0, 0x000F000Fu, kF16Magic);
+            af[1] = and_or(x1, 0x000F000Fu, kF16Magic);
+            af[2] = and_or(x0, 0x00F000F0u, kF16Magic);
+            af[3] = and_or(x1, 0x00F000F0u, kF16Magic);
+          } else {
+            const uint32_t x0 = cur.k[mt][0][g][j], x1 = cur.k[mt][1][g][j];
+            af[0] = __byte_perm(x0, kF16Magic, 0x4240);
+            af[1] = __byte_perm(x1, kF16Magic, 0x4240);
+            af[2] = __byte_perm(x0, kF16Magic, 0x4341);
+            af[3] = __byte_perm(x1, kF16Magic, 0x4341);
           }
+          const uint2 bq = qfrag(g, j);
+          mma_f16(d[g], af, bq.x, bq.y);
         }
       }
-      const int g0 = S::slot_group(c, row_slot(q));
-      const int g1 = S::slot_group(c, row_slot(q + 8));
 #pragma unroll
-      for (int n = 0; n < S::kSlices; ++n) {
+      for (int e = 0; e < 4; ++e) {
+        const float* kk = sk[e >> 1];
+        float v = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int kl = n * 8 + 2 * t + e;
-          s[n][e] += st_ks[kl * S::kGroups + g0] * d[n][e];
-          if (row_slot(q + 8) < S::kSlots) {
-            s[n][e] += st_ks[kl * S::kGroups + g1] * d[n][2 + e];
-          }
+        for (int g = 0; g < G; ++g) {
+          v = fmaf(kk[g], fmaf(d[g][e], inv[e & 1], off[g][e & 1]), v);
+          v = fmaf(kk[G + g], qs[g][e & 1], v);
         }
+        s[mt][e] = v;
       }
     }
-    float tile_max = -INFINITY;
+    const bool clean = k0 + S::kKeys <= clean_end;
+    if (!clean) {
 #pragma unroll
-    for (int n = 0; n < S::kSlices; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float v = s[n][e];
-        if constexpr (S::kSlots == 4) {
-          v += __shfl_xor_sync(0xffffffffu, v, 16); // the other two slots
-        }
-        const int kl = n * 8 + 2 * t + e;
-#pragma unroll
-        for (int g = 0; g < S::kGroups; ++g) {
-          v += st_kb[kl * S::kGroups + g] * qsum[qrow * S::kGroups + g];
-        }
-        const int key = k0 + kl;
-        const bool visible = my_live && key < N && key <= limit;
-        s[n][e] = visible ? v * scale2 : -INFINITY;
-        tile_max = fmaxf(tile_max, s[n][e]);
-      }
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-
-    // Online softmax (log2 domain). Rescaling is skipped while no row's
-    // max moved (most steps once the first keys are seen).
-    const float m_new = fmaxf(m, tile_max);
-    const float corr = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
-    m = m_new;
-    float p[S::kSlices][2];
-    float psum = 0.0f;
-#pragma unroll
-    for (int n = 0; n < S::kSlices; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        p[n][e] = m_new == -INFINITY ? 0.0f : exp2f(s[n][e] - m_new);
-        psum += p[n][e];
-      }
-    }
-    l = l * corr + psum;
-#pragma unroll
-    for (int g = 0; g < S::kGroups; ++g) {
-      float add = 0.0f;
-#pragma unroll
-      for (int n = 0; n < S::kSlices; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int kl = n * 8 + 2 * t + e;
-          add += p[n][e] != 0.0f ? p[n][e] * st_vb[kl * S::kGroups + g] : 0.0f;
-        }
-      }
-      vbias[g] = vbias[g] * corr + add;
-    }
-    if (__any_sync(0xffffffffu, corr != 1.0f)) {
-      // Output columns of this lane are query rows 2t and 2t + 1.
-      const float c0 = __shfl_sync(0xffffffffu, corr, (2 * t) * 4);
-      const float c1 = __shfl_sync(0xffffffffu, corr, (2 * t + 1) * 4);
-#pragma unroll
-      for (int i = 0; i < S::kTiles; ++i) {
-        acc[i][0] *= c0;
-        acc[i][1] *= c1;
-        acc[i][2] *= c0;
-        acc[i][3] *= c1;
-      }
-#pragma unroll
-      for (int g = 0; g < S::kGroups; ++g) {
-        poff[g][0] *= c0;
-        poff[g][1] *= c1;
-        poff[g][2] *= c0;
-        poff[g][3] *= c1;
-      }
-    }
-
-    // O^T += V_codes^T . P' per group.
-    const bool col_live = q < R; // B column n = q is query row q
-#pragma unroll
-    for (int sv2 = 0; sv2 < S::kVSteps; ++sv2) {
-#pragma unroll
-      for (int g = 0; g < S::kGroups; ++g) {
-        float w4[4];
+      for (int mt = 0; mt < S::kKeyTiles; ++mt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int n = 2 * sv2 + (e >> 1);
-          const float pe = p[n][e & 1];
-          const int kl = n * 8 + 2 * t + (e & 1);
-          w4[e] = col_live && pe != 0.0f ? pe * st_vs[kl * S::kGroups + g] : 0.0f;
+          const int key = k0 + 16 * mt + q + 8 * (e >> 1);
+          const bool visible = key < N && key <= ((e & 1) ? limit1 : limit0);
+          s[mt][e] = visible ? s[mt][e] : -INFINITY;
+        }
+      }
+    }
+
+    // Online softmax (log2 domain), rows 2t + i.
+    float corr[2], ms[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float tmax = -INFINITY;
+#pragma unroll
+      for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+        tmax = fmaxf(tmax, fmaxf(s[mt][i], s[mt][2 + i]));
+      }
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 4));
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 8));
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 16));
+      const float m_new = fmaxf(m[i], tmax);
+      corr[i] = m_new == -INFINITY ? 1.0f : fast_exp2(m[i] - m_new);
+      ms[i] = m_new == -INFINITY ? 0.0f : m_new;
+      m[i] = m_new;
+    }
+    float p[S::kKeyTiles][4];
+    float psum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        p[mt][e] = fast_exp2(s[mt][e] - ms[e & 1]);
+        psum[e & 1] += p[mt][e];
+      }
+    }
+    if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+      for (int i = 0; i < S::kVTiles; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][e] *= corr[e & 1];
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) poff[g][e] *= corr[e & 1];
+        vbias[g][0] *= corr[0];
+        vbias[g][1] *= corr[1];
+      }
+    }
+    l[0] = l[0] * corr[0] + psum[0];
+    l[1] = l[1] * corr[1] + psum[1];
+
+    // O^T += V_codes^T . P'^T per group, P' = p * V scale (0 where p is 0 in
+    // steps with hidden keys, so their scales never reach the sums).
+#pragma unroll
+    for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+      float sv[2][2 * G]; // V scales and biases of keys q, q + 8
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        load_floats<2 * G>(my_keys + (16 * mt + 8 * h) * 4 * G + 2 * G, sv[h]);
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float x[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float* vv = sv[e >> 1];
+          const float pe = p[mt][e];
+          x[e] = pe * vv[g];
+          float vbt = pe * vv[G + g];
+          if (!clean) {
+            x[e] = pe != 0.0f ? x[e] : 0.0f;
+            vbt = pe != 0.0f ? vbt : 0.0f;
+          }
+          vbias[g][e & 1] += vbt;
         }
         uint32_t bh[2], bl[2] = {0u, 0u};
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const __nv_bfloat162 x = __floats2bfloat162_rn(w4[2 * h], w4[2 * h + 1]);
-          bh[h] = bf2_bits(x);
-          if constexpr (two_terms) {
-            const float2 xf = __bfloat1622float2(x);
-            bl[h] = bf2_bits(__floats2bfloat162_rn(w4[2 * h] - xf.x, w4[2 * h + 1] - xf.y));
+        for (int h = 0; h < 2; ++h) { // keys q + 8h, rows 2t, 2t + 1
+          const __nv_bfloat162 xh = __floats2bfloat162_rn(x[2 * h], x[2 * h + 1]);
+          bh[h] = transpose8x8(bf2_bits(xh));
+          if constexpr (kTwoTerms) {
+            const float2 xf = __bfloat1622float2(xh);
+            bl[h] = transpose8x8(
+                bf2_bits(__floats2bfloat162_rn(x[2 * h] - xf.x, x[2 * h + 1] - xf.y)));
           }
         }
-        if constexpr (kOff != 0.0f) {
+        if constexpr (kVOff != 0.0f) {
           mma_bf16(poff[g], ones, bh[0], bh[1]);
-          if constexpr (two_terms) {
+          if constexpr (kTwoTerms) {
             mma_bf16(poff[g], ones, bl[0], bl[1]);
           }
         }
@@ -495,21 +602,22 @@ __global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
           const int bit = 2 * jp * BITS;
           const int word = bit / 32, byte = (bit % 32) / 8;
           const uint32_t sel = byte | ((byte + 1) << 4) | ((byte + 4) << 8) | ((byte + 5) << 12);
-          const uint32_t x01 = __byte_perm(cur.vw[sv2][0][g][word], cur.vw[sv2][1][g][word], sel);
-          const uint32_t x89 = __byte_perm(cur.vw[sv2][2][g][word], cur.vw[sv2][3][g][word], sel);
+          const uint32_t x01 =
+              __byte_perm(cur.v[mt][0][g][word], cur.v[mt][1][g][word], sel);
+          const uint32_t x89 =
+              __byte_perm(cur.v[mt][2][g][word], cur.v[mt][3][g][word], sel);
 #pragma unroll
           for (int jj = 0; jj < kTilesPerPerm; ++jj) {
             const int j = jp + jj;
-            uint32_t areg[4];
+            uint32_t av[4];
 #pragma unroll
             for (int h = 0; h < 2; ++h) { // h = 0: row q (run code 2j); 1: row q + 8
               const int shift = (2 * jj + h) * BITS;
-              areg[h] = code_pair<BITS>(x01 >> shift);
-              areg[2 + h] = code_pair<BITS>(x89 >> shift);
+              av[h] = v_code_pair<BITS>(x01 >> shift);
+              av[2 + h] = v_code_pair<BITS>(x89 >> shift);
             }
-            const uint4 av = make_uint4(areg[0], areg[1], areg[2], areg[3]);
             mma_bf16(acc[g * S::kTilesPerGroup + j], av, bh[0], bh[1]);
-            if constexpr (two_terms) {
+            if constexpr (kTwoTerms) {
               mma_bf16(acc[g * S::kTilesPerGroup + j], av, bl[0], bl[1]);
             }
           }
@@ -522,14 +630,21 @@ __global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
   const int split_begin = blockIdx.x * a.split_keys;
   const int split_end = min(N, split_begin + a.split_keys);
   constexpr int kStride = kWarps * S::kKeys;
+  auto load = [&](StepT& buf, int k0) {
+    if (k0 + S::kKeys <= N) {
+      load_step<false>(buf, k0, N, lane, views);
+    } else {
+      load_step<true>(buf, k0, N, lane, views);
+    }
+  };
   int k0 = split_begin + warp * S::kKeys;
   StepT buf0, buf1;
   if (k0 < split_end) {
-    load_step(buf0, k0, N, lane, views);
+    load(buf0, k0);
   }
   while (k0 < split_end) {
     if (k0 + kStride < split_end) {
-      load_step(buf1, k0 + kStride, N, lane, views);
+      load(buf1, k0 + kStride);
     }
     process(buf0, k0);
     k0 += kStride;
@@ -537,54 +652,56 @@ __global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
       break;
     }
     if (k0 + kStride < split_end) {
-      load_step(buf0, k0 + kStride, N, lane, views);
+      load(buf0, k0 + kStride);
     }
     process(buf1, k0);
     k0 += kStride;
   }
 
   // Block merge of the four warps' states, then one partial per block.
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
 #pragma unroll
-  for (int g = 0; g < S::kGroups; ++g) {
-    vbias[g] += __shfl_xor_sync(0xffffffffu, vbias[g], 1);
-    vbias[g] += __shfl_xor_sync(0xffffffffu, vbias[g], 2);
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 4);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 8);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 16);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      vbias[g][i] += __shfl_xor_sync(0xffffffffu, vbias[g][i], 4);
+      vbias[g][i] += __shfl_xor_sync(0xffffffffu, vbias[g][i], 8);
+      vbias[g][i] += __shfl_xor_sync(0xffffffffu, vbias[g][i], 16);
+    }
   }
-  if (t == 0 && q < S::kMaxRows && row_query(q) == q) {
-    wm[warp * S::kMaxRows + q] = m;
-    wl[warp * S::kMaxRows + q] = l;
+  if (q == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      wm[warp * S::kMaxRows + 2 * t + i] = m[i];
+      wl[warp * S::kMaxRows + 2 * t + i] = l[i];
+    }
   }
   __syncthreads();
   // Each warp's weight for rows 2t, 2t + 1 (its output columns).
   float wgt[2];
 #pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const int r = 2 * t + e;
+  for (int i = 0; i < 2; ++i) {
+    const int r = 2 * t + i;
     float mb = -INFINITY;
     if (r < R) {
       for (int w = 0; w < kWarps; ++w) mb = fmaxf(mb, wm[w * S::kMaxRows + r]);
     }
-    const float mw = r < R ? wm[warp * S::kMaxRows + r] : -INFINITY;
-    wgt[e] = mw == -INFINITY ? 0.0f : exp2f(mw - mb);
+    wgt[i] = r < R && m[i] != -INFINITY ? exp2f(m[i] - mb) : 0.0f;
   }
 #pragma unroll
-  for (int g = 0; g < S::kGroups; ++g) {
-    const float b0 = __shfl_sync(0xffffffffu, vbias[g], (2 * t) * 4);
-    const float b1 = __shfl_sync(0xffffffffu, vbias[g], (2 * t + 1) * 4);
+  for (int g = 0; g < G; ++g) {
 #pragma unroll
     for (int j = 0; j < S::kTilesPerGroup; ++j) {
-      const int i = g * S::kTilesPerGroup + j;
+      const int tile = g * S::kTilesPerGroup + j;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int d = g * GS + q * S::kRunDims + 2 * j + h;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int r = 2 * t + e;
-          if (r < R && wgt[e] > 0.0f) {
-            const float off = kOff * poff[g][2 * h + e]; // the codes' offset
-            atomicAdd(&obuf[r * D + d], wgt[e] * (acc[i][2 * h + e] - off + (e ? b1 : b0)));
-          }
+      for (int e = 0; e < 4; ++e) {
+        const int i = e & 1, r = 2 * t + i;
+        const int d = g * GS + q * S::kRunDims + 2 * j + (e >> 1);
+        if (wgt[i] > 0.0f) {
+          const float o = acc[tile][e] - kVOff * poff[g][i] + vbias[g][i];
+          atomicAdd(&obuf[r * D + d], wgt[i] * o);
         }
       }
     }
@@ -611,10 +728,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
 template <int BITS, int D, int GS>
 int smem_of() {
   using S = Shape<BITS, D, GS>;
-  const int frag = 2 * S::kChunks * S::kSteps * 32 * 16;
-  const int floats = S::kMaxRows * S::kGroups + kWarps * 4 * S::kKeys * S::kGroups +
-                     2 * kWarps * S::kMaxRows + S::kMaxRows * D;
-  return frag + floats * 4;
+  const int floats = kWarps * S::kKeys * 4 * S::kGroups + 2 * kWarps * S::kMaxRows +
+                     S::kMaxRows * D;
+  return S::kQSmemBytes + floats * 4;
 }
 
 template <int BITS, int D, int GS, bool kTwo>

@@ -5,6 +5,12 @@
 namespace mlxq::cuda {
 
 MmaKernel sdpa_mma_kernel_4bit(int D, int gs, int scale_dtype, int q_dtype) {
+  if (D == 64 && gs == 32) {
+    return instance<4, 64, 32>(scale_dtype, q_dtype);
+  }
+  if (D == 64 && gs == 64) {
+    return instance<4, 64, 64>(scale_dtype, q_dtype);
+  }
   if (D == 128 && gs == 32) {
     return instance<4, 128, 32>(scale_dtype, q_dtype);
   }
