@@ -106,22 +106,21 @@ __device__ __forceinline__ uint32_t v_code_pair(uint32_t x) {
   }
 }
 
-// The compile-time layout of one (bits, head dim, group size) instance.
+// The compile-time layout of one (bits, head dim, group size) instance. A
+// packed row is kChunks 16-byte chunks; a chunk lies in one group (32 dims of
+// 4-bit codes, 16 of 8-bit) and feeds the score mma through lane t's word t.
 template <int BITS, int D, int GS>
 struct Shape {
+  static constexpr int kRow = D * BITS / 8; // bytes of a packed row
+  static constexpr int kChunks = kRow / 16;
+  static constexpr int kChunkDims = 128 / BITS;
   static constexpr int kGroups = D / GS;
-  static constexpr int kGroupWords = GS * BITS / 32;
-  static constexpr int kLaneWords = kGroupWords / 4; // K words per lane, key row and group
   static constexpr int kKSteps = D / 16; // 16-dim k-steps of the scores
   static constexpr int kGroupKSteps = GS / 16;
-  static constexpr int kRunDims = GS / 8; // V dims of one lane quad per key and group
-  static constexpr int kRunBytes = kRunDims * BITS / 8;
-  static constexpr int kRunWords = kRunBytes >= 4 ? kRunBytes / 4 : 1;
-  static constexpr int kTilesPerGroup = GS / 16; // V m-tiles (16 dims) per group
+  static constexpr int kChunkKSteps = BITS == 4 ? 2 : 1;
+  static constexpr int kTilesPerChunk = kChunkDims / 16; // V m-tiles (16 dims)
   static constexpr int kVTiles = D / 16;
-  // Registers one 16-key tile's codes take per lane; tiles per warp step.
-  static constexpr int kTileWords = 2 * kGroups * kLaneWords + 4 * kGroups * kRunWords;
-  static constexpr int kKeyTiles = kTileWords <= 16 ? 2 : 1;
+  static constexpr int kKeyTiles = kRow <= 64 ? 2 : 1; // 16-key tiles per warp step
   static constexpr int kKeys = 16 * kKeyTiles;
   static constexpr int kMaxRows = 8;
   // Query fragments live in registers up to D = 128, in shared memory above
@@ -130,52 +129,33 @@ struct Shape {
   static constexpr int kQSmemBytes = kQInSmem ? kKSteps * 32 * 8 : 0;
   static constexpr int kStaged = kKeys * kGroups; // (key, group) scale entries per step
   static constexpr int kStage = (kStaged + 31) / 32; // per lane
-  static_assert(kGroupWords % 4 == 0, "a group must fill four lanes' words");
-  static_assert(GS % 32 == 0 && D % GS == 0, "unsupported group size");
+  // K and V codes of a step in shared memory, and steps in flight per warp:
+  // enough bytes in flight to cover HBM latency with ~8 warps per SM.
+  static constexpr int kStepBytes = 2 * kKeys * kRow;
+  static constexpr int kStages = kStepBytes <= 4096 ? 4 : 3;
+  static_assert(GS % 32 == 0 && D % GS == 0 && kChunks >= 2, "unsupported shape");
 
   // Head dim of element e (0: k = 2t, 1: 2t + 1, 2: 2t + 8, 3: 2t + 9) of the
   // K fragments of lane t in k-step j of group g, and whether the code sits
   // there as 16 c (the high nibble of a byte, 4-bit).
   __device__ static int key_dim(int t, int g, int j, int e) {
+    const int J = g * kGroupKSteps + j;
     if constexpr (BITS == 4) {
-      const int word = g * kGroupWords + t * kLaneWords + (j >> 1);
       constexpr int kOff[4] = {0, 4, 1, 5};
-      return 8 * word + 2 * (j & 1) + kOff[e];
+      return 8 * (4 * (J >> 1) + t) + 2 * (J & 1) + kOff[e];
     } else {
-      const int word = g * kGroupWords + t * kLaneWords + j;
       constexpr int kOff[4] = {0, 2, 1, 3};
-      return 4 * word + kOff[e];
+      return 4 * (4 * J + t) + kOff[e];
     }
   }
   __device__ static constexpr bool high_nibble(int e) { return BITS == 4 && e >= 2; }
+  // 16-byte slot of chunk c of row r of a step in shared memory: XOR-swizzled
+  // so the 8 rows an ldmatrix reads at one chunk hit distinct banks.
+  __device__ static int slot(int r, int c) {
+    constexpr int kRowsPerSwz = kChunks >= 8 ? 1 : 8 / kChunks;
+    return r * kChunks + (c ^ ((r / kRowsPerSwz) & (kChunks - 1)));
+  }
 };
-
-// Registers of `WORDS` consecutive 32-bit words, with the widest loads.
-template <int WORDS>
-__device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w) {
-  if constexpr (WORDS >= 4) {
-#pragma unroll
-    for (int i = 0; i < WORDS; i += 4) {
-      const uint4 v = *reinterpret_cast<const uint4*>(p + 4 * i);
-      w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
-    }
-  } else if constexpr (WORDS == 2) {
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    w[0] = v.x, w[1] = v.y;
-  } else {
-    w[0] = *reinterpret_cast<const uint32_t*>(p);
-  }
-}
-
-// One V run (the dims a quad needs from one key and group).
-template <int BYTES>
-__device__ __forceinline__ void load_run(const uint8_t* p, uint32_t* w) {
-  if constexpr (BYTES >= 4) {
-    load_words<BYTES / 4>(p, w);
-  } else {
-    w[0] = *reinterpret_cast<const uint16_t*>(p);
-  }
-}
 
 // N consecutive floats of shared memory, with the widest aligned loads.
 template <int N>
@@ -206,14 +186,11 @@ __device__ __forceinline__ float to_f32(T v) {
   }
 }
 
-// What one warp step reads: for each 16-key tile, the K words of keys q and
-// q + 8 (lane t: words [t, t + 1) * kLaneWords of every group), the V runs of
-// keys 2t, 2t + 1, 2t + 8, 2t + 9, and a share of the scales and biases.
+// The scales and biases of a step, loaded one step ahead into registers:
+// lane entries (key, group) = lane + 32 u.
 template <int BITS, int D, int GS>
 struct Step {
   using S = Shape<BITS, D, GS>;
-  uint32_t k[S::kKeyTiles][2][S::kGroups][S::kLaneWords];
-  uint32_t v[S::kKeyTiles][4][S::kGroups][S::kRunWords];
   float ks[S::kStage], kb[S::kStage], vs[S::kStage], vb[S::kStage];
 };
 
@@ -227,46 +204,49 @@ struct Views {
   const ST *ks, *kb, *vs, *vb;
 };
 
-// Loads the step at keys [k0, k0 + kKeys). kClamp: some of them are past N
-// (read key N - 1 there; the scores hide them and their scales become 0).
-template <bool kClamp, int BITS, int D, int GS, typename ST>
-__device__ __forceinline__ void load_step(Step<BITS, D, GS>& st, int k0, int N, int lane,
-                                          const Views<ST>& w) {
+// 16 bytes global -> shared, asynchronously; `bytes` < 16 zero-fills the rest.
+__device__ __forceinline__ void cp_async_zfill(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(bytes));
+}
+
+// Starts the copies of the K and V codes of keys [k0, k0 + kKeys) into a
+// stage (K rows, then V rows, in swizzled slots) as one commit group. Rows
+// past N are zero-filled without being read.
+template <int BITS, int D, int GS>
+__device__ __forceinline__ void issue_codes(uint8_t* stage, int k0, int N, int lane,
+                                            const uint8_t* k, const uint8_t* v) {
   using S = Shape<BITS, D, GS>;
-  constexpr int kRow = D * BITS / 8;
+  constexpr int kCopies = S::kKeys * S::kChunks / 32; // per lane and operand
+  const uint32_t base = smem_addr(stage);
+  const bool full = k0 + S::kKeys <= N;
+#pragma unroll
+  for (int u = 0; u < kCopies; ++u) {
+    const int i = lane + 32 * u; // chunk i of the step, linear in global memory
+    const int r = i / S::kChunks, c = i % S::kChunks;
+    const uint32_t dst = base + 16 * S::slot(r, c);
+    const int key = full ? k0 + r : min(k0 + r, N - 1);
+    const int bytes = full || k0 + r < N ? 16 : 0;
+    const size_t src = size_t(key) * S::kRow + 16 * c;
+    cp_async_zfill(dst, k + src, bytes);
+    cp_async_zfill(dst + S::kKeys * S::kRow, v + src, bytes);
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int STAGES>
+__device__ __forceinline__ void wait_codes() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES));
+}
+
+// Loads the scales and biases of keys [k0, k0 + kKeys); keys past N read key
+// N - 1 (it may be NaN past a view's end) and become 0.
+template <int BITS, int D, int GS, typename ST>
+__device__ __forceinline__ void load_scales(Step<BITS, D, GS>& st, int k0, int N, int lane,
+                                            const Views<ST>& w) {
+  using S = Shape<BITS, D, GS>;
   constexpr int G = S::kGroups;
-  const int q = lane >> 2, t = lane & 3;
-  // Lane parts of the addresses: K words of key q (lane t's share), V runs of
-  // key 2t (quad q's dims), scale entries from `lane`.
-  const uint8_t* kp = w.k + size_t(k0 + q) * kRow + t * S::kLaneWords * 4;
-  const uint8_t* vp = w.v + size_t(k0 + 2 * t) * kRow + q * S::kRunBytes;
-  auto row = [&](int i) { return kClamp ? min(k0 + i, N - 1) - k0 : i; };
-#pragma unroll
-  for (int mt = 0; mt < S::kKeyTiles; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint8_t* p = kClamp ? w.k + size_t(row(16 * mt + 8 * h + q) + k0) * kRow +
-                                      t * S::kLaneWords * 4
-                                : kp + (16 * mt + 8 * h) * kRow;
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        load_words<S::kLaneWords>(p + g * S::kGroupWords * 4, st.k[mt][h][g]);
-      }
-    }
-  }
-#pragma unroll
-  for (int mt = 0; mt < S::kKeyTiles; ++mt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int c = 16 * mt + (e & 1) + 8 * (e >> 1);
-      const uint8_t* p = kClamp ? w.v + size_t(row(2 * t + c) + k0) * kRow + q * S::kRunBytes
-                                : vp + c * kRow;
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        load_run<S::kRunBytes>(p + g * GS * BITS / 8, st.v[mt][e][g]);
-      }
-    }
-  }
+  const bool full = k0 + S::kKeys <= N;
   const size_t sbase = size_t(k0) * G;
 #pragma unroll
   for (int u = 0; u < S::kStage; ++u) {
@@ -274,13 +254,9 @@ __device__ __forceinline__ void load_step(Step<BITS, D, GS>& st, int k0, int N, 
     if (S::kStaged % 32 != 0) {
       i = min(i, S::kStaged - 1);
     }
-    int at = i; // element offset from key k0
-    bool past = false; // may be NaN past a view's end
-    if (kClamp) {
-      const int kl = i / G;
-      past = k0 + kl >= N;
-      at = (row(kl)) * G + i % G;
-    }
+    const int kl = i / G;
+    const bool past = !full && k0 + kl >= N;
+    const int at = full ? i : (min(k0 + kl, N - 1) - k0) * G + i % G;
     const float sk = to_f32(w.ks[sbase + at]), bk = to_f32(w.kb[sbase + at]);
     const float sv = to_f32(w.vs[sbase + at]), bv = to_f32(w.vb[sbase + at]);
     st.ks[u] = past ? 0.0f : sk;
@@ -291,21 +267,24 @@ __device__ __forceinline__ void load_step(Step<BITS, D, GS>& st, int k0, int N, 
 }
 
 template <int BITS, int D, int GS, typename ST, bool kTwoTerms>
-__global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
   using S = Shape<BITS, D, GS>;
   using StepT = Step<BITS, D, GS>;
   constexpr int G = S::kGroups;
   constexpr float kVOff = kVOffset<BITS>;
+  constexpr int kChunksPerGroup = GS / S::kChunkDims;
   extern __shared__ float4 smem4[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int q = lane >> 2, t = lane & 3;
   const int kvh = blockIdx.y, b = blockIdx.z;
   const int R = a.rows;
 
-  // Shared memory: query fragments (D > 128), per-warp scale staging [warps][keys][ks, kb, vs, vb][G],
-  // then the block merge buffers.
+  // Shared memory: query fragments (D > 128), per-warp rings of K/V code
+  // stages, per-warp scale staging [warps][keys][ks, kb, vs, vb][G], then the
+  // block merge buffers.
   uint2* qsm = reinterpret_cast<uint2*>(smem4); // [k-steps][lanes] with kQInSmem
-  float* stage = reinterpret_cast<float*>(smem4) + S::kQSmemBytes / 4;
+  uint8_t* codes = reinterpret_cast<uint8_t*>(smem4) + S::kQSmemBytes; // [warps][stages][step]
+  float* stage = reinterpret_cast<float*>(codes + kWarps * S::kStages * S::kStepBytes);
   float* wm = stage + kWarps * S::kKeys * 4 * G; // [warps][rows]
   float* wl = wm + kWarps * S::kMaxRows;
   float* obuf = wl + kWarps * S::kMaxRows; // [rows][D]
@@ -431,7 +410,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
   const int limit0 = a.mask_kind == 1 ? N - a.L + (2 * t) / a.rep : N - 1;
   const int limit1 = a.mask_kind == 1 ? N - a.L + (2 * t + 1) / a.rep : N - 1;
 
-  auto process = [&](const StepT& cur, int k0) {
+  // Fragments of one 16-key tile from a stage: lane i addresses row i % 8 of
+  // matrix i / 8 = (keys 8 (i / 8 % 2) + .., chunk c + i / 16).
+  auto tile_rows = [&](const uint8_t* base, int mt, int c) {
+    const int mi = lane >> 3;
+    return base + 16 * S::slot(16 * mt + 8 * (mi & 1) + (lane & 7), c + (mi >> 1));
+  };
+  auto process = [&](const StepT& cur, int k0, const uint8_t* stg) {
     __syncwarp();
 #pragma unroll
     for (int u = 0; u < S::kStage; ++u) {
@@ -458,22 +443,31 @@ __global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
       for (int h = 0; h < 2; ++h) {
         load_floats<2 * G>(my_keys + (16 * mt + 8 * h) * 4 * G, sk[h]);
       }
+      // kx[c][h]: word t of chunk c of key q + 8h.
+      uint32_t kx[S::kChunks][2];
+#pragma unroll
+      for (int c = 0; c < S::kChunks; c += 2) {
+        uint32_t r[4];
+        ldsm_x4(r, tile_rows(stg, mt, c));
+        kx[c][0] = r[0], kx[c][1] = r[1], kx[c + 1][0] = r[2], kx[c + 1][1] = r[3];
+      }
       float d[G][4];
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         d[g][0] = d[g][1] = d[g][2] = d[g][3] = 0.0f;
 #pragma unroll
         for (int j = 0; j < S::kGroupKSteps; ++j) {
+          const int J = g * S::kGroupKSteps + j, c = J / S::kChunkKSteps;
           uint32_t af[4];
           if constexpr (BITS == 4) {
-            const uint32_t x0 = cur.k[mt][0][g][j >> 1] >> (8 * (j & 1));
-            const uint32_t x1 = cur.k[mt][1][g][j >> 1] >> (8 * (j & 1));
+            const uint32_t x0 = kx[c][0] >> (8 * (J & 1));
+            const uint32_t x1 = kx[c][1] >> (8 * (J & 1));
             af[0] = and_or(x0, 0x000F000Fu, kF16Magic);
             af[1] = and_or(x1, 0x000F000Fu, kF16Magic);
             af[2] = and_or(x0, 0x00F000F0u, kF16Magic);
             af[3] = and_or(x1, 0x00F000F0u, kF16Magic);
           } else {
-            const uint32_t x0 = cur.k[mt][0][g][j], x1 = cur.k[mt][1][g][j];
+            const uint32_t x0 = kx[c][0], x1 = kx[c][1];
             af[0] = __byte_perm(x0, kF16Magic, 0x4240);
             af[1] = __byte_perm(x1, kF16Magic, 0x4240);
             af[2] = __byte_perm(x0, kF16Magic, 0x4341);
@@ -556,6 +550,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
     // steps with hidden keys, so their scales never reach the sums).
 #pragma unroll
     for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+      // vx[c][h]: chunk c of keys 2t, 2t + 1 (h = 0) or 2t + 8, 2t + 9 (h = 1).
+      uint32_t vx[S::kChunks][2];
+#pragma unroll
+      for (int c = 0; c < S::kChunks; c += 2) {
+        uint32_t r[4];
+        ldsm_x4_trans(r, tile_rows(stg + S::kKeys * S::kRow, mt, c));
+        vx[c][0] = r[0], vx[c][1] = r[1], vx[c + 1][0] = r[2], vx[c + 1][1] = r[3];
+      }
       float sv[2][2 * G]; // V scales and biases of keys q, q + 8
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -593,32 +595,24 @@ __global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
             mma_bf16(poff[g], ones, bl[0], bl[1]);
           }
         }
-        // Byte-permute puts the bytes of run positions into half words: key
-        // 2t (or 2t + 8) low, key 2t + 1 (2t + 9) high. One permute covers
-        // two m-tiles of 4-bit codes (4 codes a byte pair) or one of 8-bit.
-        constexpr int kTilesPerPerm = BITS == 4 ? 2 : 1;
+        // Chunks of group g; lane: codes of keys 2t (low half), 2t + 1 (high)
+        // at bytes 2q, 2q + 1 of the chunk (and keys 2t + 8, 2t + 9).
 #pragma unroll
-        for (int jp = 0; jp < S::kTilesPerGroup; jp += kTilesPerPerm) {
-          const int bit = 2 * jp * BITS;
-          const int word = bit / 32, byte = (bit % 32) / 8;
-          const uint32_t sel = byte | ((byte + 1) << 4) | ((byte + 4) << 8) | ((byte + 5) << 12);
-          const uint32_t x01 =
-              __byte_perm(cur.v[mt][0][g][word], cur.v[mt][1][g][word], sel);
-          const uint32_t x89 =
-              __byte_perm(cur.v[mt][2][g][word], cur.v[mt][3][g][word], sel);
+        for (int cg = 0; cg < kChunksPerGroup; ++cg) {
+          const int c = g * kChunksPerGroup + cg;
 #pragma unroll
-          for (int jj = 0; jj < kTilesPerPerm; ++jj) {
-            const int j = jp + jj;
+          for (int jj = 0; jj < S::kTilesPerChunk; ++jj) {
             uint32_t av[4];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) { // h = 0: row q (run code 2j); 1: row q + 8
+            for (int h = 0; h < 2; ++h) { // h = 0: row q; 1: row q + 8 (the next dim)
               const int shift = (2 * jj + h) * BITS;
-              av[h] = v_code_pair<BITS>(x01 >> shift);
-              av[2 + h] = v_code_pair<BITS>(x89 >> shift);
+              av[h] = v_code_pair<BITS>(vx[c][0] >> shift);
+              av[2 + h] = v_code_pair<BITS>(vx[c][1] >> shift);
             }
-            mma_bf16(acc[g * S::kTilesPerGroup + j], av, bh[0], bh[1]);
+            float (&o)[4] = acc[c * S::kTilesPerChunk + jj];
+            mma_bf16(o, av, bh[0], bh[1]);
             if constexpr (kTwoTerms) {
-              mma_bf16(acc[g * S::kTilesPerGroup + j], av, bl[0], bl[1]);
+              mma_bf16(o, av, bl[0], bl[1]);
             }
           }
         }
@@ -626,35 +620,51 @@ __global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
     }
   };
 
-  // Two step buffers in turn: the next step loads while this one computes.
+  // Each warp walks its steps (every kWarps-th of the split) through a ring
+  // of kStages code stages, kStages - 1 steps ahead; scales one step ahead.
   const int split_begin = blockIdx.x * a.split_keys;
   const int split_end = min(N, split_begin + a.split_keys);
   constexpr int kStride = kWarps * S::kKeys;
-  auto load = [&](StepT& buf, int k0) {
-    if (k0 + S::kKeys <= N) {
-      load_step<false>(buf, k0, N, lane, views);
-    } else {
-      load_step<true>(buf, k0, N, lane, views);
-    }
-  };
+  uint8_t* ring = codes + warp * S::kStages * S::kStepBytes;
   int k0 = split_begin + warp * S::kKeys;
+#pragma unroll
+  for (int i = 0; i < S::kStages - 1; ++i) {
+    const int kk = k0 + i * kStride;
+    if (kk < split_end) {
+      issue_codes<BITS, D, GS>(ring + i * S::kStepBytes, kk, N, lane, views.k, views.v);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::);
+    }
+  }
   StepT buf0, buf1;
   if (k0 < split_end) {
-    load(buf0, k0);
+    load_scales(buf0, k0, N, lane, views);
   }
-  while (k0 < split_end) {
-    if (k0 + kStride < split_end) {
-      load(buf1, k0 + kStride);
+  int cur_stage = 0;
+  auto iteration = [&](const StepT& cur, StepT& next, int k0) {
+    const int refill = cur_stage == 0 ? S::kStages - 1 : cur_stage - 1;
+    const int kk = k0 + (S::kStages - 1) * kStride;
+    if (kk < split_end) {
+      issue_codes<BITS, D, GS>(ring + refill * S::kStepBytes, kk, N, lane, views.k, views.v);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::);
     }
-    process(buf0, k0);
+    if (k0 + kStride < split_end) {
+      load_scales(next, k0 + kStride, N, lane, views);
+    }
+    wait_codes<S::kStages - 1>();
+    __syncwarp();
+    process(cur, k0, ring + cur_stage * S::kStepBytes);
+    __syncwarp(); // every lane is done with this stage before it is refilled
+    cur_stage = cur_stage == S::kStages - 1 ? 0 : cur_stage + 1;
+  };
+  while (k0 < split_end) {
+    iteration(buf0, buf1, k0);
     k0 += kStride;
     if (k0 >= split_end) {
       break;
     }
-    if (k0 + kStride < split_end) {
-      load(buf0, k0 + kStride);
-    }
-    process(buf1, k0);
+    iteration(buf1, buf0, k0);
     k0 += kStride;
   }
 
@@ -691,14 +701,15 @@ __global__ void __launch_bounds__(kWarps * 32, 2) qsdpa_mma_kernel(SdpaArgs a) {
     wgt[i] = r < R && m[i] != -INFINITY ? exp2f(m[i] - mb) : 0.0f;
   }
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
+  for (int c = 0; c < S::kChunks; ++c) {
+    const int g = c / kChunksPerGroup;
 #pragma unroll
-    for (int j = 0; j < S::kTilesPerGroup; ++j) {
-      const int tile = g * S::kTilesPerGroup + j;
+    for (int jj = 0; jj < S::kTilesPerChunk; ++jj) {
+      const int tile = c * S::kTilesPerChunk + jj;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = e & 1, r = 2 * t + i;
-        const int d = g * GS + q * S::kRunDims + 2 * j + (e >> 1);
+        const int d = c * S::kChunkDims + (S::kChunkDims / 8) * q + 2 * jj + (e >> 1);
         if (wgt[i] > 0.0f) {
           const float o = acc[tile][e] - kVOff * poff[g][i] + vbias[g][i];
           atomicAdd(&obuf[r * D + d], wgt[i] * o);
@@ -730,7 +741,7 @@ int smem_of() {
   using S = Shape<BITS, D, GS>;
   const int floats = kWarps * S::kKeys * 4 * S::kGroups + 2 * kWarps * S::kMaxRows +
                      S::kMaxRows * D;
-  return S::kQSmemBytes + floats * 4;
+  return S::kQSmemBytes + kWarps * S::kStages * S::kStepBytes + floats * 4;
 }
 
 template <int BITS, int D, int GS, bool kTwo>
