@@ -468,10 +468,10 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
             af[3] = and_or(x1, 0x00F000F0u, kF16Magic);
           } else {
             const uint32_t x0 = kx[c][0], x1 = kx[c][1];
-            af[0] = __byte_perm(x0, kF16Magic, 0x4240);
-            af[1] = __byte_perm(x1, kF16Magic, 0x4240);
-            af[2] = __byte_perm(x0, kF16Magic, 0x4341);
-            af[3] = __byte_perm(x1, kF16Magic, 0x4341);
+            af[0] = __byte_perm(x0, kF16Magic, 0x7250);
+            af[1] = __byte_perm(x1, kF16Magic, 0x7250);
+            af[2] = __byte_perm(x0, kF16Magic, 0x7351);
+            af[3] = __byte_perm(x1, kF16Magic, 0x7351);
           }
           const uint2 bq = qfrag(g, j);
           mma_f16(d[g], af, bq.x, bq.y);
