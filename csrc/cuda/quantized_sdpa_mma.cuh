@@ -295,17 +295,22 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
   // Query fragments (B operand of the scores: column n = q is query row q),
   // scaled by 2^e per row into f16 range; the high-nibble slots of 4-bit
   // codes take q / 16.
-  auto qval = [&](int r, int d) {
-    const int l = r / a.rep, h = kvh * a.rep + r % a.rep;
-    const int64_t i = b * a.q_st[0] + h * a.q_st[1] + l * a.q_st[2] + d * a.q_st[3];
-    return load_float(a.q, i, a.q_dtype);
-  };
+  // The lane's query values (row q), read once: its row base is computed
+  // once (no per-element divisions by rep), the dtype is the instance's.
+  using QT = std::conditional_t<kTwoTerms, __half, __nv_bfloat16>;
   const bool qlive = q < R;
+  const QT* qrow = static_cast<const QT*>(a.q) + b * a.q_st[0] +
+      (kvh * a.rep + (qlive ? q % a.rep : 0)) * a.q_st[1] + (qlive ? q / a.rep : 0) * a.q_st[2];
+  float qv[G][S::kGroupKSteps][4];
   float amax = 0.0f;
+#pragma unroll
   for (int g = 0; g < G; ++g) {
+#pragma unroll
     for (int j = 0; j < S::kGroupKSteps; ++j) {
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
-        amax = fmaxf(amax, qlive ? fabsf(qval(q, S::key_dim(t, g, j, e))) : 0.0f);
+        qv[g][j][e] = qlive ? to_f32(qrow[S::key_dim(t, g, j, e) * a.q_st[3]]) : 0.0f;
+        amax = fmaxf(amax, fabsf(qv[g][j][e]));
       }
     }
   }
@@ -327,7 +332,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int e = 2 * h + i;
-          const float x = qlive ? qval(q, S::key_dim(t, g, j, e)) : 0.0f;
+          const float x = qv[g][j][e];
           qsum[g] += x;
           v[i] = x * up * (S::high_nibble(e) ? 0.0625f : 1.0f);
         }
