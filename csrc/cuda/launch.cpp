@@ -16,6 +16,16 @@ DType dtype_code(mx::Dtype dtype) {
   }
 }
 
+int max_smem_per_block() {
+  static int bytes = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    return n > 0 ? n : 48 * 1024;
+  }();
+  return bytes;
+}
+
 int sm_count() {
   static int count = [] {
     int dev = 0, n = 0;

@@ -16,6 +16,10 @@ DType dtype_code(mx::Dtype dtype);
 // Streaming multiprocessors of the current device (queried once).
 int sm_count();
 
+// The most dynamic shared memory a block may opt into on the current device
+// (227 KB on an H100/H200, 99 KB on sm_86/89/120).
+int max_smem_per_block();
+
 // Allocates a kernel output (or scratch) on the encoder's stream.
 void allocate(mx::array& a, mx::cu::CommandEncoder& enc);
 

@@ -162,7 +162,9 @@ MmaKernel mma_kernel_for(const std::vector<mx::array>& in, const SdpaArgs& a) {
     return {};
   }
   const MmaKernel k = sdpa_mma_kernel(a.bits, a.Dk, a.gs, a.s_dtype, a.q_dtype);
-  return a.rep * a.L <= k.max_rows ? k : MmaKernel{};
+  // 8-bit codes at head dim 256 need more shared memory than GPUs with 99 KB
+  // per block have: those take the other kernels.
+  return a.rep * a.L <= k.max_rows && k.smem <= max_smem_per_block() ? k : MmaKernel{};
 }
 
 // The tiled kernel for many query rows: f16/bf16 queries, Dk = Dv, packed
@@ -173,7 +175,8 @@ TcKernel tc_kernel_for(const SdpaArgs& a) {
       a.kw_st[3] != 1 || a.vw_st[3] != 1 || !head_fits_32bit(a)) {
     return {};
   }
-  return sdpa_tc_kernel(a.q_dtype, a.Dk, a.gs, tc_warps(a.rows), tc_keys());
+  const TcKernel k = sdpa_tc_kernel(a.q_dtype, a.Dk, a.gs, tc_warps(a.rows), tc_keys());
+  return k.smem <= max_smem_per_block() ? k : TcKernel{};
 }
 
 // Blocks of a kernel that fit on one SM (one wave: a second, partial wave

@@ -318,7 +318,8 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
   int ex = 0;
   frexpf(amax, &ex);
-  const float up = amax > 0.0f && amax <= FLT_MAX ? ldexpf(1.0f, 15 - ex) : 1.0f;
+  // (The exponent stays finite for bf16 rows below 2^-113.)
+  const float up = amax > 0.0f && amax <= FLT_MAX ? ldexpf(1.0f, min(15 - ex, 126)) : 1.0f;
   uint32_t qf[G][S::kGroupKSteps][2];
   float fed[G], qsum[G]; // per group: sum of the fed f16 values, sum of q
 #pragma unroll
