@@ -46,6 +46,27 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
   }
 }
 
+// Two floats rounded to a T pair (f16 or bf16), as the 32-bit register an
+// mma fragment takes.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float x, float y) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 v = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+
+// x - bf16(x) for a pair packed by pack2<bf16>: the low term of a split.
+__device__ __forceinline__ uint32_t bf16_rest(float x, float y, uint32_t hi) {
+  const __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&hi);
+  const float2 f = __bfloat1622float2(h);
+  return pack2<__nv_bfloat16>(x - f.x, y - f.y);
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

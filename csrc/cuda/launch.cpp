@@ -16,24 +16,24 @@ DType dtype_code(mx::Dtype dtype) {
   }
 }
 
-int max_smem_per_block() {
-  static int bytes = [] {
-    int dev = 0, n = 0;
+// One attribute of the current device, looked up once per attribute.
+template <cudaDeviceAttr kAttr>
+int device_attribute(int fallback) {
+  static const int value = [&] {
+    int dev = 0, v = 0;
     cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    return n > 0 ? n : 48 * 1024;
+    cudaDeviceGetAttribute(&v, kAttr, dev);
+    return v > 0 ? v : fallback;
   }();
-  return bytes;
+  return value;
+}
+
+int max_smem_per_block() {
+  return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(48 * 1024);
 }
 
 int sm_count() {
-  static int count = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n > 0 ? n : 1;
-  }();
-  return count;
+  return device_attribute<cudaDevAttrMultiProcessorCount>(1);
 }
 
 void allocate(mx::array& a, mx::cu::CommandEncoder&) {

@@ -76,16 +76,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 constexpr uint32_t kF16Magic = 0x64006400u; // f16 1024.0 twice: 1024 + c
 
-// d += a . b, f16 and bf16 m16n8k16 tiles.
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-  mma<__half>(d, a, b0, b1);
-}
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  mma<__nv_bfloat16>(d, a, b0, b1);
-}
-
 // V codes -> bf16x2 integers. Code A sits in bits [0, BITS) of x, code B in
 // bits [16, 16 + BITS). A 4-bit code OR-ed into the mantissa of 128.0 gives
 // 128 + c (one instruction; the kernel takes the 128 back out of its sums).
@@ -480,7 +470,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
             af[3] = __byte_perm(x1, kF16Magic, 0x7351);
           }
           const uint2 bq = qfrag(g, j);
-          mma_f16(d[g], af, bq.x, bq.y);
+          mma<__half>(d[g], af, bq.x, bq.y);
         }
       }
 #pragma unroll
@@ -587,18 +577,16 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
         uint32_t bh[2], bl[2] = {0u, 0u};
 #pragma unroll
         for (int h = 0; h < 2; ++h) { // keys q + 8h, rows 2t, 2t + 1
-          const __nv_bfloat162 xh = __floats2bfloat162_rn(x[2 * h], x[2 * h + 1]);
-          bh[h] = transpose8x8(bf2_bits(xh));
+          const uint32_t hi = pack2<__nv_bfloat16>(x[2 * h], x[2 * h + 1]);
+          bh[h] = transpose8x8(hi);
           if constexpr (kTwoTerms) {
-            const float2 xf = __bfloat1622float2(xh);
-            bl[h] = transpose8x8(
-                bf2_bits(__floats2bfloat162_rn(x[2 * h] - xf.x, x[2 * h + 1] - xf.y)));
+            bl[h] = transpose8x8(bf16_rest(x[2 * h], x[2 * h + 1], hi));
           }
         }
         if constexpr (kVOff != 0.0f) {
-          mma_bf16(poff[g], ones, bh[0], bh[1]);
+          mma<__nv_bfloat16>(poff[g], ones, bh[0], bh[1]);
           if constexpr (kTwoTerms) {
-            mma_bf16(poff[g], ones, bl[0], bl[1]);
+            mma<__nv_bfloat16>(poff[g], ones, bl[0], bl[1]);
           }
         }
         // Chunks of group g; lane: codes of keys 2t (low half), 2t + 1 (high)
@@ -616,9 +604,9 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
               av[2 + h] = v_code_pair<BITS>(vx[c][1] >> shift);
             }
             float (&o)[4] = acc[c * S::kTilesPerChunk + jj];
-            mma_bf16(o, av, bh[0], bh[1]);
+            mma<__nv_bfloat16>(o, av, bh[0], bh[1]);
             if constexpr (kTwoTerms) {
-              mma_bf16(o, av, bl[0], bl[1]);
+              mma<__nv_bfloat16>(o, av, bl[0], bl[1]);
             }
           }
         }

@@ -36,24 +36,6 @@ namespace mlxq::cuda {
 
 namespace {
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float x, float y) {
-  if constexpr (std::is_same_v<T, __half>) {
-    const __half2 v = __floats2half2_rn(x, y);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-}
-
-// x - bf16(x) for a pair packed by pack2<bf16>: the low term of a split.
-__device__ __forceinline__ uint32_t bf16_rest(float x, float y, uint32_t hi) {
-  const __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&hi);
-  const float2 f = __bfloat1622float2(h);
-  return pack2<__nv_bfloat16>(x - f.x, y - f.y);
-}
-
 // Code j of 8 consecutive codes (bits [8 * BITS) of w1:w0 from `shift`) as
 // an exact float: OR-ing it into the mantissa of 2^23 and subtracting.
 template <int BITS>
