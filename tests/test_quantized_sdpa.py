@@ -336,12 +336,12 @@ def test_query_views(rng, layout):
 # --- half-precision decode (CUDA's tensor-core path) ----------------------------------
 
 # On CUDA, f16/bf16 queries with 4- or 8-bit codes, Dk == Dv and few query
-# rows per KV head take the tensor-core kernel (csrc/cuda/quantized_sdpa_mma.cu).
+# rows per KV head take the tensor-core kernel (csrc/cuda/quantized_sdpa_mma.cuh).
 # These cases reach each of its instances (bits x head dim x group size) with
 # both query dtypes, its row layouts (1 to 8 rows per KV head), ragged key
 # counts (partial warp steps and splits), causal drafts, sinks and batches. On
 # other devices they are more cases of the same kernel.
-MMA_SHAPES = [(4, 128, 32), (4, 128, 64), (4, 128, 128), (4, 256, 32), (4, 256, 64),
+MMA_SHAPES = [(4, 64, 32), (4, 64, 64), (4, 128, 32), (4, 128, 64), (4, 128, 128), (4, 256, 32), (4, 256, 64),
               (4, 256, 128), (8, 64, 32), (8, 64, 64), (8, 128, 32), (8, 128, 64),
               (8, 128, 128), (8, 256, 32), (8, 256, 64), (8, 256, 128)]
 MMA_ROWS = [(1, 32, 8, 1, None), (2, 8, 8, 1, None), (1, 16, 4, 1, None),
