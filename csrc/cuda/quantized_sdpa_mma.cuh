@@ -202,14 +202,14 @@ __device__ __forceinline__ void cp_async_zfill(uint32_t dst, const void* src, in
 
 // Starts the copies of the K and V codes of keys [k0, k0 + kKeys) into a
 // stage (K rows, then V rows, in swizzled slots) as one commit group. Rows
-// past N are zero-filled without being read.
-template <int BITS, int D, int GS>
+// past N (only when !kFull) are zero-filled without being read.
+template <bool kFull, int BITS, int D, int GS>
 __device__ __forceinline__ void issue_codes(uint8_t* stage, int k0, int N, int lane,
                                             const uint8_t* k, const uint8_t* v) {
   using S = Shape<BITS, D, GS>;
   constexpr int kCopies = S::kKeys * S::kChunks / 32; // per lane and operand
   const uint32_t base = smem_addr(stage);
-  const bool full = k0 + S::kKeys <= N;
+  constexpr bool full = kFull;
 #pragma unroll
   for (int u = 0; u < kCopies; ++u) {
     const int i = lane + 32 * u; // chunk i of the step, linear in global memory
@@ -270,17 +270,14 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
   const int R = a.rows;
 
   // Shared memory: query fragments (D > 128), per-warp rings of K/V code
-  // stages, per-warp scale staging [warps][keys][ks, kb, vs, vb][G], then the
-  // block merge buffers.
+  // stages (after the loop: each warp's weighted output [warps][rows][D]),
+  // per-warp scale staging [warps][keys][ks, kb, vs, vb][G], then each
+  // warp's (max, sum) per row.
   uint2* qsm = reinterpret_cast<uint2*>(smem4); // [k-steps][lanes] with kQInSmem
   uint8_t* codes = reinterpret_cast<uint8_t*>(smem4) + S::kQSmemBytes; // [warps][stages][step]
   float* stage = reinterpret_cast<float*>(codes + kWarps * S::kStages * S::kStepBytes);
   float* wm = stage + kWarps * S::kKeys * 4 * G; // [warps][rows]
   float* wl = wm + kWarps * S::kMaxRows;
-  float* obuf = wl + kWarps * S::kMaxRows; // [rows][D]
-  for (int i = threadIdx.x; i < S::kMaxRows * D; i += blockDim.x) {
-    obuf[i] = 0.0f;
-  }
 
   // Query fragments (B operand of the scores: column n = q is query row q),
   // scaled by 2^e per row into f16 range; the high-nibble slots of 4-bit
@@ -620,12 +617,19 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
   const int split_end = min(N, split_begin + a.split_keys);
   constexpr int kStride = kWarps * S::kKeys;
   uint8_t* ring = codes + warp * S::kStages * S::kStepBytes;
+  auto issue = [&](uint8_t* stage, int kk) {
+    if (kk + S::kKeys <= N) {
+      issue_codes<true, BITS, D, GS>(stage, kk, N, lane, views.k, views.v);
+    } else {
+      issue_codes<false, BITS, D, GS>(stage, kk, N, lane, views.k, views.v);
+    }
+  };
   int k0 = split_begin + warp * S::kKeys;
 #pragma unroll
   for (int i = 0; i < S::kStages - 1; ++i) {
     const int kk = k0 + i * kStride;
     if (kk < split_end) {
-      issue_codes<BITS, D, GS>(ring + i * S::kStepBytes, kk, N, lane, views.k, views.v);
+      issue(ring + i * S::kStepBytes, kk);
     } else {
       asm volatile("cp.async.commit_group;\n" ::);
     }
@@ -639,7 +643,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
     const int refill = cur_stage == 0 ? S::kStages - 1 : cur_stage - 1;
     const int kk = k0 + (S::kStages - 1) * kStride;
     if (kk < split_end) {
-      issue_codes<BITS, D, GS>(ring + refill * S::kStepBytes, kk, N, lane, views.k, views.v);
+      issue(ring + refill * S::kStepBytes, kk);
     } else {
       asm volatile("cp.async.commit_group;\n" ::);
     }
@@ -682,7 +686,8 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
       wl[warp * S::kMaxRows + 2 * t + i] = l[i];
     }
   }
-  __syncthreads();
+  asm volatile("cp.async.wait_all;\n" ::);
+  __syncthreads(); // every warp is done with its ring: it now holds the outputs
   // Each warp's weight for rows 2t, 2t + 1 (its output columns).
   float wgt[2];
 #pragma unroll
@@ -694,6 +699,8 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
     }
     wgt[i] = r < R && m[i] != -INFINITY ? exp2f(m[i] - mb) : 0.0f;
   }
+  // Every (row, dim) of a warp's slice is written by exactly one lane.
+  float* wout = reinterpret_cast<float*>(codes) + warp * S::kMaxRows * D;
 #pragma unroll
   for (int c = 0; c < S::kChunks; ++c) {
     const int g = c / kChunksPerGroup;
@@ -704,17 +711,19 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
       for (int e = 0; e < 4; ++e) {
         const int i = e & 1, r = 2 * t + i;
         const int d = c * S::kChunkDims + (S::kChunkDims / 8) * q + 2 * jj + (e >> 1);
-        if (wgt[i] > 0.0f) {
-          const float o = acc[tile][e] - kVOff * poff[g][i] + vbias[g][i];
-          atomicAdd(&obuf[r * D + d], wgt[i] * o);
-        }
+        const float o = acc[tile][e] - kVOff * poff[g][i] + vbias[g][i];
+        wout[r * D + d] = wgt[i] > 0.0f ? wgt[i] * o : 0.0f;
       }
     }
   }
   __syncthreads();
   const int64_t blk = (int64_t(b) * a.Hkv + kvh) * a.splits + blockIdx.x;
+  const float* outs = reinterpret_cast<const float*>(codes);
   for (int i = threadIdx.x; i < R * D; i += blockDim.x) {
-    a.part_o[blk * R * D + i] = obuf[i];
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += outs[w * S::kMaxRows * D + i];
+    a.part_o[blk * R * D + i] = o;
   }
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
@@ -733,8 +742,9 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
 template <int BITS, int D, int GS>
 int smem_of() {
   using S = Shape<BITS, D, GS>;
-  const int floats = kWarps * S::kKeys * 4 * S::kGroups + 2 * kWarps * S::kMaxRows +
-                     S::kMaxRows * D;
+  static_assert(S::kStages * S::kStepBytes >= S::kMaxRows * D * 4,
+                "a warp's ring must hold its outputs");
+  const int floats = kWarps * S::kKeys * 4 * S::kGroups + 2 * kWarps * S::kMaxRows;
   return S::kQSmemBytes + kWarps * S::kStages * S::kStepBytes + floats * 4;
 }
 
