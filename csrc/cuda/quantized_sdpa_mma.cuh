@@ -229,26 +229,31 @@ __device__ __forceinline__ void wait_codes() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES));
 }
 
-// Loads the scales and biases of keys [k0, k0 + kKeys); keys past N read key
-// N - 1 (it may be NaN past a view's end) and become 0.
-template <int BITS, int D, int GS, typename ST>
+// Loads the scales and biases of keys [k0, k0 + kKeys). With !kFull, keys
+// past N read key N - 1 (it may be NaN past a view's end) and become 0.
+template <bool kFull, int BITS, int D, int GS, typename ST>
 __device__ __forceinline__ void load_scales(Step<BITS, D, GS>& st, int k0, int N, int lane,
                                             const Views<ST>& w) {
   using S = Shape<BITS, D, GS>;
   constexpr int G = S::kGroups;
-  const bool full = k0 + S::kKeys <= N;
-  const size_t sbase = size_t(k0) * G;
+  // One element offset for all four arrays (dense rows): a step's entries
+  // are consecutive, so entry u of a lane is a compile-time distance away.
+  const size_t base = size_t(k0) * G + lane;
 #pragma unroll
   for (int u = 0; u < S::kStage; ++u) {
-    int i = lane + 32 * u;
-    if (S::kStaged % 32 != 0) {
-      i = min(i, S::kStaged - 1);
+    int i = 32 * u; // entry lane + 32 u, relative to `base`
+    bool past = false;
+    if constexpr (S::kStaged % 32 != 0 || !kFull) {
+      int e = min(lane + i, S::kStaged - 1);
+      if constexpr (!kFull) {
+        const int kl = e / G;
+        past = k0 + kl >= N;
+        e = (min(k0 + kl, N - 1) - k0) * G + e % G;
+      }
+      i = e - lane;
     }
-    const int kl = i / G;
-    const bool past = !full && k0 + kl >= N;
-    const int at = full ? i : (min(k0 + kl, N - 1) - k0) * G + i % G;
-    const float sk = to_f32(w.ks[sbase + at]), bk = to_f32(w.kb[sbase + at]);
-    const float sv = to_f32(w.vs[sbase + at]), bv = to_f32(w.vb[sbase + at]);
+    const float sk = to_f32(w.ks[base + i]), bk = to_f32(w.kb[base + i]);
+    const float sv = to_f32(w.vs[base + i]), bv = to_f32(w.vb[base + i]);
     st.ks[u] = past ? 0.0f : sk;
     st.kb[u] = past ? 0.0f : bk;
     st.vs[u] = past ? 0.0f : sv;
@@ -634,9 +639,16 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
       asm volatile("cp.async.commit_group;\n" ::);
     }
   }
+  auto scales = [&](StepT& buf, int kk) {
+    if (kk + S::kKeys <= N) {
+      load_scales<true>(buf, kk, N, lane, views);
+    } else {
+      load_scales<false>(buf, kk, N, lane, views);
+    }
+  };
   StepT buf0, buf1;
   if (k0 < split_end) {
-    load_scales(buf0, k0, N, lane, views);
+    scales(buf0, k0);
   }
   int cur_stage = 0;
   auto iteration = [&](const StepT& cur, StepT& next, int k0) {
@@ -648,7 +660,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
       asm volatile("cp.async.commit_group;\n" ::);
     }
     if (k0 + kStride < split_end) {
-      load_scales(next, k0 + kStride, N, lane, views);
+      scales(next, k0 + kStride);
     }
     wait_codes<S::kStages - 1>();
     __syncwarp();
