@@ -30,6 +30,9 @@ struct SdpaArgs {
   void* out; // [B, Hq, L, Dv], contiguous
   float* part_o; // splits > 1: [B * Hkv * row_tiles * splits, row_tile, Dv]
   float* part_ml; // splits > 1: [..., row_tile, 2] (max, sum)
+  // Decode kernel only: per-(batch, KV head) tickets, zero at launch; the
+  // last block of each merges the splits itself. Null: merge_kernel does.
+  unsigned* counters;
   // Strides in elements of the 4-D inputs (mask: broadcast to [B, Hq, L, N]).
   int64_t q_st[4], kw_st[4], ks_st[4], kb_st[4], vw_st[4], vs_st[4], vb_st[4],
       m_st[4];
@@ -110,6 +113,7 @@ struct MmaKernel {
   int smem = 0;
   int max_rows = 0;
   int step_keys = 0;
+  int merge_smem = 0; // shared bytes the fused split merge may use
 };
 MmaKernel sdpa_mma_kernel(int bits, int D, int group_size, int scale_dtype, int q_dtype);
 

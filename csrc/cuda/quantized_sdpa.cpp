@@ -201,9 +201,16 @@ int blocks_per_sm(void* kernel, int threads, int smem) {
   return per_sm;
 }
 
-// The tensor-core decode path: one partial per block of kMmaWarps warps,
-// splits of whole warp steps, enough blocks for a few per SM at any N.
-void eval_mma(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaArgs& a, mx::array& out) {
+// MLXQ_CUDA_FUSED_MERGE=0 leaves the decode kernel's split merge to
+// merge_kernel (for comparisons).
+bool fused_merge_allowed() {
+  static const bool on = env_int("MLXQ_CUDA_FUSED_MERGE", 1) != 0;
+  return on;
+}
+
+// The tensor-core decode path's grid: one partial per block of kMmaWarps
+// warps, splits of whole warp steps, enough blocks for a few per SM at any N.
+void plan_mma(const MmaKernel& k, SdpaArgs& a) {
   const long units = long(a.B) * a.Hkv;
   const long want = long(blocks_per_sm(k.fn, kMmaWarps * 32, k.smem)) * sm_count();
   long splits = std::max(1L, (want + units - 1) / units);
@@ -214,7 +221,34 @@ void eval_mma(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaArgs& a, mx::
   a.row_tiles = 1;
   a.split_keys = keys;
   a.splits = (a.N + keys - 1) / keys;
+}
+
+// Zeroed tickets of the decode kernel's fused merge, one per (batch, KV
+// head), when its weights fit the kernel's shared memory. Called before the
+// evaluation's inputs are registered: the zeroing waits on no earlier node,
+// so it runs off the critical path.
+mx::array merge_counters(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaArgs& a) {
+  mx::array counters({a.B * a.Hkv}, mx::uint32, nullptr, {});
+  if (!fused_merge_allowed() || (long(a.splits) * a.rows + a.rows) * 4 > k.merge_smem) {
+    return counters;
+  }
+  allocate(counters, enc);
+  enc.add_temporary(counters);
+  FillArgs zero{mx::gpu_ptr<void>(counters), a.B * a.Hkv, 0u};
+  launch(enc, fill_kernel(), dim3((a.B * a.Hkv + 255) / 256), dim3(256), 0, zero, {},
+         {&counters});
+  a.counters = mx::gpu_ptr<unsigned>(counters);
+  return counters;
+}
+
+void eval_mma(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaArgs& a,
+              const mx::array& counters, mx::array& out) {
   Partials parts(a, enc);
+  if (a.counters) {
+    launch(enc, k.fn, dim3(a.splits, a.Hkv, a.B), dim3(kMmaWarps * 32), k.smem, a,
+           {&counters, &out}, {&parts.o, &parts.ml, &out});
+    return;
+  }
   launch(enc, k.fn, dim3(a.splits, a.Hkv, a.B), dim3(kMmaWarps * 32), k.smem, a, {},
          {&parts.o, &parts.ml});
   merge(enc, a, parts, out);
@@ -284,11 +318,17 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   }
   plan(a);
 
+  const MmaKernel mk = mma_kernel_for(in, a);
+  mx::array counters({1}, mx::uint32, nullptr, {});
+  if (mk.fn) {
+    plan_mma(mk, a);
+    counters = merge_counters(enc, mk, a);
+  }
   for (const auto& x : in) {
     enc.set_input_array(x);
   }
-  if (const MmaKernel k = mma_kernel_for(in, a); k.fn) {
-    eval_mma(enc, k, a, out);
+  if (mk.fn) {
+    eval_mma(enc, mk, a, counters, out);
     return;
   }
   if (const TcKernel k = tc_kernel_for(a); k.fn) {

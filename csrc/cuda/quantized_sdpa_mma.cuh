@@ -27,14 +27,16 @@
 // before this step computes. Scales and biases of a step are loaded once per
 // (key, group) and staged in shared memory, already in the softmax's log2
 // units. Four warps per block merge their online softmax states into one
-// partial per block; merge_kernel combines the key splits by log-sum-exp
-// (and applies sinks).
+// partial per block; the last block of a KV head to finish combines the key
+// splits by log-sum-exp and applies sinks (fused_merge.cuh), or merge_kernel
+// does when the host gives no counters.
 #pragma once
 
 #include <cfloat>
 #include <type_traits>
 
 #include "cuda/device_utils.cuh"
+#include "cuda/fused_merge.cuh"
 
 namespace mlxq::cuda {
 
@@ -75,6 +77,10 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 constexpr uint32_t kF16Magic = 0x64006400u; // f16 1024.0 twice: 1024 + c
+
+// How far (log2 units) a row's scores may pass its running max before the
+// max moves and the state is rescaled.
+constexpr float kMaxSlack = 8.0f;
 
 // V codes -> bf16x2 integers. Code A sits in bits [0, BITS) of x, code B in
 // bits [16, 16 + BITS). A 4-bit code OR-ed into the mantissa of 128.0 gives
@@ -141,8 +147,9 @@ struct Shape {
   __device__ static constexpr bool high_nibble(int e) { return BITS == 4 && e >= 2; }
   // 16-byte slot of chunk c of row r of a step in shared memory: XOR-swizzled
   // so the 8 rows an ldmatrix reads at one chunk hit distinct banks.
+  static constexpr int kRowsPerSwz = kChunks >= 8 ? 1 : 8 / kChunks;
+  static_assert((16 / kRowsPerSwz) % kChunks == 0, "the swizzle must repeat every 16 rows");
   __device__ static int slot(int r, int c) {
-    constexpr int kRowsPerSwz = kChunks >= 8 ? 1 : 8 / kChunks;
     return r * kChunks + (c ^ ((r / kRowsPerSwz) & (kChunks - 1)));
   }
 };
@@ -208,18 +215,32 @@ __device__ __forceinline__ void issue_codes(uint8_t* stage, int k0, int N, int l
                                             const uint8_t* k, const uint8_t* v) {
   using S = Shape<BITS, D, GS>;
   constexpr int kCopies = S::kKeys * S::kChunks / 32; // per lane and operand
+  // Copy u of a lane is chunk lane + 32 u of the step, linear in global
+  // memory: row r0 + u * kRowsPerCopy, chunk c. Full steps address it as
+  // one base plus a compile-time offset (no per-copy 64-bit math).
+  constexpr int kRowsPerCopy = 32 / S::kChunks;
+  constexpr int kCopyBytes = 32 * 16; // one copy of the whole warp
+  static_assert(32 % S::kChunks == 0, "a warp's copies must cover whole rows");
+  const int r0 = lane / S::kChunks, c = lane % S::kChunks;
   const uint32_t base = smem_addr(stage);
-  constexpr bool full = kFull;
+  const size_t lane_src = size_t(k0 + r0) * S::kRow + 16 * c;
+  const uint8_t* ksrc = k + lane_src;
+  const uint8_t* vsrc = v + lane_src;
 #pragma unroll
   for (int u = 0; u < kCopies; ++u) {
-    const int i = lane + 32 * u; // chunk i of the step, linear in global memory
-    const int r = i / S::kChunks, c = i % S::kChunks;
+    const int r = r0 + u * kRowsPerCopy;
     const uint32_t dst = base + 16 * S::slot(r, c);
-    const int key = full ? k0 + r : min(k0 + r, N - 1);
-    const int bytes = full || k0 + r < N ? 16 : 0;
-    const size_t src = size_t(key) * S::kRow + 16 * c;
-    cp_async_zfill(dst, k + src, bytes);
-    cp_async_zfill(dst + S::kKeys * S::kRow, v + src, bytes);
+    if constexpr (kFull) {
+      cp_async_zfill(dst, ksrc + kCopyBytes * u, 16);
+      cp_async_zfill(dst + S::kKeys * S::kRow, vsrc + kCopyBytes * u, 16);
+    } else {
+      // Rows past N read row N - 1's address but copy 0 bytes of it.
+      const int key = min(k0 + r, N - 1);
+      const int bytes = k0 + r < N ? 16 : 0;
+      const size_t src = size_t(key) * S::kRow + 16 * c;
+      cp_async_zfill(dst, k + src, bytes);
+      cp_async_zfill(dst + S::kKeys * S::kRow, v + src, bytes);
+    }
   }
   asm volatile("cp.async.commit_group;\n" ::);
 }
@@ -237,8 +258,9 @@ __device__ __forceinline__ void load_scales(Step<BITS, D, GS>& st, int k0, int N
   using S = Shape<BITS, D, GS>;
   constexpr int G = S::kGroups;
   // One element offset for all four arrays (dense rows): a step's entries
-  // are consecutive, so entry u of a lane is a compile-time distance away.
-  const size_t base = size_t(k0) * G + lane;
+  // are consecutive, so entry u of a lane is a compile-time distance away
+  // (the views already point at the lane's first entry).
+  const size_t base = size_t(k0) * G;
 #pragma unroll
   for (int u = 0; u < S::kStage; ++u) {
     int i = 32 * u; // entry lane + 32 u, relative to `base`
@@ -374,10 +396,11 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
   Views<ST> views;
   views.k = reinterpret_cast<const uint8_t*>(a.kw + b * a.kw_st[0] + kvh * a.kw_st[1]);
   views.v = reinterpret_cast<const uint8_t*>(a.vw + b * a.vw_st[0] + kvh * a.vw_st[1]);
-  views.ks = static_cast<const ST*>(a.ks) + b * a.ks_st[0] + kvh * a.ks_st[1];
-  views.kb = static_cast<const ST*>(a.kb) + b * a.kb_st[0] + kvh * a.kb_st[1];
-  views.vs = static_cast<const ST*>(a.vs) + b * a.vs_st[0] + kvh * a.vs_st[1];
-  views.vb = static_cast<const ST*>(a.vb) + b * a.vb_st[0] + kvh * a.vb_st[1];
+  // Scale views start at the lane's entry (load_scales adds the step's).
+  views.ks = static_cast<const ST*>(a.ks) + b * a.ks_st[0] + kvh * a.ks_st[1] + lane;
+  views.kb = static_cast<const ST*>(a.kb) + b * a.kb_st[0] + kvh * a.kb_st[1] + lane;
+  views.vs = static_cast<const ST*>(a.vs) + b * a.vs_st[0] + kvh * a.vs_st[1] + lane;
+  views.vb = static_cast<const ST*>(a.vb) + b * a.vb_st[0] + kvh * a.vb_st[1] + lane;
   const int N = a.N;
   // Keys up to `clean_end` are visible to every row: no per-score masking.
   const int clean_end = a.mask_kind == 1 ? N - a.L + 1 : N;
@@ -410,11 +433,21 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
 
   // Fragments of one 16-key tile from a stage: lane i addresses row i % 8 of
   // matrix i / 8 = (keys 8 (i / 8 % 2) + .., chunk c + i / 16).
-  auto tile_rows = [&](const uint8_t* base, int mt, int c) {
+  // The swizzle repeats every 16 rows, so a lane's byte offset depends only
+  // on the chunk pair: computed once, tile mt adds a constant.
+  uint32_t ld_off[S::kChunks / 2];
+#pragma unroll
+  for (int cp = 0; cp < S::kChunks / 2; ++cp) {
     const int mi = lane >> 3;
-    return base + 16 * S::slot(16 * mt + 8 * (mi & 1) + (lane & 7), c + (mi >> 1));
+    ld_off[cp] = 16 * S::slot(8 * (mi & 1) + (lane & 7), 2 * cp + (mi >> 1));
+  }
+  auto tile_rows = [&](const uint8_t* base, int mt, int c) {
+    return base + ld_off[c / 2] + mt * 16 * S::kRow;
   };
-  auto process = [&](const StepT& cur, int k0, const uint8_t* stg) {
+  // `masked` (std::true_type) for steps with keys hidden from some row (past
+  // N or causal): only those pay for the per-score masks.
+  auto process = [&](const StepT& cur, int k0, const uint8_t* stg, auto masked) {
+    constexpr bool clean = !decltype(masked)::value;
     __syncwarp();
 #pragma unroll
     for (int u = 0; u < S::kStage; ++u) {
@@ -487,8 +520,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
         s[mt][e] = v;
       }
     }
-    const bool clean = k0 + S::kKeys <= clean_end;
-    if (!clean) {
+    if constexpr (!clean) {
 #pragma unroll
       for (int mt = 0; mt < S::kKeyTiles; ++mt) {
 #pragma unroll
@@ -500,34 +532,33 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
       }
     }
 
-    // Online softmax (log2 domain), rows 2t + i.
-    float corr[2], ms[2];
+    // Online softmax (log2 domain), rows 2t + i. A row's running max moves
+    // only when a step's max passes it by more than kMaxSlack: p stays below
+    // 2^kMaxSlack (exact enough in f32 sums and bf16 P'), and the rescale of
+    // O and l is skipped in almost every step instead of whenever a max grows.
+    float tmax[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      float tmax = -INFINITY;
+      tmax[i] = -INFINITY;
 #pragma unroll
       for (int mt = 0; mt < S::kKeyTiles; ++mt) {
-        tmax = fmaxf(tmax, fmaxf(s[mt][i], s[mt][2 + i]));
+        tmax[i] = fmaxf(tmax[i], fmaxf(s[mt][i], s[mt][2 + i]));
       }
-      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 4));
-      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 8));
-      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 16));
-      const float m_new = fmaxf(m[i], tmax);
-      corr[i] = m_new == -INFINITY ? 1.0f : fast_exp2(m[i] - m_new);
-      ms[i] = m_new == -INFINITY ? 0.0f : m_new;
-      m[i] = m_new;
+      tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 4));
+      tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 8));
+      tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 16));
     }
-    float p[S::kKeyTiles][4];
-    float psum[2] = {0.0f, 0.0f};
+    // (m = -inf: any finite score grows it.)
+    const bool grow = tmax[0] > m[0] + kMaxSlack || tmax[1] > m[1] + kMaxSlack;
+    if (__any_sync(0xffffffffu, grow)) {
+      float corr[2];
 #pragma unroll
-    for (int mt = 0; mt < S::kKeyTiles; ++mt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        p[mt][e] = fast_exp2(s[mt][e] - ms[e & 1]);
-        psum[e & 1] += p[mt][e];
+      for (int i = 0; i < 2; ++i) {
+        const float m_new = fmaxf(m[i], tmax[i]);
+        corr[i] = m_new == -INFINITY ? 1.0f : fast_exp2(m[i] - m_new);
+        m[i] = m_new;
+        l[i] *= corr[i];
       }
-    }
-    if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
       for (int i = 0; i < S::kVTiles; ++i) {
 #pragma unroll
@@ -541,8 +572,16 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
         vbias[g][1] *= corr[1];
       }
     }
-    l[0] = l[0] * corr[0] + psum[0];
-    l[1] = l[1] * corr[1] + psum[1];
+    const float ms[2] = {m[0] == -INFINITY ? 0.0f : m[0], m[1] == -INFINITY ? 0.0f : m[1]};
+    float p[S::kKeyTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        p[mt][e] = fast_exp2(s[mt][e] - ms[e & 1]);
+        l[e & 1] += p[mt][e];
+      }
+    }
 
     // O^T += V_codes^T . P'^T per group, P' = p * V scale (0 where p is 0 in
     // steps with hidden keys, so their scales never reach the sums).
@@ -570,7 +609,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
           const float pe = p[mt][e];
           x[e] = pe * vv[g];
           float vbt = pe * vv[G + g];
-          if (!clean) {
+          if constexpr (!clean) {
             x[e] = pe != 0.0f ? x[e] : 0.0f;
             vbt = pe != 0.0f ? vbt : 0.0f;
           }
@@ -664,7 +703,11 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
     }
     wait_codes<S::kStages - 1>();
     __syncwarp();
-    process(cur, k0, ring + cur_stage * S::kStepBytes);
+    if (k0 + S::kKeys <= clean_end) {
+      process(cur, k0, ring + cur_stage * S::kStepBytes, std::false_type{});
+    } else {
+      process(cur, k0, ring + cur_stage * S::kStepBytes, std::true_type{});
+    }
     __syncwarp(); // every lane is done with this stage before it is refilled
     cur_stage = cur_stage == S::kStages - 1 ? 0 : cur_stage + 1;
   };
@@ -749,6 +792,10 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
     a.part_ml[(blk * R + r) * 2] = mb == -INFINITY ? -INFINITY : mb * kLn2;
     a.part_ml[(blk * R + r) * 2 + 1] = lb;
   }
+  // The ring is free again: the merging block's weights go there.
+  if (a.counters && last_block_of_head(a.counters + b * a.Hkv + kvh, a.splits)) {
+    merge_head_splits<kWarps * 32>(a, b, kvh, reinterpret_cast<float*>(codes));
+  }
 }
 
 template <int BITS, int D, int GS>
@@ -771,8 +818,9 @@ void* by_scale_dtype(int scale_dtype) {
 
 template <int BITS, int D, int GS>
 MmaKernel instance(int scale_dtype, int q_dtype) {
-  MmaKernel k{nullptr, smem_of<BITS, D, GS>(), Shape<BITS, D, GS>::kMaxRows,
-              Shape<BITS, D, GS>::kKeys * kWarps};
+  using S = Shape<BITS, D, GS>;
+  MmaKernel k{nullptr, smem_of<BITS, D, GS>(), S::kMaxRows, S::kKeys * kWarps,
+              kWarps * S::kStages * S::kStepBytes};
   k.fn = q_dtype == kBF16 ? by_scale_dtype<BITS, D, GS, false>(scale_dtype)
                           : by_scale_dtype<BITS, D, GS, true>(scale_dtype);
   return k;
