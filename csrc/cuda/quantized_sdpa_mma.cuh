@@ -23,10 +23,10 @@
 // f32. The score fragment (keys x rows) becomes P's B fragment (rows x keys)
 // with two movmatrix transposes per 16 keys.
 //
-// A warp owns 16 or 32 keys per step; its loads for the next step are issued
-// before this step computes. Scales and biases of a step are loaded once per
-// (key, group) and staged in shared memory, already in the softmax's log2
-// units. Four warps per block merge their online softmax states into one
+// A warp owns 16 or 32 keys per step and streams its steps through a ring
+// of cp.async stages, several steps ahead: the codes and, raw as stored, the
+// step's scales and biases (read per key from shared memory; as far ahead as
+// the codes, since under full HBM load a one-step lookahead stalled). Four warps per block merge their online softmax states into one
 // partial per block; the last block of a KV head to finish combines the key
 // splits by log-sum-exp and applies sinks (fused_merge.cuh), or merge_kernel
 // does when the host gives no counters.
@@ -105,7 +105,7 @@ __device__ __forceinline__ uint32_t v_code_pair(uint32_t x) {
 // The compile-time layout of one (bits, head dim, group size) instance. A
 // packed row is kChunks 16-byte chunks; a chunk lies in one group (32 dims of
 // 4-bit codes, 16 of 8-bit) and feeds the score mma through lane t's word t.
-template <int BITS, int D, int GS>
+template <int BITS, int D, int GS, typename ST>
 struct Shape {
   static constexpr int kRow = D * BITS / 8; // bytes of a packed row
   static constexpr int kChunks = kRow / 16;
@@ -123,13 +123,18 @@ struct Shape {
   // (registers would spill there).
   static constexpr bool kQInSmem = D > 128;
   static constexpr int kQSmemBytes = kQInSmem ? kKSteps * 32 * 8 : 0;
-  static constexpr int kStaged = kKeys * kGroups; // (key, group) scale entries per step
-  static constexpr int kStage = (kStaged + 31) / 32; // per lane
-  // K and V codes of a step in shared memory, and steps in flight per warp:
-  // enough bytes in flight to cover HBM latency with ~8 warps per SM.
-  static constexpr int kStepBytes = 2 * kKeys * kRow;
-  static constexpr int kStages = kStepBytes <= 4096 ? 4 : 3;
+  // A step in shared memory: K and V codes, then the step's K scales, K
+  // biases, V scales and V biases as stored ([kKeys][G] each, copied raw, so
+  // they arrive as far ahead as the codes). Steps in flight per warp: enough
+  // bytes to cover HBM latency under load with 12 warps per SM.
+  static constexpr int kCodeBytes = 2 * kKeys * kRow;
+  static constexpr int kScaleArrayBytes = kKeys * kGroups * int(sizeof(ST));
+  static constexpr int kScaleChunks = 4 * kScaleArrayBytes / 16; // 16-byte copies
+  static constexpr int kScaleCopies = (kScaleChunks + 31) / 32; // per lane
+  static constexpr int kStepBytes = kCodeBytes + 4 * kScaleArrayBytes;
+  static constexpr int kStages = kCodeBytes <= 4096 ? 4 : 3;
   static_assert(GS % 32 == 0 && D % GS == 0 && kChunks >= 2, "unsupported shape");
+  static_assert(kScaleArrayBytes % 16 == 0, "a step's scales must be whole 16-byte chunks");
 
   // Head dim of element e (0: k = 2t, 1: 2t + 1, 2: 2t + 8, 3: 2t + 9) of the
   // K fragments of lane t in k-step j of group g, and whether the code sits
@@ -154,24 +159,6 @@ struct Shape {
   }
 };
 
-// N consecutive floats of shared memory, with the widest aligned loads.
-template <int N>
-__device__ __forceinline__ void load_floats(const float* p, float* out) {
-  if constexpr (N % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < N; i += 4) {
-      const float4 v = *reinterpret_cast<const float4*>(p + i);
-      out[i] = v.x, out[i + 1] = v.y, out[i + 2] = v.z, out[i + 3] = v.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; i += 2) {
-      const float2 v = *reinterpret_cast<const float2*>(p + i);
-      out[i] = v.x, out[i + 1] = v.y;
-    }
-  }
-}
-
 template <typename T>
 __device__ __forceinline__ float to_f32(T v) {
   if constexpr (std::is_same_v<T, float>) {
@@ -183,13 +170,49 @@ __device__ __forceinline__ float to_f32(T v) {
   }
 }
 
-// The scales and biases of a step, loaded one step ahead into registers:
-// lane entries (key, group) = lane + 32 u.
-template <int BITS, int D, int GS>
-struct Step {
-  using S = Shape<BITS, D, GS>;
-  float ks[S::kStage], kb[S::kStage], vs[S::kStage], vb[S::kStage];
-};
+// G scales (or biases) of one key from a stage, as floats: one shared load
+// of G * sizeof(ST) bytes (naturally aligned: rows are G elements).
+template <int G, typename ST>
+__device__ __forceinline__ void load_row(const ST* p, float* out) {
+  if constexpr (std::is_same_v<ST, float>) {
+#pragma unroll
+    for (int g = 0; g < G; g += (G >= 4 ? 4 : G)) {
+      if constexpr (G >= 4) {
+        const float4 v = *reinterpret_cast<const float4*>(p + g);
+        out[g] = v.x, out[g + 1] = v.y, out[g + 2] = v.z, out[g + 3] = v.w;
+      } else if constexpr (G == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(p);
+        out[0] = v.x, out[1] = v.y;
+      } else {
+        out[0] = *p;
+      }
+    }
+  } else if constexpr (G == 1) {
+    out[0] = to_f32(*p);
+  } else {
+    // Pairs of 16-bit values in 32-bit words.
+    uint32_t w[G / 2];
+    if constexpr (G == 2) {
+      w[0] = *reinterpret_cast<const uint32_t*>(p);
+    } else {
+#pragma unroll
+      for (int i = 0; i < G / 2; i += 2) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p + 2 * i);
+        w[i] = v.x, w[i + 1] = v.y;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < G / 2; ++i) {
+      if constexpr (std::is_same_v<ST, __half>) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+        out[2 * i] = f.x, out[2 * i + 1] = f.y;
+      } else {
+        out[2 * i] = __uint_as_float(w[i] << 16);
+        out[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+      }
+    }
+  }
+}
 
 // Where a step's data lives: bases at (batch, KV head). Rows are dense (the
 // host sends other layouts to the generic kernel): a key's packed row is
@@ -208,12 +231,11 @@ __device__ __forceinline__ void cp_async_zfill(uint32_t dst, const void* src, in
 }
 
 // Starts the copies of the K and V codes of keys [k0, k0 + kKeys) into a
-// stage (K rows, then V rows, in swizzled slots) as one commit group. Rows
-// past N (only when !kFull) are zero-filled without being read.
-template <bool kFull, int BITS, int D, int GS>
+// stage (K rows, then V rows, in swizzled slots). Rows past N (only when
+// !kFull) are zero-filled without being read.
+template <bool kFull, typename S>
 __device__ __forceinline__ void issue_codes(uint8_t* stage, int k0, int N, int lane,
                                             const uint8_t* k, const uint8_t* v) {
-  using S = Shape<BITS, D, GS>;
   constexpr int kCopies = S::kKeys * S::kChunks / 32; // per lane and operand
   // Copy u of a lane is chunk lane + 32 u of the step, linear in global
   // memory: row r0 + u * kRowsPerCopy, chunk c. Full steps address it as
@@ -242,7 +264,6 @@ __device__ __forceinline__ void issue_codes(uint8_t* stage, int k0, int N, int l
       cp_async_zfill(dst + S::kKeys * S::kRow, v + src, bytes);
     }
   }
-  asm volatile("cp.async.commit_group;\n" ::);
 }
 
 template <int STAGES>
@@ -250,43 +271,9 @@ __device__ __forceinline__ void wait_codes() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES));
 }
 
-// Loads the scales and biases of keys [k0, k0 + kKeys). With !kFull, keys
-// past N read key N - 1 (it may be NaN past a view's end) and become 0.
-template <bool kFull, int BITS, int D, int GS, typename ST>
-__device__ __forceinline__ void load_scales(Step<BITS, D, GS>& st, int k0, int N, int lane,
-                                            const Views<ST>& w) {
-  using S = Shape<BITS, D, GS>;
-  constexpr int G = S::kGroups;
-  // One element offset for all four arrays (dense rows): a step's entries
-  // are consecutive, so entry u of a lane is a compile-time distance away
-  // (the views already point at the lane's first entry).
-  const size_t base = size_t(k0) * G;
-#pragma unroll
-  for (int u = 0; u < S::kStage; ++u) {
-    int i = 32 * u; // entry lane + 32 u, relative to `base`
-    bool past = false;
-    if constexpr (S::kStaged % 32 != 0 || !kFull) {
-      int e = min(lane + i, S::kStaged - 1);
-      if constexpr (!kFull) {
-        const int kl = e / G;
-        past = k0 + kl >= N;
-        e = (min(k0 + kl, N - 1) - k0) * G + e % G;
-      }
-      i = e - lane;
-    }
-    const float sk = to_f32(w.ks[base + i]), bk = to_f32(w.kb[base + i]);
-    const float sv = to_f32(w.vs[base + i]), bv = to_f32(w.vb[base + i]);
-    st.ks[u] = past ? 0.0f : sk;
-    st.kb[u] = past ? 0.0f : bk;
-    st.vs[u] = past ? 0.0f : sv;
-    st.vb[u] = past ? 0.0f : bv;
-  }
-}
-
 template <int BITS, int D, int GS, typename ST, bool kTwoTerms>
 __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
-  using S = Shape<BITS, D, GS>;
-  using StepT = Step<BITS, D, GS>;
+  using S = Shape<BITS, D, GS, ST>;
   constexpr int G = S::kGroups;
   constexpr float kVOff = kVOffset<BITS>;
   constexpr int kChunksPerGroup = GS / S::kChunkDims;
@@ -296,14 +283,12 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
   const int kvh = blockIdx.y, b = blockIdx.z;
   const int R = a.rows;
 
-  // Shared memory: query fragments (D > 128), per-warp rings of K/V code
-  // stages (after the loop: each warp's weighted output [warps][rows][D]),
-  // per-warp scale staging [warps][keys][ks, kb, vs, vb][G], then each
-  // warp's (max, sum) per row.
+  // Shared memory: query fragments (D > 128), per-warp rings of step stages
+  // (after the loop: each warp's weighted output [warps][rows][D]), then
+  // each warp's (max, sum) per row.
   uint2* qsm = reinterpret_cast<uint2*>(smem4); // [k-steps][lanes] with kQInSmem
   uint8_t* codes = reinterpret_cast<uint8_t*>(smem4) + S::kQSmemBytes; // [warps][stages][step]
-  float* stage = reinterpret_cast<float*>(codes + kWarps * S::kStages * S::kStepBytes);
-  float* wm = stage + kWarps * S::kKeys * 4 * G; // [warps][rows]
+  float* wm = reinterpret_cast<float*>(codes + kWarps * S::kStages * S::kStepBytes); // [warps][rows]
   float* wl = wm + kWarps * S::kMaxRows;
 
   // Query fragments (B operand of the scores: column n = q is query row q),
@@ -396,11 +381,10 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
   Views<ST> views;
   views.k = reinterpret_cast<const uint8_t*>(a.kw + b * a.kw_st[0] + kvh * a.kw_st[1]);
   views.v = reinterpret_cast<const uint8_t*>(a.vw + b * a.vw_st[0] + kvh * a.vw_st[1]);
-  // Scale views start at the lane's entry (load_scales adds the step's).
-  views.ks = static_cast<const ST*>(a.ks) + b * a.ks_st[0] + kvh * a.ks_st[1] + lane;
-  views.kb = static_cast<const ST*>(a.kb) + b * a.kb_st[0] + kvh * a.kb_st[1] + lane;
-  views.vs = static_cast<const ST*>(a.vs) + b * a.vs_st[0] + kvh * a.vs_st[1] + lane;
-  views.vb = static_cast<const ST*>(a.vb) + b * a.vb_st[0] + kvh * a.vb_st[1] + lane;
+  views.ks = static_cast<const ST*>(a.ks) + b * a.ks_st[0] + kvh * a.ks_st[1];
+  views.kb = static_cast<const ST*>(a.kb) + b * a.kb_st[0] + kvh * a.kb_st[1];
+  views.vs = static_cast<const ST*>(a.vs) + b * a.vs_st[0] + kvh * a.vs_st[1];
+  views.vb = static_cast<const ST*>(a.vb) + b * a.vb_st[0] + kvh * a.vb_st[1];
   const int N = a.N;
   // Keys up to `clean_end` are visible to every row: no per-score masking.
   const int clean_end = a.mask_kind == 1 ? N - a.L + 1 : N;
@@ -426,7 +410,6 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
   }
   const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
 
-  float* st = stage + warp * S::kKeys * 4 * G;
   // Each row's visible-key limit (causal) for masked steps.
   const int limit0 = a.mask_kind == 1 ? N - a.L + (2 * t) / a.rep : N - 1;
   const int limit1 = a.mask_kind == 1 ? N - a.L + (2 * t + 1) / a.rep : N - 1;
@@ -446,33 +429,24 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
   };
   // `masked` (std::true_type) for steps with keys hidden from some row (past
   // N or causal): only those pay for the per-score masks.
-  auto process = [&](const StepT& cur, int k0, const uint8_t* stg, auto masked) {
+  auto process = [&](int k0, const uint8_t* stg, auto masked) {
     constexpr bool clean = !decltype(masked)::value;
-    __syncwarp();
-#pragma unroll
-    for (int u = 0; u < S::kStage; ++u) {
-      const int i = lane + 32 * u;
-      if (S::kStaged % 32 == 0 || i < S::kStaged) {
-        const int kl = i / G, g = i % G;
-        float* row = st + kl * 4 * G + g;
-        row[0] = cur.ks[u];
-        row[G] = cur.kb[u];
-        row[2 * G] = cur.vs[u];
-        row[3 * G] = cur.vb[u];
-      }
-    }
-    __syncwarp();
+    // The step's scales: [ks, kb, vs, vb][key][G] after the codes.
+    const ST* sc = reinterpret_cast<const ST*>(stg + S::kCodeBytes);
+    auto key_params = [&](int arr, int key, float* out) {
+      load_row<G>(sc + (arr * S::kKeys + key) * G, out);
+    };
 
     // Scores of keys 16 mt + q (e = 0, 1) and 16 mt + q + 8 (e = 2, 3) for
     // rows 2t + (e & 1), in log2 units.
     float s[S::kKeyTiles][4];
-    const float* my_keys = st + q * 4 * G; // staged entries of key q of the step
 #pragma unroll
     for (int mt = 0; mt < S::kKeyTiles; ++mt) {
       float sk[2][2 * G]; // K scales and biases of keys q, q + 8
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        load_floats<2 * G>(my_keys + (16 * mt + 8 * h) * 4 * G, sk[h]);
+        key_params(0, 16 * mt + 8 * h + q, sk[h]);
+        key_params(1, 16 * mt + 8 * h + q, sk[h] + G);
       }
       // kx[c][h]: word t of chunk c of key q + 8h.
       uint32_t kx[S::kChunks][2];
@@ -598,7 +572,8 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
       float sv[2][2 * G]; // V scales and biases of keys q, q + 8
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        load_floats<2 * G>(my_keys + (16 * mt + 8 * h) * 4 * G + 2 * G, sv[h]);
+        key_params(2, 16 * mt + 8 * h + q, sv[h]);
+        key_params(3, 16 * mt + 8 * h + q, sv[h] + G);
       }
 #pragma unroll
       for (int g = 0; g < G; ++g) {
@@ -656,17 +631,45 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
   };
 
   // Each warp walks its steps (every kWarps-th of the split) through a ring
-  // of kStages code stages, kStages - 1 steps ahead; scales one step ahead.
+  // of kStages stages (codes and scales), kStages - 1 steps ahead.
   const int split_begin = blockIdx.x * a.split_keys;
   const int split_end = min(N, split_begin + a.split_keys);
   constexpr int kStride = kWarps * S::kKeys;
   uint8_t* ring = codes + warp * S::kStages * S::kStepBytes;
+  // The lane's scale copies j: chunk lane + 32 j of a step's four scale
+  // arrays (16-byte chunk c of array ks, kb, vs or vb); the step of keys k0
+  // starts k0 * G elements into each array.
+  constexpr int kArrayChunks = S::kScaleArrayBytes / 16;
+  const uint8_t* scale_src[S::kScaleCopies];
+  int scale_off[S::kScaleCopies];
+#pragma unroll
+  for (int j = 0; j < S::kScaleCopies; ++j) {
+    const int i = min(lane + 32 * j, S::kScaleChunks - 1);
+    const int arr = i / kArrayChunks;
+    const ST* base = arr == 0 ? views.ks : arr == 1 ? views.kb : arr == 2 ? views.vs : views.vb;
+    scale_off[j] = 16 * (i % kArrayChunks);
+    scale_src[j] = reinterpret_cast<const uint8_t*>(base) + scale_off[j];
+  }
   auto issue = [&](uint8_t* stage, int kk) {
-    if (kk + S::kKeys <= N) {
-      issue_codes<true, BITS, D, GS>(stage, kk, N, lane, views.k, views.v);
+    const bool full = kk + S::kKeys <= N;
+    if (full) {
+      issue_codes<true, S>(stage, kk, N, lane, views.k, views.v);
     } else {
-      issue_codes<false, BITS, D, GS>(stage, kk, N, lane, views.k, views.v);
+      issue_codes<false, S>(stage, kk, N, lane, views.k, views.v);
     }
+    const uint32_t dst = smem_addr(stage + S::kCodeBytes);
+    const size_t step = size_t(kk) * G * sizeof(ST);
+    // Bytes of each array that exist for this step (keys past N: zeros).
+    const int have = min(N - kk, S::kKeys) * G * int(sizeof(ST));
+#pragma unroll
+    for (int j = 0; j < S::kScaleCopies; ++j) {
+      const int i = lane + 32 * j;
+      if (S::kScaleChunks % 32 == 0 || i < S::kScaleChunks) {
+        const int bytes = full ? 16 : max(0, min(16, have - scale_off[j]));
+        cp_async_zfill(dst + 16 * i, bytes > 0 ? scale_src[j] + step : scale_src[j], bytes);
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
   };
   int k0 = split_begin + warp * S::kKeys;
 #pragma unroll
@@ -678,19 +681,8 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
       asm volatile("cp.async.commit_group;\n" ::);
     }
   }
-  auto scales = [&](StepT& buf, int kk) {
-    if (kk + S::kKeys <= N) {
-      load_scales<true>(buf, kk, N, lane, views);
-    } else {
-      load_scales<false>(buf, kk, N, lane, views);
-    }
-  };
-  StepT buf0, buf1;
-  if (k0 < split_end) {
-    scales(buf0, k0);
-  }
   int cur_stage = 0;
-  auto iteration = [&](const StepT& cur, StepT& next, int k0) {
+  for (; k0 < split_end; k0 += kStride) {
     const int refill = cur_stage == 0 ? S::kStages - 1 : cur_stage - 1;
     const int kk = k0 + (S::kStages - 1) * kStride;
     if (kk < split_end) {
@@ -698,27 +690,15 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
     } else {
       asm volatile("cp.async.commit_group;\n" ::);
     }
-    if (k0 + kStride < split_end) {
-      scales(next, k0 + kStride);
-    }
     wait_codes<S::kStages - 1>();
     __syncwarp();
     if (k0 + S::kKeys <= clean_end) {
-      process(cur, k0, ring + cur_stage * S::kStepBytes, std::false_type{});
+      process(k0, ring + cur_stage * S::kStepBytes, std::false_type{});
     } else {
-      process(cur, k0, ring + cur_stage * S::kStepBytes, std::true_type{});
+      process(k0, ring + cur_stage * S::kStepBytes, std::true_type{});
     }
     __syncwarp(); // every lane is done with this stage before it is refilled
     cur_stage = cur_stage == S::kStages - 1 ? 0 : cur_stage + 1;
-  };
-  while (k0 < split_end) {
-    iteration(buf0, buf1, k0);
-    k0 += kStride;
-    if (k0 >= split_end) {
-      break;
-    }
-    iteration(buf1, buf0, k0);
-    k0 += kStride;
   }
 
   // Block merge of the four warps' states, then one partial per block.
@@ -798,32 +778,30 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
   }
 }
 
-template <int BITS, int D, int GS>
+template <typename S>
 int smem_of() {
-  using S = Shape<BITS, D, GS>;
-  static_assert(S::kStages * S::kStepBytes >= S::kMaxRows * D * 4,
-                "a warp's ring must hold its outputs");
-  const int floats = kWarps * S::kKeys * 4 * S::kGroups + 2 * kWarps * S::kMaxRows;
-  return S::kQSmemBytes + kWarps * S::kStages * S::kStepBytes + floats * 4;
+  static_assert(S::kStages * S::kStepBytes >= S::kMaxRows * S::kVTiles * 16 * 4,
+                "a warp's ring must hold its outputs [rows][D] in floats");
+  return S::kQSmemBytes + kWarps * S::kStages * S::kStepBytes + 2 * kWarps * S::kMaxRows * 4;
 }
 
-template <int BITS, int D, int GS, bool kTwo>
-void* by_scale_dtype(int scale_dtype) {
-  switch (scale_dtype) {
-    case kF16: return handle<qsdpa_mma_kernel<BITS, D, GS, __half, kTwo>>();
-    case kBF16: return handle<qsdpa_mma_kernel<BITS, D, GS, __nv_bfloat16, kTwo>>();
-    default: return handle<qsdpa_mma_kernel<BITS, D, GS, float, kTwo>>();
-  }
+template <int BITS, int D, int GS, typename ST>
+MmaKernel instance_for(int q_dtype) {
+  using S = Shape<BITS, D, GS, ST>;
+  MmaKernel k{nullptr, smem_of<S>(), S::kMaxRows, S::kKeys * kWarps,
+              kWarps * S::kStages * S::kStepBytes};
+  k.fn = q_dtype == kBF16 ? handle<qsdpa_mma_kernel<BITS, D, GS, ST, false>>()
+                          : handle<qsdpa_mma_kernel<BITS, D, GS, ST, true>>();
+  return k;
 }
 
 template <int BITS, int D, int GS>
 MmaKernel instance(int scale_dtype, int q_dtype) {
-  using S = Shape<BITS, D, GS>;
-  MmaKernel k{nullptr, smem_of<BITS, D, GS>(), S::kMaxRows, S::kKeys * kWarps,
-              kWarps * S::kStages * S::kStepBytes};
-  k.fn = q_dtype == kBF16 ? by_scale_dtype<BITS, D, GS, false>(scale_dtype)
-                          : by_scale_dtype<BITS, D, GS, true>(scale_dtype);
-  return k;
+  switch (scale_dtype) {
+    case kF16: return instance_for<BITS, D, GS, __half>(q_dtype);
+    case kBF16: return instance_for<BITS, D, GS, __nv_bfloat16>(q_dtype);
+    default: return instance_for<BITS, D, GS, float>(q_dtype);
+  }
 }
 
 } // namespace
