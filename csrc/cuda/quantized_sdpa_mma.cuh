@@ -2,9 +2,10 @@
 // queries, at most 8 query rows per KV head: decode and short drafts).
 //
 // Why this shape: decode reads every packed K/V byte once, so the kernel must
-// stream at HBM speed with as few instructions per byte as possible. Codes
-// go from coalesced global loads straight into mma.sync.m16n8k16 register
-// fragments (f32 accumulators); nothing is dequantized element by element.
+// stream at HBM speed with enough bytes in flight and few instructions per
+// byte. Codes go from coalesced cp.async copies through shared memory
+// (ldmatrix) straight into mma.sync.m16n8k16 fragments (f32 accumulators);
+// nothing is dequantized element by element.
 //
 // Scores, S^T = K . Q^T with 16 keys as the M rows and the query rows as the
 // 8 columns. K codes become f16 (1024 + c) with one LOP3 per pair: the low
