@@ -667,7 +667,10 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
       const int i = lane + 32 * j;
       if (S::kScaleChunks % 32 == 0 || i < S::kScaleChunks) {
         const int bytes = full ? 16 : max(0, min(16, have - scale_off[j]));
-        cp_async_zfill(dst + 16 * i, bytes > 0 ? scale_src[j] + step : scale_src[j], bytes);
+        // (A 0-byte copy reads nothing; its address stays at the head's
+        // first chunk, inside the tensor.)
+        cp_async_zfill(dst + 16 * i, bytes > 0 ? scale_src[j] + step : scale_src[j] - scale_off[j],
+                       bytes);
       }
     }
     asm volatile("cp.async.commit_group;\n" ::);
