@@ -124,6 +124,27 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Sum / max over the lanes that differ only in lane bits kFirst..kLast
+// (powers of two, ascending): an mma fragment's quad (1, 2) or its rows
+// across quads (4, 8, 16).
+template <int kFirst, int kLast>
+__device__ __forceinline__ float lanes_sum(float v) {
+#pragma unroll
+  for (int o = kFirst; o <= kLast; o <<= 1) {
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  }
+  return v;
+}
+
+template <int kFirst, int kLast>
+__device__ __forceinline__ float lanes_max(float v) {
+#pragma unroll
+  for (int o = kFirst; o <= kLast; o <<= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  }
+  return v;
+}
+
 // The factor that turns a row's unnormalised output (weights relative to its
 // running max m, summing to lsum) into attention output, with an optional
 // sink logit in the denominator. A row that saw no key gets 0.

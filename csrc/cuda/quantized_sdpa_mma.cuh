@@ -314,8 +314,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
       }
     }
   }
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  amax = lanes_max<1, 2>(amax);
   int ex = 0;
   frexpf(amax, &ex);
   // (The exponent stays finite for bf16 rows below 2^-113.)
@@ -361,10 +360,8 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
   float inv[2], off[G][2], qs[G][2];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    fed[g] += __shfl_xor_sync(0xffffffffu, fed[g], 1);
-    fed[g] += __shfl_xor_sync(0xffffffffu, fed[g], 2);
-    qsum[g] += __shfl_xor_sync(0xffffffffu, qsum[g], 1);
-    qsum[g] += __shfl_xor_sync(0xffffffffu, qsum[g], 2);
+    fed[g] = lanes_sum<1, 2>(fed[g]);
+    qsum[g] = lanes_sum<1, 2>(qsum[g]);
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -519,9 +516,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
       for (int mt = 0; mt < S::kKeyTiles; ++mt) {
         tmax[i] = fmaxf(tmax[i], fmaxf(s[mt][i], s[mt][2 + i]));
       }
-      tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 4));
-      tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 8));
-      tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 16));
+      tmax[i] = lanes_max<4, 16>(tmax[i]);
     }
     // (m = -inf: any finite score grows it.)
     const bool grow = tmax[0] > m[0] + kMaxSlack || tmax[1] > m[1] + kMaxSlack;
@@ -708,14 +703,10 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
   // Block merge of the four warps' states, then one partial per block.
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 4);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 8);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 16);
+    l[i] = lanes_sum<4, 16>(l[i]);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      vbias[g][i] += __shfl_xor_sync(0xffffffffu, vbias[g][i], 4);
-      vbias[g][i] += __shfl_xor_sync(0xffffffffu, vbias[g][i], 8);
-      vbias[g][i] += __shfl_xor_sync(0xffffffffu, vbias[g][i], 16);
+      vbias[g][i] = lanes_sum<4, 16>(vbias[g][i]);
     }
   }
   if (q == 0) {

@@ -300,8 +300,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
     float corr[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      mx[h] = lanes_max<1, 2>(mx[h]);
       const float m_new = fmaxf(m[h], mx[h]);
       corr[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
       m[h] = m_new;
@@ -411,12 +410,10 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
   // Sums over the quad, then the output (one split) or this split's partial.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    l[h] = lanes_sum<1, 2>(l[h]);
 #pragma unroll
     for (int g = 0; g < kG; ++g) {
-      vbias[h][g] += __shfl_xor_sync(0xffffffffu, vbias[h][g], 1);
-      vbias[h][g] += __shfl_xor_sync(0xffffffffu, vbias[h][g], 2);
+      vbias[h][g] = lanes_sum<1, 2>(vbias[h][g]);
     }
   }
   const int64_t blk = ((int64_t(b) * a.Hkv + kvh) * a.row_tiles + tile) * a.splits + split;
