@@ -103,46 +103,47 @@ __device__ __forceinline__ void store_float(void* base, int64_t i, int dtype, fl
   }
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  }
-  return v;
-}
-
-__device__ __forceinline__ float warp_min(float v) {
-  for (int o = 16; o > 0; o >>= 1) {
-    v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  }
-  return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) {
-    v += __shfl_xor_sync(0xffffffffu, v, o);
-  }
-  return v;
-}
-
-// Sum / max over the lanes that differ only in lane bits kFirst..kLast
-// (powers of two, ascending): an mma fragment's quad (1, 2) or its rows
-// across quads (4, 8, 16).
-template <int kFirst, int kLast>
-__device__ __forceinline__ float lanes_sum(float v) {
+// Folds v over the lanes that differ only in lane bits kFirst..kLast
+// (powers of two, ascending) with op: an mma fragment's quad (1, 2), its rows
+// across quads (4, 8, 16), or the whole warp (1 .. 16).
+template <int kFirst, int kLast, typename Op>
+__device__ __forceinline__ float lanes_fold(float v, Op op) {
 #pragma unroll
   for (int o = kFirst; o <= kLast; o <<= 1) {
-    v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   }
   return v;
+}
+
+template <int kFirst, int kLast>
+__device__ __forceinline__ float lanes_sum(float v) {
+  return lanes_fold<kFirst, kLast>(v, [](float x, float y) { return x + y; });
 }
 
 template <int kFirst, int kLast>
 __device__ __forceinline__ float lanes_max(float v) {
-#pragma unroll
-  for (int o = kFirst; o <= kLast; o <<= 1) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return lanes_fold<kFirst, kLast>(v, [](float x, float y) { return fmaxf(x, y); });
+}
+
+// Whole-warp folds, halves first (the order the kernels were validated with).
+template <typename Op>
+__device__ __forceinline__ float warp_fold(float v, Op op) {
+  for (int o = 16; o > 0; o >>= 1) {
+    v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   }
   return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  return warp_fold(v, [](float x, float y) { return fmaxf(x, y); });
+}
+
+__device__ __forceinline__ float warp_min(float v) {
+  return warp_fold(v, [](float x, float y) { return fminf(x, y); });
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  return warp_fold(v, [](float x, float y) { return x + y; });
 }
 
 // The factor that turns a row's unnormalised output (weights relative to its
