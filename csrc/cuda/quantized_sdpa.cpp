@@ -155,27 +155,10 @@ bool dense_kv(const std::vector<mx::array>& in, const SdpaArgs& a) {
       dense_rows(in[3], groups) && dense_rows(in[5], groups) && dense_rows(in[6], groups);
 }
 
-// The decode kernel copies each (batch, KV head)'s scales and biases in
-// 16-byte chunks: their bases must be 16-byte aligned (fresh arrays and cache
-// buffers whose per-head size is a multiple of 16 bytes are).
-bool heads_aligned16(const mx::array& a) {
-  if (reinterpret_cast<uintptr_t>(mx::gpu_ptr<void>(a)) % 16 != 0) {
-    return false;
-  }
-  for (int d = 0; d < 2; ++d) {
-    if (a.shape(d) > 1 && (a.strides()[d] * int64_t(a.itemsize())) % 16 != 0) {
-      return false;
-    }
-  }
-  return true;
-}
-
 MmaKernel mma_kernel_for(const std::vector<mx::array>& in, const SdpaArgs& a) {
   const bool half_q = a.q_dtype == kF16 || a.q_dtype == kBF16;
-  const bool scales_aligned = heads_aligned16(in[2]) && heads_aligned16(in[3]) &&
-      heads_aligned16(in[5]) && heads_aligned16(in[6]);
   if (!mma_allowed() || !half_q || a.Dk != a.Dv || a.mask_kind == 2 || !a.vec_loads ||
-      a.N < 1 || !head_fits_32bit(a) || !dense_kv(in, a) || !scales_aligned) {
+      a.N < 1 || !head_fits_32bit(a) || !dense_kv(in, a)) {
     return {};
   }
   const MmaKernel k = sdpa_mma_kernel(a.bits, a.Dk, a.gs, a.s_dtype, a.q_dtype);

@@ -231,6 +231,38 @@ __device__ __forceinline__ void cp_async_zfill(uint32_t dst, const void* src, in
                "r"(bytes));
 }
 
+// 4 bytes global -> shared, asynchronously; `bytes` < 4 zero-fills the rest.
+__device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(bytes));
+}
+
+// One 16-byte chunk of a step's scales (or biases) into shared memory:
+// `bytes` of it from `src`, the rest zeros. A head's scales need not start
+// 16-byte aligned (a per-head stride of N * G elements often does not); all
+// of its steps share the misalignment `mis` (a step starts a multiple of 16
+// bytes in). 4-byte aligned sources take four 4-byte async copies; 2-byte
+// aligned ones (16-bit scales, odd per-head counts) plain loads and stores.
+// `head` is the head's first element: 0-byte copies point there.
+__device__ __forceinline__ void copy_scale_chunk(uint32_t dst, const uint8_t* src,
+                                                 const uint8_t* head, int bytes, int mis) {
+  if (mis == 0) {
+    cp_async_zfill(dst, bytes > 0 ? src : head, bytes);
+  } else if (mis % 4 == 0) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int b = max(0, min(4, bytes - 4 * u));
+      cp_async4_zfill(dst + 4 * u, b > 0 ? src + 4 * u : head, b);
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const uint16_t v = 2 * u < bytes ? *reinterpret_cast<const uint16_t*>(src + 2 * u) : 0;
+      asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(dst + 2 * u), "h"(v));
+    }
+  }
+}
+
 // Starts the copies of the K and V codes of keys [k0, k0 + kKeys) into a
 // stage (K rows, then V rows, in swizzled slots). Rows past N (only when
 // !kFull) are zero-filled without being read.
@@ -662,10 +694,13 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
       const int i = lane + 32 * j;
       if (S::kScaleChunks % 32 == 0 || i < S::kScaleChunks) {
         const int bytes = full ? 16 : max(0, min(16, have - scale_off[j]));
-        // (A 0-byte copy reads nothing; its address stays at the head's
-        // first chunk, inside the tensor.)
-        cp_async_zfill(dst + 16 * i, bytes > 0 ? scale_src[j] + step : scale_src[j] - scale_off[j],
-                       bytes);
+        const int mis = int(reinterpret_cast<uintptr_t>(scale_src[j]) & 15);
+        if (full && mis == 0) {
+          cp_async_zfill(dst + 16 * i, scale_src[j] + step, 16);
+        } else {
+          copy_scale_chunk(dst + 16 * i, scale_src[j] + step, scale_src[j] - scale_off[j], bytes,
+                           mis);
+        }
       }
     }
     asm volatile("cp.async.commit_group;\n" ::);
