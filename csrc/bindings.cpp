@@ -105,6 +105,11 @@ NB_MODULE(_ext, m) {
       "Debug hook: print a native backtrace on SIGSEGV/SIGABRT.");
 
   m.def(
+      "_take_last_sdpa_kernel",
+      [] { return std::string(mlxq::take_last_sdpa_kernel()); },
+      "Test hook: the CUDA kernel family the last sdpa evaluation chose, then clears it.");
+
+  m.def(
       "_set_poison_outputs",
       &mlxq::set_poison_outputs,
       "enabled"_a,

@@ -16,6 +16,7 @@ namespace mx = mlx::core;
 
 namespace {
 std::atomic<bool> g_poison{false};
+std::atomic<const char*> g_last_sdpa_kernel{""};
 
 template <typename T>
 void fill(mx::array& out, T value) {
@@ -32,6 +33,14 @@ void set_poison_outputs(bool enabled) {
 
 bool poison_outputs() {
   return g_poison.load();
+}
+
+void note_sdpa_kernel(const char* name) {
+  g_last_sdpa_kernel.store(name);
+}
+
+const char* take_last_sdpa_kernel() {
+  return g_last_sdpa_kernel.exchange("");
 }
 
 void poison_if_enabled(mx::array& out) {

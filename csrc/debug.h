@@ -12,6 +12,14 @@ void set_poison_outputs(bool enabled);
 bool poison_outputs();
 void poison_if_enabled(mlx::core::array& out);
 
+// Test hook: the kernel family the last QuantizedSDPA evaluation on CUDA
+// chose ("cuda_decode", "cuda_tiled" or "cuda_generic"). Routing depends on
+// layouts and limits, so GPU tests pin which kernel their cases reach instead
+// of silently testing a fallback. take_last_sdpa_kernel() returns it and
+// clears it ("" when none ran since the last take).
+void note_sdpa_kernel(const char* name);
+const char* take_last_sdpa_kernel();
+
 // Prints a native backtrace to stderr on SIGSEGV/SIGABRT (for machines with
 // no debugger), then lets the signal kill the process as before.
 void install_crash_backtrace();

@@ -22,12 +22,21 @@ BITS = [2, 3, 4, 5, 6, 8]
 GROUP_SIZES = [32, 64, 128]
 
 
-def run_and_check(q, k, v, *, bits, group_size, scale=None, mask=None, sinks=None):
-    """Runs the kernel (bits/group size inferred) and checks it against float64."""
+def run_and_check(q, k, v, *, bits, group_size, scale=None, mask=None, sinks=None,
+                  cuda_kernel=None):
+    """Runs the kernel (bits/group size inferred) and checks it against float64.
+
+    cuda_kernel: on a CUDA GPU, the kernel family the call must reach
+    ("cuda_decode", "cuda_tiled", "cuda_generic"), so a routing change cannot
+    quietly move a case to a fallback."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    mlxq._ext._take_last_sdpa_kernel()
     out = mlxq.sdpa(q, k, v, scale=scale, mask=mask, sinks=sinks)
     ref = sdpa64(q, k, v, scale=scale, mask=mask, sinks=sinks, group_size=group_size, bits=bits)
     assert_close(out, ref, dtype=q.dtype)
+    used = mlxq._ext._take_last_sdpa_kernel()
+    if cuda_kernel and mx.default_device() == mx.gpu and mx.cuda.is_available():
+        assert used == cuda_kernel, f"reached {used!r}, not {cuda_kernel!r}"
     return out
 
 
@@ -363,7 +372,8 @@ def test_half_precision_decode(rng, bits, D, group_size, q_dtype, B, Hq, Hkv, L,
                             group_size=group_size, q_dtype=DTYPES[q_dtype],
                             kv_dtype=DTYPES[kv_dtype])
     sinks = random_sinks(rng, Hq) if with_sinks else None
-    run_and_check(q, k, v, bits=bits, group_size=group_size, mask=mask, sinks=sinks)
+    run_and_check(q, k, v, bits=bits, group_size=group_size, mask=mask, sinks=sinks,
+                  cuda_kernel="cuda_decode")
 
 
 @pytest.mark.parametrize("bits,group_size,n,q_dtype", [
@@ -381,7 +391,7 @@ def test_half_precision_decode_cache_views(rng, bits, group_size, n, q_dtype):
         return w, mx.where(past, mx.nan, s), mx.where(past, mx.nan, b)
 
     k, v = prefix_view(poison_past(kbuf), n), prefix_view(poison_past(vbuf), n)
-    run_and_check(q, k, v, bits=bits, group_size=group_size)
+    run_and_check(q, k, v, bits=bits, group_size=group_size, cuda_kernel="cuda_decode")
 
 
 # --- long contexts (split-K decode) ------------------------------------------------

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "cuda/launch.h"
+#include "debug.h"
 #include "mlx/backend/cuda/utils.h"
 #include "quantized_sdpa.h"
 #include "sdpa_plan.h"
@@ -333,13 +334,16 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
     enc.set_input_array(x);
   }
   if (mk.fn) {
+    note_sdpa_kernel("cuda_decode");
     eval_mma(enc, mk, a, counters, out);
     return;
   }
   if (const TcKernel k = tc_kernel_for(a); k.fn) {
+    note_sdpa_kernel("cuda_tiled");
     eval_tc(enc, k, a, out);
     return;
   }
+  note_sdpa_kernel("cuda_generic");
   void* kernel = sdpa_kernel(a.bits);
   const int smem = sdpa_smem_bytes(a.Dk, a.Dv, a.bits);
   cuFuncSetAttribute(static_cast<CUfunction>(kernel),
