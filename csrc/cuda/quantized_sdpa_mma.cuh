@@ -244,21 +244,23 @@ __device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, i
 // bytes in). 4-byte aligned sources take four 4-byte async copies; 2-byte
 // aligned ones (16-bit scales, odd per-head counts) plain loads and stores.
 // `head` is the head's first element: 0-byte copies point there.
+template <int kItemBytes>
 __device__ __forceinline__ void copy_scale_chunk(uint32_t dst, const uint8_t* src,
                                                  const uint8_t* head, int bytes, int mis) {
   if (mis == 0) {
     cp_async_zfill(dst, bytes > 0 ? src : head, bytes);
-  } else if (mis % 4 == 0) {
+  } else if (kItemBytes == 4 || mis % 4 == 0) { // f32 heads are always 4-byte aligned
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int b = max(0, min(4, bytes - 4 * u));
       cp_async4_zfill(dst + 4 * u, b > 0 ? src + 4 * u : head, b);
     }
   } else {
+    // (Only 16-bit scales get here: f32 heads are always 4-byte aligned.)
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const uint16_t v = 2 * u < bytes ? *reinterpret_cast<const uint16_t*>(src + 2 * u) : 0;
-      asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(dst + 2 * u), "h"(v));
+      asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(dst + 2 * u), "h"(v) : "memory");
     }
   }
 }
@@ -698,8 +700,8 @@ __global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
         if (full && mis == 0) {
           cp_async_zfill(dst + 16 * i, scale_src[j] + step, 16);
         } else {
-          copy_scale_chunk(dst + 16 * i, scale_src[j] + step, scale_src[j] - scale_off[j], bytes,
-                           mis);
+          copy_scale_chunk<sizeof(ST)>(dst + 16 * i, scale_src[j] + step,
+                                       scale_src[j] - scale_off[j], bytes, mis);
         }
       }
     }
