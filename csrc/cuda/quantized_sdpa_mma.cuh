@@ -133,7 +133,11 @@ struct Shape {
   static constexpr int kScaleChunks = 4 * kScaleArrayBytes / 16; // 16-byte copies
   static constexpr int kScaleCopies = (kScaleChunks + 31) / 32; // per lane
   static constexpr int kStepBytes = kCodeBytes + 4 * kScaleArrayBytes;
-  static constexpr int kStages = kCodeBytes <= 4096 ? 4 : 3;
+  // 4 stages while a block still fits 3 times in an H100/H200 SM's shared
+  // memory (4-bit D = 128 group 64 with 16-bit scales), else 3: 12 warps
+  // with 2 steps ahead keep as many bytes in flight as 8 with 3.
+  static constexpr int kStages =
+      kQSmemBytes + 4 * kWarps * kStepBytes <= 72 * 1024 ? 4 : 3;
   static_assert(GS % 32 == 0 && D % GS == 0 && kChunks >= 2, "unsupported shape");
   static_assert(kScaleArrayBytes % 16 == 0, "a step's scales must be whole 16-byte chunks");
 
