@@ -133,11 +133,21 @@ struct Shape {
   static constexpr int kScaleChunks = 4 * kScaleArrayBytes / 16; // 16-byte copies
   static constexpr int kScaleCopies = (kScaleChunks + 31) / 32; // per lane
   static constexpr int kStepBytes = kCodeBytes + 4 * kScaleArrayBytes;
-  // 4 stages while a block still fits 3 times in an H100/H200 SM's shared
-  // memory (4-bit D = 128 group 64 with 16-bit scales), else 3: 12 warps
-  // with 2 steps ahead keep as many bytes in flight as 8 with 3.
-  static constexpr int kStages =
-      kQSmemBytes + 4 * kWarps * kStepBytes <= 72 * 1024 ? 4 : 3;
+  // A block's shared memory with s ring stages (query fragments, rings,
+  // per-warp max/sum, 16 static bytes) and how many such blocks an H100/H200
+  // SM holds (228 KB, 1 KB reserved per block, 128-byte granules; at most
+  // kMinBlocks, the register budget of the launch bounds). 4 stages unless 3
+  // fit more blocks: more warps to hide latency with about the same bytes in
+  // flight.
+  static constexpr int kMinBlocks = 3;
+  static constexpr int block_smem(int s) {
+    return kQSmemBytes + s * kWarps * kStepBytes + 2 * kWarps * kMaxRows * 4 + 16;
+  }
+  static constexpr int blocks_per_sm(int s) {
+    const int by_smem = (228 * 1024) / ((block_smem(s) + 1024 + 127) / 128 * 128);
+    return by_smem < kMinBlocks ? by_smem : kMinBlocks;
+  }
+  static constexpr int kStages = blocks_per_sm(4) >= blocks_per_sm(3) ? 4 : 3;
   static_assert(GS % 32 == 0 && D % GS == 0 && kChunks >= 2, "unsupported shape");
   static_assert(kScaleArrayBytes % 16 == 0, "a step's scales must be whole 16-byte chunks");
 
@@ -311,7 +321,8 @@ __device__ __forceinline__ void wait_codes() {
 }
 
 template <int BITS, int D, int GS, typename ST, bool kTwoTerms>
-__global__ void __launch_bounds__(kWarps * 32, 3) qsdpa_mma_kernel(SdpaArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlocks)
+    qsdpa_mma_kernel(SdpaArgs a) {
   using S = Shape<BITS, D, GS, ST>;
   constexpr int G = S::kGroups;
   constexpr float kVOff = kVOffset<BITS>;
