@@ -341,6 +341,78 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
   float* wm = reinterpret_cast<float*>(codes + kWarps * S::kStages * S::kStepBytes); // [warps][rows]
   float* wl = wm + kWarps * S::kMaxRows;
 
+  // The K/V views and the ring prologue come first: the first steps' copies
+  // are in flight while the query loads below wait on memory, so a block's
+  // start costs one memory latency, not two.
+  Views<ST> views;
+  views.k = reinterpret_cast<const uint8_t*>(a.kw + b * a.kw_st[0] + kvh * a.kw_st[1]);
+  views.v = reinterpret_cast<const uint8_t*>(a.vw + b * a.vw_st[0] + kvh * a.vw_st[1]);
+  views.ks = static_cast<const ST*>(a.ks) + b * a.ks_st[0] + kvh * a.ks_st[1];
+  views.kb = static_cast<const ST*>(a.kb) + b * a.kb_st[0] + kvh * a.kb_st[1];
+  views.vs = static_cast<const ST*>(a.vs) + b * a.vs_st[0] + kvh * a.vs_st[1];
+  views.vb = static_cast<const ST*>(a.vb) + b * a.vb_st[0] + kvh * a.vb_st[1];
+  const int N = a.N;
+  // Keys up to `clean_end` are visible to every row: no per-score masking.
+  const int clean_end = a.mask_kind == 1 ? N - a.L + 1 : N;
+
+  // Each warp walks its steps (every kWarps-th of the split) through a ring
+  // of kStages stages (codes and scales), kStages - 1 steps ahead.
+  const int split_begin = blockIdx.x * a.split_keys;
+  const int split_end = min(N, split_begin + a.split_keys);
+  constexpr int kStride = kWarps * S::kKeys;
+  uint8_t* ring = codes + warp * S::kStages * S::kStepBytes;
+  // The lane's scale copies j: chunk lane + 32 j of a step's four scale
+  // arrays (16-byte chunk c of array ks, kb, vs or vb); the step of keys k0
+  // starts k0 * G elements into each array.
+  constexpr int kArrayChunks = S::kScaleArrayBytes / 16;
+  const uint8_t* scale_src[S::kScaleCopies];
+  int scale_off[S::kScaleCopies];
+#pragma unroll
+  for (int j = 0; j < S::kScaleCopies; ++j) {
+    const int i = min(lane + 32 * j, S::kScaleChunks - 1);
+    const int arr = i / kArrayChunks;
+    const ST* base = arr == 0 ? views.ks : arr == 1 ? views.kb : arr == 2 ? views.vs : views.vb;
+    scale_off[j] = 16 * (i % kArrayChunks);
+    scale_src[j] = reinterpret_cast<const uint8_t*>(base) + scale_off[j];
+  }
+  auto issue = [&](uint8_t* stage, int kk) {
+    const bool full = kk + S::kKeys <= N;
+    if (full) {
+      issue_codes<true, S>(stage, kk, N, lane, views.k, views.v);
+    } else {
+      issue_codes<false, S>(stage, kk, N, lane, views.k, views.v);
+    }
+    const uint32_t dst = smem_addr(stage + S::kCodeBytes);
+    const size_t step = size_t(kk) * G * sizeof(ST);
+    // Bytes of each array that exist for this step (keys past N: zeros).
+    const int have = min(N - kk, S::kKeys) * G * int(sizeof(ST));
+#pragma unroll
+    for (int j = 0; j < S::kScaleCopies; ++j) {
+      const int i = lane + 32 * j;
+      if (S::kScaleChunks % 32 == 0 || i < S::kScaleChunks) {
+        const int bytes = full ? 16 : max(0, min(16, have - scale_off[j]));
+        const int mis = int(reinterpret_cast<uintptr_t>(scale_src[j]) & 15);
+        if (full && mis == 0) {
+          cp_async_zfill(dst + 16 * i, scale_src[j] + step, 16);
+        } else {
+          copy_scale_chunk<sizeof(ST)>(dst + 16 * i, scale_src[j] + step,
+                                       scale_src[j] - scale_off[j], bytes, mis);
+        }
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+  int k0 = split_begin + warp * S::kKeys;
+#pragma unroll
+  for (int i = 0; i < S::kStages - 1; ++i) {
+    const int kk = k0 + i * kStride;
+    if (kk < split_end) {
+      issue(ring + i * S::kStepBytes, kk);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::);
+    }
+  }
+
   // Query fragments (B operand of the scores: column n = q is query row q),
   // scaled by 2^e per row into f16 range; the high-nibble slots of 4-bit
   // codes take q / 16.
@@ -425,16 +497,6 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
   }
   __syncthreads();
 
-  Views<ST> views;
-  views.k = reinterpret_cast<const uint8_t*>(a.kw + b * a.kw_st[0] + kvh * a.kw_st[1]);
-  views.v = reinterpret_cast<const uint8_t*>(a.vw + b * a.vw_st[0] + kvh * a.vw_st[1]);
-  views.ks = static_cast<const ST*>(a.ks) + b * a.ks_st[0] + kvh * a.ks_st[1];
-  views.kb = static_cast<const ST*>(a.kb) + b * a.kb_st[0] + kvh * a.kb_st[1];
-  views.vs = static_cast<const ST*>(a.vs) + b * a.vs_st[0] + kvh * a.vs_st[1];
-  views.vb = static_cast<const ST*>(a.vb) + b * a.vb_st[0] + kvh * a.vb_st[1];
-  const int N = a.N;
-  // Keys up to `clean_end` are visible to every row: no per-score masking.
-  const int clean_end = a.mask_kind == 1 ? N - a.L + 1 : N;
 
   // Running state of the lane's rows 2t, 2t + 1: max (log2 units, the same
   // in all lanes of a t), this lane's share of the sum of p, sum p * V bias
@@ -675,63 +737,6 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
     }
   };
 
-  // Each warp walks its steps (every kWarps-th of the split) through a ring
-  // of kStages stages (codes and scales), kStages - 1 steps ahead.
-  const int split_begin = blockIdx.x * a.split_keys;
-  const int split_end = min(N, split_begin + a.split_keys);
-  constexpr int kStride = kWarps * S::kKeys;
-  uint8_t* ring = codes + warp * S::kStages * S::kStepBytes;
-  // The lane's scale copies j: chunk lane + 32 j of a step's four scale
-  // arrays (16-byte chunk c of array ks, kb, vs or vb); the step of keys k0
-  // starts k0 * G elements into each array.
-  constexpr int kArrayChunks = S::kScaleArrayBytes / 16;
-  const uint8_t* scale_src[S::kScaleCopies];
-  int scale_off[S::kScaleCopies];
-#pragma unroll
-  for (int j = 0; j < S::kScaleCopies; ++j) {
-    const int i = min(lane + 32 * j, S::kScaleChunks - 1);
-    const int arr = i / kArrayChunks;
-    const ST* base = arr == 0 ? views.ks : arr == 1 ? views.kb : arr == 2 ? views.vs : views.vb;
-    scale_off[j] = 16 * (i % kArrayChunks);
-    scale_src[j] = reinterpret_cast<const uint8_t*>(base) + scale_off[j];
-  }
-  auto issue = [&](uint8_t* stage, int kk) {
-    const bool full = kk + S::kKeys <= N;
-    if (full) {
-      issue_codes<true, S>(stage, kk, N, lane, views.k, views.v);
-    } else {
-      issue_codes<false, S>(stage, kk, N, lane, views.k, views.v);
-    }
-    const uint32_t dst = smem_addr(stage + S::kCodeBytes);
-    const size_t step = size_t(kk) * G * sizeof(ST);
-    // Bytes of each array that exist for this step (keys past N: zeros).
-    const int have = min(N - kk, S::kKeys) * G * int(sizeof(ST));
-#pragma unroll
-    for (int j = 0; j < S::kScaleCopies; ++j) {
-      const int i = lane + 32 * j;
-      if (S::kScaleChunks % 32 == 0 || i < S::kScaleChunks) {
-        const int bytes = full ? 16 : max(0, min(16, have - scale_off[j]));
-        const int mis = int(reinterpret_cast<uintptr_t>(scale_src[j]) & 15);
-        if (full && mis == 0) {
-          cp_async_zfill(dst + 16 * i, scale_src[j] + step, 16);
-        } else {
-          copy_scale_chunk<sizeof(ST)>(dst + 16 * i, scale_src[j] + step,
-                                       scale_src[j] - scale_off[j], bytes, mis);
-        }
-      }
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
-  };
-  int k0 = split_begin + warp * S::kKeys;
-#pragma unroll
-  for (int i = 0; i < S::kStages - 1; ++i) {
-    const int kk = k0 + i * kStride;
-    if (kk < split_end) {
-      issue(ring + i * S::kStepBytes, kk);
-    } else {
-      asm volatile("cp.async.commit_group;\n" ::);
-    }
-  }
   int cur_stage = 0;
   for (; k0 < split_end; k0 += kStride) {
     const int refill = cur_stage == 0 ? S::kStages - 1 : cur_stage - 1;
