@@ -70,3 +70,20 @@ def assert_close(out: mx.array, ref: np.ndarray, dtype=None, tol=None) -> float:
     tol = TOL[out.dtype] if tol is None else tol
     assert err <= tol, f"relative error {err:.3g} > {tol:g}"
     return err
+
+
+def assert_cuda_kernel(expected):
+    """On a CUDA GPU, that the last evaluated sdpa reached the kernel family
+    ``expected`` ("cuda_decode", "cuda_tiled", "cuda_generic"), so a routing
+    change cannot quietly move a case to a fallback. Clears the record; a
+    no-op elsewhere, for ``expected=None``, and while a test run turns the
+    tensor-core kernels off for a comparison."""
+    import os
+
+    import mlxq
+
+    used = mlxq._ext._take_last_sdpa_kernel()
+    if os.environ.get("MLXQ_CUDA_MMA") == "0" or os.environ.get("MLXQ_CUDA_TC") == "0":
+        return
+    if expected and mx.default_device() == mx.gpu and mx.cuda.is_available():
+        assert used == expected, f"reached {used!r}, not {expected!r}"

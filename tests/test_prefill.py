@@ -21,14 +21,13 @@ speculative decoding) needs on top of tests/test_quantized_sdpa.py:
   chunks (it takes about half the time of an unmasked one).
 """
 
-import os
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
 import mlxq
-from helpers import DTYPES, assert_close, random_inputs
+from helpers import DTYPES, assert_close, assert_cuda_kernel, random_inputs
 from reference64 import sdpa64
 
 BITS, GROUP_SIZE = 4, 64
@@ -238,9 +237,13 @@ def test_half_precision_many_rows(rng, D, group_size, bits, q_dtype, B, Hq, Hkv,
         mask = additive_mask(rng, L, N, qd)
     sinks = (mx.array(rng.normal(0.5, 1.5, Hq).astype(np.float32)) if with_sinks else None)
     scale = D ** -0.5
+    mlxq._ext._take_last_sdpa_kernel()
     out = mlxq.sdpa(q, k, v, scale=scale, mask=mask, sinks=sinks)
     ref = sdpa64(q, k, v, scale=scale, mask=mask, sinks=sinks, group_size=group_size, bits=bits)
     assert_close(out, ref, dtype=qd)
+    # Every case here is more than 16 rows per KV head in half precision:
+    # on CUDA, the tensor-core tiled kernel (each instance fits 99 KB).
+    assert_cuda_kernel("cuda_tiled")
 
 
 # --- hidden keys are not read -----------------------------------------------------------

@@ -8,7 +8,6 @@ mask kind, dtype and the split-K path appear, without a Cartesian product.
 """
 
 import itertools
-import os
 import tempfile
 
 import mlx.core as mx
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 
 import mlxq
-from helpers import DTYPES, assert_close, random_inputs, rel_err, to_f64
+from helpers import DTYPES, assert_close, assert_cuda_kernel, random_inputs, rel_err, to_f64
 from reference64 import sdpa64
 
 BITS = [2, 3, 4, 5, 6, 8]
@@ -35,11 +34,7 @@ def run_and_check(q, k, v, *, bits, group_size, scale=None, mask=None, sinks=Non
     out = mlxq.sdpa(q, k, v, scale=scale, mask=mask, sinks=sinks)
     ref = sdpa64(q, k, v, scale=scale, mask=mask, sinks=sinks, group_size=group_size, bits=bits)
     assert_close(out, ref, dtype=q.dtype)
-    used = mlxq._ext._take_last_sdpa_kernel()
-    if os.environ.get("MLXQ_CUDA_MMA") == "0" or os.environ.get("MLXQ_CUDA_TC") == "0":
-        cuda_kernel = None  # kernels turned off for a comparison
-    if cuda_kernel and mx.default_device() == mx.gpu and mx.cuda.is_available():
-        assert used == cuda_kernel, f"reached {used!r}, not {cuda_kernel!r}"
+    assert_cuda_kernel(cuda_kernel)
     return out
 
 
@@ -225,7 +220,8 @@ def test_masks_half_precision_many_rows(rng, kind):
                             group_size=64, q_dtype=q_dtype, kv_dtype=mx.bfloat16)
     mask = make_mask(kind, rng, B, Hq, L, N)
     sinks = random_sinks(rng, Hq) if i % 3 != 1 else None
-    out = run_and_check(q, k, v, bits=[4, 8, 3][i % 3], group_size=64, mask=mask, sinks=sinks)
+    out = run_and_check(q, k, v, bits=[4, 8, 3][i % 3], group_size=64, mask=mask, sinks=sinks,
+                        cuda_kernel="cuda_tiled")
     if kind.startswith("all_"):
         assert (np.array(out.astype(mx.float32)) == 0).all()
 
