@@ -697,7 +697,8 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
           }
           vbias[g][e & 1] += vbt;
         }
-        uint32_t bh[2], bl[2] = {0u, 0u};
+        uint32_t bh[2];
+        [[maybe_unused]] uint32_t bl[2] = {0u, 0u}; // the f16-query low term
 #pragma unroll
         for (int h = 0; h < 2; ++h) { // keys q + 8h, rows 2t, 2t + 1
           const uint32_t hi = pack2<__nv_bfloat16>(x[2 * h], x[2 * h + 1]);
