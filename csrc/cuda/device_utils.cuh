@@ -71,6 +71,50 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// BYTES (16 or 4) global -> shared, asynchronously: no registers are held
+// while the copy is in flight. 16-byte copies bypass L1 (.cg); 4-byte ones
+// cannot (.ca).
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* dst, const void* src) {
+  static_assert(BYTES == 16 || BYTES == 4, "cp.async copies 16 or 4 bytes here");
+  if constexpr (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
+  }
+}
+
+// The same to a shared address, reading only the first `bytes` and
+// zero-filling the rest (0: nothing is read, but `src` must still be a
+// valid address).
+template <int BYTES>
+__device__ __forceinline__ void cp_async_zfill(uint32_t dst, const void* src, int bytes) {
+  static_assert(BYTES == 16 || BYTES == 4, "cp.async copies 16 or 4 bytes here");
+  if constexpr (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes));
+  }
+}
+
+// Closes the group of copies issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Waits until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Waits for every copy issued so far, committed or not.
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::);
+}
+
 // Four 8x8 matrices of 16-bit values from shared memory (lane i gives the
 // address of row i % 8 of matrix i / 8), as mma fragments; .trans
 // transposes each.

@@ -239,18 +239,6 @@ struct Views {
   const ST *ks, *kb, *vs, *vb;
 };
 
-// 16 bytes global -> shared, asynchronously; `bytes` < 16 zero-fills the rest.
-__device__ __forceinline__ void cp_async_zfill(uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(bytes));
-}
-
-// 4 bytes global -> shared, asynchronously; `bytes` < 4 zero-fills the rest.
-__device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(bytes));
-}
-
 // One 16-byte chunk of a step's scales (or biases) into shared memory:
 // `bytes` of it from `src`, the rest zeros. A head's scales need not start
 // 16-byte aligned (a per-head stride of N * G elements often does not); all
@@ -262,12 +250,12 @@ template <int kItemBytes>
 __device__ __forceinline__ void copy_scale_chunk(uint32_t dst, const uint8_t* src,
                                                  const uint8_t* head, int bytes, int mis) {
   if (mis == 0) {
-    cp_async_zfill(dst, bytes > 0 ? src : head, bytes);
+    cp_async_zfill<16>(dst, bytes > 0 ? src : head, bytes);
   } else if (kItemBytes == 4 || mis % 4 == 0) { // f32 heads are always 4-byte aligned
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int b = max(0, min(4, bytes - 4 * u));
-      cp_async4_zfill(dst + 4 * u, b > 0 ? src + 4 * u : head, b);
+      cp_async_zfill<4>(dst + 4 * u, b > 0 ? src + 4 * u : head, b);
     }
   } else {
     // (Only 16-bit scales get here: f32 heads are always 4-byte aligned.)
@@ -302,22 +290,17 @@ __device__ __forceinline__ void issue_codes(uint8_t* stage, int k0, int N, int l
     const int r = r0 + u * kRowsPerCopy;
     const uint32_t dst = base + 16 * S::slot(r, c);
     if constexpr (kFull) {
-      cp_async_zfill(dst, ksrc + kCopyBytes * u, 16);
-      cp_async_zfill(dst + S::kKeys * S::kRow, vsrc + kCopyBytes * u, 16);
+      cp_async_zfill<16>(dst, ksrc + kCopyBytes * u, 16);
+      cp_async_zfill<16>(dst + S::kKeys * S::kRow, vsrc + kCopyBytes * u, 16);
     } else {
       // Rows past N read row N - 1's address but copy 0 bytes of it.
       const int key = min(k0 + r, N - 1);
       const int bytes = k0 + r < N ? 16 : 0;
       const size_t src = size_t(key) * S::kRow + 16 * c;
-      cp_async_zfill(dst, k + src, bytes);
-      cp_async_zfill(dst + S::kKeys * S::kRow, v + src, bytes);
+      cp_async_zfill<16>(dst, k + src, bytes);
+      cp_async_zfill<16>(dst + S::kKeys * S::kRow, v + src, bytes);
     }
   }
-}
-
-template <int STAGES>
-__device__ __forceinline__ void wait_codes() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES));
 }
 
 template <int BITS, int D, int GS, typename ST, bool kTwoTerms>
@@ -393,14 +376,14 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
         const int bytes = full ? 16 : max(0, min(16, have - scale_off[j]));
         const int mis = int(reinterpret_cast<uintptr_t>(scale_src[j]) & 15);
         if (full && mis == 0) {
-          cp_async_zfill(dst + 16 * i, scale_src[j] + step, 16);
+          cp_async_zfill<16>(dst + 16 * i, scale_src[j] + step, 16);
         } else {
           copy_scale_chunk<sizeof(ST)>(dst + 16 * i, scale_src[j] + step,
                                        scale_src[j] - scale_off[j], bytes, mis);
         }
       }
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
   };
   int k0 = split_begin + warp * S::kKeys;
 #pragma unroll
@@ -409,7 +392,7 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
     if (kk < split_end) {
       issue(ring + i * S::kStepBytes, kk);
     } else {
-      asm volatile("cp.async.commit_group;\n" ::);
+      cp_async_commit();
     }
   }
 
@@ -745,9 +728,9 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
     if (kk < split_end) {
       issue(ring + refill * S::kStepBytes, kk);
     } else {
-      asm volatile("cp.async.commit_group;\n" ::);
+      cp_async_commit();
     }
-    wait_codes<S::kStages - 1>();
+    cp_async_wait<S::kStages - 1>();
     __syncwarp();
     if (k0 + S::kKeys <= clean_end) {
       process(k0, ring + cur_stage * S::kStepBytes, std::false_type{});
@@ -774,7 +757,7 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
       wl[warp * S::kMaxRows + 2 * t + i] = l[i];
     }
   }
-  asm volatile("cp.async.wait_all;\n" ::);
+  cp_async_wait_all();
   __syncthreads(); // every warp is done with its ring: it now holds the outputs
   // Each warp's weight for rows 2t, 2t + 1 (its output columns).
   float wgt[2];

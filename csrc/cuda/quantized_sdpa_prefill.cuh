@@ -48,20 +48,6 @@ __device__ __forceinline__ void unpack8(uint32_t w0, uint32_t w1, int shift, flo
   }
 }
 
-// Asynchronous global -> shared copies (no registers held while in flight).
-template <int BYTES>
-__device__ __forceinline__ void cp_async(void* dst, const void* src) {
-  if constexpr (BYTES == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
-  }
-}
-
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
-}
-
 // This thread's scales and biases of one tile, fetched a tile ahead.
 template <int D, int GS, int THREADS, int KEYS>
 struct Scales {
