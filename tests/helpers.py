@@ -1,7 +1,11 @@
 """Helpers shared by the mlxq tests: random quantized inputs and error checks."""
 
+import os
+
 import mlx.core as mx
 import numpy as np
+
+import mlxq
 
 DTYPES = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
 
@@ -78,10 +82,6 @@ def assert_cuda_kernel(expected):
     change cannot quietly move a case to a fallback. Clears the record; a
     no-op elsewhere, for ``expected=None``, and while a test run turns the
     tensor-core kernels off for a comparison."""
-    import os
-
-    import mlxq
-
     used = mlxq._ext._take_last_sdpa_kernel()
     if os.environ.get("MLXQ_CUDA_MMA") == "0" or os.environ.get("MLXQ_CUDA_TC") == "0":
         return

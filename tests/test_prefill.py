@@ -21,7 +21,6 @@ speculative decoding) needs on top of tests/test_quantized_sdpa.py:
   chunks (it takes about half the time of an unmasked one).
 """
 
-
 import mlx.core as mx
 import numpy as np
 import pytest
