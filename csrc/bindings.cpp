@@ -74,6 +74,7 @@ NB_MODULE(_ext, m) {
       "update"_a,
       "pos"_a,
       nb::kw_only(),
+      "owned"_a = false,
       "stream"_a = nb::none(),
       "Write update rows into a ring buffer at pos (see mlxq.ring_update).");
 
@@ -98,6 +99,39 @@ NB_MODULE(_ext, m) {
       "bits"_a,
       "stream"_a = nb::none(),
       "Quantize update rows into a quantized ring buffer (see mlxq.quantized_ring_update).");
+
+  m.def(
+      "quantized_kv_update",
+      [](const mx::array& kp, const mx::array& ks, const mx::array& kb,
+         const mx::array& vp, const mx::array& vs, const mx::array& vb,
+         const mx::array& k_update, const mx::array& v_update, const mlxq::Position& pos,
+         int group_size, int bits, mx::StreamOrDevice s) {
+        auto out = translate_errors([&] {
+          return mlxq::quantized_kv_update(
+              {kp, ks, kb}, {vp, vs, vb}, k_update, v_update, pos, group_size, bits, s);
+        });
+        return nb::make_tuple(nb::make_tuple(out[0], out[1], out[2]),
+                              nb::make_tuple(out[3], out[4], out[5]));
+      },
+      "k_packed"_a,
+      "k_scales"_a,
+      "k_biases"_a,
+      "v_packed"_a,
+      "v_scales"_a,
+      "v_biases"_a,
+      "k_update"_a,
+      "v_update"_a,
+      "pos"_a,
+      nb::kw_only(),
+      "group_size"_a,
+      "bits"_a,
+      "stream"_a = nb::none(),
+      "A KV cache's write of one step: quantize K and V rows into both triples in place.");
+
+  m.def(
+      "_take_ring_copies",
+      &mlxq::detail::take_ring_copies,
+      "Test hook: ring/KV writes that copied their buffer since the last call (then resets).");
 
   m.def(
       "_install_crash_backtrace",

@@ -32,3 +32,13 @@ void QuantizedRingUpdate::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 }
 
 } // namespace mlxq
+
+namespace mlxq {
+
+void QuantizedKVUpdate::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error(
+      "[mlxq.quantized_kv_update] this build of mlxq has no GPU kernels; "
+      "run it on the CPU (stream=mx.cpu).");
+}
+
+} // namespace mlxq

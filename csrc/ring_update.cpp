@@ -1,5 +1,7 @@
 #include "ring_update.h"
 
+#include <atomic>
+
 #include "quantization.h"
 #include "validation.h"
 
@@ -65,12 +67,69 @@ void check_update_fits(const char* op, const mx::array& buffer, const mx::array&
   }
 }
 
+// Checks one (packed, scales, biases) triple and the update rows it takes.
+void check_triple(
+    const char* op,
+    const char* what,
+    const mx::array& packed,
+    const mx::array& scales,
+    const mx::array& biases,
+    const mx::array& update,
+    int group_size,
+    int bits) {
+  check_rows(op, packed, "packed");
+  check_rows(op, scales, "scales");
+  check_rows(op, biases, "biases");
+  check_rows(op, update, "update");
+  if (packed.dtype() != mx::uint32) {
+    fail(op, what, "packed must be uint32, got ", dtype_str(packed.dtype()), ".");
+  }
+  if (!is_float_dtype(scales.dtype()) || biases.dtype() != scales.dtype()) {
+    fail(op, what, "scales and biases must share one float dtype, got ",
+         dtype_str(scales.dtype()), " and ", dtype_str(biases.dtype()), ".");
+  }
+  if (scales.shape() != biases.shape()) {
+    fail(op, what, "scales shape ", shape_str(scales.shape()),
+         " does not match biases shape ", shape_str(biases.shape()), ".");
+  }
+  for (int d = 0; d < 3; ++d) {
+    if (packed.shape(d) != scales.shape(d)) {
+      fail(op, what, "packed shape ", shape_str(packed.shape()), " and scales shape ",
+           shape_str(scales.shape()), " disagree on [B, H, S].");
+    }
+  }
+  if (update.dtype() != scales.dtype()) {
+    fail(op, what, "update dtype ", dtype_str(update.dtype()),
+         " must match the scales dtype ", dtype_str(scales.dtype()),
+         " (mx.quantize keeps the input's dtype for scales and biases).");
+  }
+  check_update_fits(op, packed, update);
+  const int D = update.shape(3);
+  if (D % group_size != 0 || scales.shape(3) * group_size != D ||
+      packed.shape(3) * 32 != D * bits) {
+    fail(op, what, "update rows of ", D, " elements do not fit packed width ",
+         packed.shape(3), " and scales width ", scales.shape(3), " at ", bits,
+         " bits, group size ", group_size, ".");
+  }
+}
+
+void check_quantization(const char* op, int group_size, int bits) {
+  if (!is_supported_bits(bits)) {
+    fail(op, "bits must be ", supported_bits_text(), ", got ", bits, ".");
+  }
+  if (!is_supported_group_size(group_size)) {
+    fail(op, "group_size must be ", supported_group_sizes_text(), ", got ",
+         group_size, ".");
+  }
+}
+
 } // namespace
 
 mx::array ring_update(
     const mx::array& buffer,
     const mx::array& update,
     const Position& pos,
+    bool owned,
     mx::StreamOrDevice s) {
   constexpr const char* op = "mlxq.ring_update";
   check_rows(op, buffer, "buffer");
@@ -89,7 +148,7 @@ mx::array ring_update(
   return mx::array(
       buffer.shape(),
       buffer.dtype(),
-      std::make_shared<RingUpdate>(mx::to_stream(s)),
+      std::make_shared<RingUpdate>(mx::to_stream(s), owned),
       {buffer, update, p});
 }
 
@@ -103,47 +162,8 @@ std::vector<mx::array> quantized_ring_update(
     int bits,
     mx::StreamOrDevice s) {
   constexpr const char* op = "mlxq.quantized_ring_update";
-  if (!is_supported_bits(bits)) {
-    fail(op, "bits must be ", supported_bits_text(), ", got ", bits, ".");
-  }
-  if (!is_supported_group_size(group_size)) {
-    fail(op, "group_size must be ", supported_group_sizes_text(), ", got ",
-         group_size, ".");
-  }
-  check_rows(op, packed, "packed");
-  check_rows(op, scales, "scales");
-  check_rows(op, biases, "biases");
-  check_rows(op, update, "update");
-  if (packed.dtype() != mx::uint32) {
-    fail(op, "packed must be uint32, got ", dtype_str(packed.dtype()), ".");
-  }
-  if (!is_float_dtype(scales.dtype()) || biases.dtype() != scales.dtype()) {
-    fail(op, "scales and biases must share one float dtype, got ",
-         dtype_str(scales.dtype()), " and ", dtype_str(biases.dtype()), ".");
-  }
-  if (scales.shape() != biases.shape()) {
-    fail(op, "scales shape ", shape_str(scales.shape()),
-         " does not match biases shape ", shape_str(biases.shape()), ".");
-  }
-  for (int d = 0; d < 3; ++d) {
-    if (packed.shape(d) != scales.shape(d)) {
-      fail(op, "packed shape ", shape_str(packed.shape()), " and scales shape ",
-           shape_str(scales.shape()), " disagree on [B, H, S].");
-    }
-  }
-  if (update.dtype() != scales.dtype()) {
-    fail(op, "update dtype ", dtype_str(update.dtype()),
-         " must match the scales dtype ", dtype_str(scales.dtype()),
-         " (mx.quantize keeps the input's dtype for scales and biases).");
-  }
-  check_update_fits(op, packed, update);
-  const int D = update.shape(3);
-  if (D % group_size != 0 || scales.shape(3) * group_size != D ||
-      packed.shape(3) * 32 != D * bits) {
-    fail(op, "update rows of ", D, " elements do not fit packed width ",
-         packed.shape(3), " and scales width ", scales.shape(3), " at ", bits,
-         " bits, group size ", group_size, ".");
-  }
+  check_quantization(op, group_size, bits);
+  check_triple(op, "", packed, scales, biases, update, group_size, bits);
   auto p = position_input(op, pos, s);
   using Part = QuantizedRingUpdate::Part;
   const mx::array* buffers[3] = {&packed, &scales, &biases};
@@ -162,14 +182,74 @@ std::vector<mx::array> quantized_ring_update(
   return out;
 }
 
+std::vector<mx::array> quantized_kv_update(
+    const std::vector<mx::array>& k_triple,
+    const std::vector<mx::array>& v_triple,
+    const mx::array& k_update,
+    const mx::array& v_update,
+    const Position& pos,
+    int group_size,
+    int bits,
+    mx::StreamOrDevice s) {
+  constexpr const char* op = "mlxq.quantized_kv_update";
+  check_quantization(op, group_size, bits);
+  if (k_triple.size() != 3 || v_triple.size() != 3) {
+    fail(op, "keys and values must each be a (packed, scales, biases) triple.");
+  }
+  check_triple(op, "keys: ", k_triple[0], k_triple[1], k_triple[2], k_update, group_size, bits);
+  check_triple(op, "values: ", v_triple[0], v_triple[1], v_triple[2], v_update, group_size, bits);
+  for (int d = 0; d < 3; ++d) {
+    if (k_triple[0].shape(d) != v_triple[0].shape(d) || k_update.shape(d) != v_update.shape(d)) {
+      fail(op, "keys ", shape_str(k_triple[0].shape()), " / ", shape_str(k_update.shape()),
+           " and values ", shape_str(v_triple[0].shape()), " / ", shape_str(v_update.shape()),
+           " must agree on [B, H, S] and [B, H, T].");
+    }
+  }
+  auto p = position_input(op, pos, s);
+  std::vector<mx::Shape> shapes;
+  std::vector<mx::Dtype> dtypes;
+  std::vector<mx::array> inputs;
+  for (const auto* t : {&k_triple, &v_triple}) {
+    for (const auto& a : *t) {
+      shapes.push_back(a.shape());
+      dtypes.push_back(a.dtype());
+      inputs.push_back(a);
+    }
+  }
+  inputs.push_back(k_update);
+  inputs.push_back(v_update);
+  inputs.push_back(p);
+  return mx::array::make_arrays(
+      std::move(shapes), dtypes,
+      std::make_shared<QuantizedKVUpdate>(mx::to_stream(s), group_size, bits),
+      inputs);
+}
+
 namespace detail {
 
-bool can_update_in_place(const mx::array& buffer) {
-  return buffer.is_donatable() && buffer.flags().row_contiguous &&
+bool can_update_in_place(const mx::array& buffer, bool owned) {
+  return (owned || buffer.is_donatable()) && buffer.flags().row_contiguous &&
       buffer.data_size() == buffer.size();
 }
 
+namespace {
+std::atomic<int> ring_copies{0};
+} // namespace
+
+void note_ring_copy() {
+  ring_copies.fetch_add(1, std::memory_order_relaxed);
+}
+
+int take_ring_copies() {
+  return ring_copies.exchange(0, std::memory_order_relaxed);
+}
+
 } // namespace detail
+
+bool QuantizedKVUpdate::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const QuantizedKVUpdate&>(other);
+  return group_size_ == o.group_size_ && bits_ == o.bits_;
+}
 
 bool QuantizedRingUpdate::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedRingUpdate&>(other);

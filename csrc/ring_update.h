@@ -20,7 +20,8 @@ using Position = std::variant<int, mx::array>;
  *  Output: buffer with update row t at sequence row (pos + t) mod S. */
 class RingUpdate : public mx::UnaryPrimitive {
  public:
-  explicit RingUpdate(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+  explicit RingUpdate(mx::Stream stream, bool owned = false)
+      : mx::UnaryPrimitive(stream), owned_(owned) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -28,13 +29,19 @@ class RingUpdate : public mx::UnaryPrimitive {
   const char* name() const override {
     return "RingUpdate";
   }
-  bool is_equivalent(const mx::Primitive&) const override {
-    return true;
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return owned_ == static_cast<const RingUpdate&>(other).owned_;
   }
   std::vector<mx::Shape> output_shapes(
       const std::vector<mx::array>& inputs) override {
     return {inputs[0].shape()};
   }
+  bool owned() const {
+    return owned_;
+  }
+
+ private:
+  bool owned_;
 };
 
 /** One array of a quantized ring buffer. Inputs: that part's buffer (packed
@@ -87,12 +94,64 @@ class QuantizedRingUpdate : public mx::UnaryPrimitive {
   Part part_;
 };
 
+/** The cache write of one step: quantizes the new K and V rows and writes
+ *  codes, scales and biases of both, in one kernel launch (a stock bf16 layer
+ *  launches two writes; three single-part writes per triple would be six).
+ *  Inputs: K packed, scales, biases, V packed, scales, biases (each
+ *  [B, H, S, *]), K update [B, H, T, Dk], V update [B, H, T, Dv], pos.
+ *  Outputs: the six buffers, updated at rows (pos + t) mod S.
+ *
+ *  Always "owned" (see can_update_in_place): a KV cache is the only holder of
+ *  its buffers, so they are written in place even while MLX's in-flight
+ *  command buffers (async_eval pipelining) or earlier fetches still share
+ *  their memory. Those only read rows this write does not touch (a growing
+ *  cache writes past every earlier fetch), or they run before it in stream
+ *  order (a ring overwrites the rows the previous step attended to, and the
+ *  next token depends on that step's attention). With several outputs, MLX
+ *  also keeps each output's siblings referenced until the command buffer
+ *  completes, which would make donation impossible at every step. */
+class QuantizedKVUpdate : public mx::Primitive {
+ public:
+  QuantizedKVUpdate(mx::Stream stream, int group_size, int bits)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+
+  const char* name() const override {
+    return "QuantizedKVUpdate";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape(), inputs[1].shape(), inputs[2].shape(),
+            inputs[3].shape(), inputs[4].shape(), inputs[5].shape()};
+  }
+  int group_size() const {
+    return group_size_;
+  }
+  int bits() const {
+    return bits_;
+  }
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
 // Shared by the backends' eval functions.
 namespace detail {
 
-// True when `buffer`'s memory may become the output's (MLX says it is not
-// referenced elsewhere) and is row-contiguous, so only new rows are written.
-bool can_update_in_place(const mx::array& buffer);
+// True when `buffer`'s memory may become the output's and is row-contiguous
+// with no gaps, so only new rows are written. Not owned: only when MLX says
+// it is donatable (nothing else holds the array or its memory). Owned: the
+// caller (a KV cache) is the buffer's only holder, so views and MLX's
+// in-flight command buffers that still share the memory do not force a copy.
+bool can_update_in_place(const mx::array& buffer, bool owned = false);
+
+// Test hook: how many ring/KV writes copied their buffer instead of writing
+// in place since the last call (the count is then reset).
+void note_ring_copy();
+int take_ring_copies();
 
 } // namespace detail
 
@@ -100,6 +159,7 @@ mx::array ring_update(
     const mx::array& buffer,
     const mx::array& update,
     const Position& pos,
+    bool owned = false,
     mx::StreamOrDevice s = {});
 
 std::vector<mx::array> quantized_ring_update(
@@ -107,6 +167,19 @@ std::vector<mx::array> quantized_ring_update(
     const mx::array& scales,
     const mx::array& biases,
     const mx::array& update,
+    const Position& pos,
+    int group_size,
+    int bits,
+    mx::StreamOrDevice s = {});
+
+// Quantizes and writes one step's K and V rows into a cache's two triples
+// (one QuantizedKVUpdate); returns K packed, scales, biases, V packed,
+// scales, biases.
+std::vector<mx::array> quantized_kv_update(
+    const std::vector<mx::array>& k_triple,
+    const std::vector<mx::array>& v_triple,
+    const mx::array& k_update,
+    const mx::array& v_update,
     const Position& pos,
     int group_size,
     int bits,

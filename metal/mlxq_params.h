@@ -33,6 +33,7 @@ typedef int64_t mlxq_i64;
 #define MLXQ_PART_CODES 0
 #define MLXQ_PART_SCALES 1
 #define MLXQ_PART_BIASES 2
+#define MLXQ_PART_ALL 3 // QuantizedKVUpdate: codes, scales and biases in one dispatch
 
 // Keys per tile of the attention kernels: one per SIMD lane.
 #define MLXQ_TILE_KEYS 32

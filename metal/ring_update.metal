@@ -29,11 +29,12 @@
 // Codes go through threadgroup memory; lane k then assembles packed word k of
 // the group from the codes whose bits overlap it.
 //
-// One dispatch writes one part of the triple (p.part: MLXQ_PART_CODES,
-// _SCALES or _BIASES), since each QuantizedRingUpdate primitive owns one
+// A QuantizedRingUpdate dispatch writes one part of the triple (p.part:
+// MLXQ_PART_CODES, _SCALES or _BIASES), since each such primitive owns one
 // array; the host binds that array to the part's slot (and to the two other
-// slots, which the kernel never touches). The group's scale and bias are
-// computed for every part; codes are only computed for the codes part.
+// slots, which the kernel never touches). A QuantizedKVUpdate dispatch
+// (MLXQ_PART_ALL) writes all three arrays of K or of V. The group's scale and
+// bias are computed for every part; codes only for the codes and all parts.
 #include "mlxq_utils.h"
 
 template <typename E>
@@ -137,12 +138,14 @@ template <typename T, int BITS>
 
   const mlxq_i64 row =
       mlxq_i64(bh) * p.S + (mlxq_ring_start(pos, p.S) + t) % p.S;
-  if (p.part != MLXQ_PART_CODES) { // uniform across the threadgroup
-    if (lane == 0 && p.part == MLXQ_PART_SCALES) {
-      scales[row * p.G + g] = mlxq_from_float<T>(scale);
-    } else if (lane == 0) {
-      biases[row * p.G + g] = mlxq_from_float<T>(bias);
-    }
+  const bool all = p.part == MLXQ_PART_ALL;
+  if (lane == 0 && (all || p.part == MLXQ_PART_SCALES)) {
+    scales[row * p.G + g] = mlxq_from_float<T>(scale);
+  }
+  if (lane == 0 && (all || p.part == MLXQ_PART_BIASES)) {
+    biases[row * p.G + g] = mlxq_from_float<T>(bias);
+  }
+  if (!all && p.part != MLXQ_PART_CODES) { // uniform across the threadgroup
     return;
   }
 

@@ -20,11 +20,12 @@ namespace {
 
 // Points `out` at `in`'s memory when it can be updated in place; else gives
 // it new memory and returns true: the caller must copy `in` into it.
-bool take_or_allocate(const mx::array& in, mx::array& out) {
-  if (detail::can_update_in_place(in)) {
+bool take_or_allocate(const mx::array& in, mx::array& out, bool owned = false) {
+  if (detail::can_update_in_place(in, owned)) {
     out.copy_shared_buffer(in);
     return false;
   }
+  detail::note_ring_copy();
   out.set_data(mx::allocator::malloc(out.nbytes()));
   poison_if_enabled(out);
   return true;
@@ -69,19 +70,26 @@ int ring_start(const mx::array& pos, int S) {
   return static_cast<int>(((p % S) + S) % S);
 }
 
-// Quantizes the T update rows and writes one part of them (codes, scales or
-// biases) into ring rows (start + t) mod S of `out`.
+// The arrays one quantized write fills; a null part is not written.
+template <typename Scalar>
+struct QuantizedRows {
+  uint32_t* codes;
+  Scalar* scales;
+  Scalar* biases;
+  int S; // ring rows
+};
+
+// Quantizes the T update rows and writes the requested parts of them into
+// ring rows (start + t) mod S.
 template <typename Scalar>
 void quantize_rows(
     const mx::array& update,
-    mx::array& out,
-    QuantizedRingUpdate::Part part,
+    const QuantizedRows<Scalar>& dst,
     int start,
     int group_size,
     int bits) {
-  using Part = QuantizedRingUpdate::Part;
   const int B = update.shape(0), H = update.shape(1), T = update.shape(2);
-  const int D = update.shape(3), S = out.shape(2);
+  const int D = update.shape(3), S = dst.S;
   const int W = D * bits / 32, G = D / group_size;
   std::vector<float> row(D);
   std::vector<Scalar> raw(D);
@@ -94,34 +102,52 @@ void quantize_rows(
           row[i] = static_cast<float>(raw[i]);
         }
         const int64_t r = (int64_t(b) * H + h) * S + (start + t) % S;
-        uint32_t* words = nullptr;
-        Scalar* params = nullptr; // scales or biases
-        if (part == Part::Codes) {
-          words = out.data<uint32_t>() + r * W;
+        uint32_t* words = dst.codes ? dst.codes + r * W : nullptr;
+        if (words) {
           std::memset(words, 0, sizeof(uint32_t) * W);
-        } else {
-          params = out.data<Scalar>() + r * G;
         }
         for (int g = 0; g < G; ++g) {
           const float* w = row.data() + g * group_size;
           const auto q = cpu::affine_group_params(w, group_size, bits);
-          switch (part) {
-            case Part::Codes:
-              for (int j = 0; j < group_size; ++j) {
-                cpu::put_code(words, g * group_size + j, bits,
-                              cpu::affine_code(w[j], q, bits));
-              }
-              break;
-            case Part::Scales:
-              params[g] = static_cast<Scalar>(q.scale);
-              break;
-            case Part::Biases:
-              params[g] = static_cast<Scalar>(q.bias);
-              break;
+          if (dst.scales) {
+            dst.scales[r * G + g] = static_cast<Scalar>(q.scale);
+          }
+          if (dst.biases) {
+            dst.biases[r * G + g] = static_cast<Scalar>(q.bias);
+          }
+          if (words) {
+            for (int j = 0; j < group_size; ++j) {
+              cpu::put_code(words, g * group_size + j, bits, cpu::affine_code(w[j], q, bits));
+            }
           }
         }
       }
     }
+  }
+}
+
+// quantize_rows for the update's dtype; `codes`/`scales`/`biases` may be null.
+void quantize_rows_any(
+    const mx::array& update,
+    mx::array* codes,
+    mx::array* scales,
+    mx::array* biases,
+    int S,
+    int start,
+    int group_size,
+    int bits) {
+  auto run = [&](auto tag) {
+    using Scalar = decltype(tag);
+    QuantizedRows<Scalar> dst{
+        codes ? codes->data<uint32_t>() : nullptr,
+        scales ? scales->data<Scalar>() : nullptr,
+        biases ? biases->data<Scalar>() : nullptr, S};
+    quantize_rows<Scalar>(update, dst, start, group_size, bits);
+  };
+  switch (update.dtype()) {
+    case mx::float16: run(mx::float16_t{}); break;
+    case mx::bfloat16: run(mx::bfloat16_t{}); break;
+    default: run(float{}); break;
   }
 }
 
@@ -131,7 +157,7 @@ void RingUpdate::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   const auto& buffer = inputs[0];
   const auto& update = inputs[1];
   const auto& pos = inputs[2];
-  const bool copy = take_or_allocate(buffer, out);
+  const bool copy = take_or_allocate(buffer, out, owned_);
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) {
     enc.set_input_array(a);
@@ -174,17 +200,43 @@ void QuantizedRingUpdate::eval_cpu(
     if (copy) {
       copy_all(buffer, out.data<char>());
     }
-    const int start = ring_start(pos, out.shape(2));
-    switch (update.dtype()) {
-      case mx::float16:
-        quantize_rows<mx::float16_t>(update, out, part, start, gs, bits);
-        break;
-      case mx::bfloat16:
-        quantize_rows<mx::bfloat16_t>(update, out, part, start, gs, bits);
-        break;
-      default:
-        quantize_rows<float>(update, out, part, start, gs, bits);
-        break;
+    using Part = QuantizedRingUpdate::Part;
+    quantize_rows_any(update, part == Part::Codes ? &out : nullptr,
+                      part == Part::Scales ? &out : nullptr,
+                      part == Part::Biases ? &out : nullptr, out.shape(2),
+                      ring_start(pos, out.shape(2)), gs, bits);
+  });
+}
+
+void QuantizedKVUpdate::eval_cpu(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs) {
+  // inputs: K packed, scales, biases, V packed, scales, biases, K update,
+  // V update, pos; outputs: the six buffers.
+  std::vector<bool> copy(6);
+  for (int i = 0; i < 6; ++i) {
+    copy[i] = take_or_allocate(inputs[i], outputs[i], /*owned=*/true);
+  }
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) {
+    enc.set_input_array(a);
+  }
+  std::vector<mx::array> outs;
+  for (auto& o : outputs) {
+    enc.set_output_array(o);
+    outs.push_back(mx::array::unsafe_weak_copy(o));
+  }
+  enc.dispatch([inputs, outs = std::move(outs), copy, gs = group_size_, bits = bits_]() mutable {
+    for (int i = 0; i < 6; ++i) {
+      if (copy[i]) {
+        copy_all(inputs[i], outs[i].data<char>());
+      }
+    }
+    const int S = outs[0].shape(2);
+    const int start = ring_start(inputs[8], S);
+    for (int kv = 0; kv < 2; ++kv) {
+      quantize_rows_any(inputs[6 + kv], &outs[3 * kv], &outs[3 * kv + 1], &outs[3 * kv + 2], S,
+                        start, gs, bits);
     }
   });
 }

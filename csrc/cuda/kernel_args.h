@@ -85,6 +85,22 @@ struct QuantRingArgs {
   int part; // 0 codes, 1 scales, 2 biases (QuantizedRingUpdate::Part)
 };
 
+// One side (K or V) of a QuantizedKVUpdate.
+struct QuantKVSide {
+  const void* src; // update [B, H, T, D] (strided)
+  int64_t src_st[4];
+  uint32_t* codes; // [B, H, S, W]
+  void* scales; // [B, H, S, G], update dtype
+  void* biases;
+  int D, W, G;
+};
+
+struct QuantKVArgs {
+  QuantKVSide side[2]; // K, V
+  const int32_t* pos;
+  int B, H, T, S, dtype;
+};
+
 struct FillArgs {
   void* dst;
   int64_t n_words; // 4-byte words
@@ -97,6 +113,7 @@ void* merge_kernel();
 void* ring_kernel();
 void* copy_kernel();
 void* quant_ring_kernel(int bits, int group_size);
+void* quant_kv_kernel(int bits, int group_size);
 void* fill_kernel();
 
 // Dynamic shared memory of the sdpa kernel for the given head dims.

@@ -13,12 +13,15 @@ using namespace mlxq::cuda;
 
 constexpr int kRowThreads = 128;
 
-// Makes `out` hold `in`'s data: shared when donatable, else copied on the GPU.
-void take_or_copy(const mx::array& in, mx::array& out, mx::cu::CommandEncoder& enc) {
-  if (detail::can_update_in_place(in)) {
+// Makes `out` hold `in`'s data: shared when it can be updated in place (see
+// can_update_in_place), else copied on the GPU.
+void take_or_copy(const mx::array& in, mx::array& out, mx::cu::CommandEncoder& enc,
+                  bool owned = false) {
+  if (detail::can_update_in_place(in, owned)) {
     out.copy_shared_buffer(in);
     return;
   }
+  detail::note_ring_copy();
   allocate(out, enc);
   poison(out, enc);
   if (in.size() == 0) {
@@ -43,7 +46,7 @@ void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) 
   auto& enc = mx::cu::get_command_encoder(stream());
   const auto& buffer = inputs[0];
   const auto& update = inputs[1];
-  take_or_copy(buffer, out, enc);
+  take_or_copy(buffer, out, enc, owned_);
   RingArgs r{};
   r.src = mx::gpu_ptr<void>(update);
   r.dst = mx::gpu_ptr<void>(out);
@@ -91,6 +94,49 @@ void QuantizedRingUpdate::eval_gpu(
   }
   launch(enc, quant_ring_kernel(bits_, group_size_), dim3(q.B * q.H * q.T),
          dim3(kRowThreads), 0, q, {&buffer, &update, &pos, &out}, {&out});
+}
+
+void QuantizedKVUpdate::eval_gpu(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs) {
+  // inputs: K packed, scales, biases, V packed, scales, biases, K update,
+  // V update, pos; outputs: the six buffers.
+  auto& enc = mx::cu::get_command_encoder(stream());
+  for (int i = 0; i < 6; ++i) {
+    take_or_copy(inputs[i], outputs[i], enc, /*owned=*/true);
+  }
+  const auto& k_update = inputs[6];
+  const auto& pos = inputs[8];
+  QuantKVArgs q{};
+  for (int kv = 0; kv < 2; ++kv) {
+    const auto& update = inputs[6 + kv];
+    QuantKVSide& d = q.side[kv];
+    d.src = mx::gpu_ptr<void>(update);
+    copy_strides(update, d.src_st);
+    d.codes = mx::gpu_ptr<uint32_t>(outputs[3 * kv]);
+    d.scales = mx::gpu_ptr<void>(outputs[3 * kv + 1]);
+    d.biases = mx::gpu_ptr<void>(outputs[3 * kv + 2]);
+    d.D = update.shape(3);
+    d.W = d.D * bits_ / 32;
+    d.G = d.D / group_size_;
+  }
+  q.pos = mx::gpu_ptr<int32_t>(pos);
+  q.B = k_update.shape(0);
+  q.H = k_update.shape(1);
+  q.T = k_update.shape(2);
+  q.S = outputs[0].shape(2);
+  q.dtype = dtype_code(k_update.dtype());
+  if (q.B * q.H * q.T == 0) {
+    return;
+  }
+  for (const auto& a : inputs) {
+    enc.set_input_array(a);
+  }
+  for (const auto& o : outputs) {
+    enc.set_output_array(o);
+  }
+  enc.add_kernel_node_ex(static_cast<CUfunction>(quant_kv_kernel(bits_, group_size_)),
+                         dim3(q.B * q.H * q.T, 2), dim3(kRowThreads), dim3{}, 0, q);
 }
 
 } // namespace mlxq

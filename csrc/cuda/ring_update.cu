@@ -5,7 +5,9 @@
 // copy_kernel: the whole-buffer copy used when the buffer cannot be donated.
 // quant_ring_kernel: one block per written row, one warp per quantization
 // group (looping); it writes one part of the quantized rows (a.part: codes,
-// scales or biases -- one launch per QuantizedRingUpdate part), reproducing
+// scales or biases -- one launch per QuantizedRingUpdate part).
+// quant_kv_kernel: the same per row, for K and V rows (grid y) and all three
+// parts at once (QuantizedKVUpdate: one launch per cache write). Both reproduce
 // MLX's CUDA affine quantize exactly: the group
 // max starts at 0 and the min at FLT_MAX, scale = max((max - min) / n_bins,
 // 1e-7) signed towards the larger-magnitude edge, the edge snapped to a
@@ -58,28 +60,27 @@ __global__ void copy_kernel_impl(CopyArgs a) {
   }
 }
 
-// Words of one group are assembled from its codes staged in shared memory;
-// groups start on word boundaries (group_size * bits is a multiple of 32).
+// Quantizes one update row (element i at src[src0 + i * st3]) into ring row
+// `dst_row` of whichever of codes / scales / biases are non-null. One warp per
+// quantization group (looping over groups); `stage` is this warp's
+// shared-memory line for the group's codes. Words of one group are assembled
+// from its staged codes; groups start on word boundaries (group_size * bits
+// is a multiple of 32).
 template <int BITS, int GS>
-__global__ void quant_ring_kernel_impl(QuantRingArgs a) {
+__device__ __forceinline__ void quantize_row(
+    const void* src, int64_t src0, int64_t st3, int dtype, int G, int W,
+    int64_t dst_row, uint32_t* codes_out, void* scales, void* biases, uint8_t* stage) {
   constexpr int kPerLane = GS / 32;
   constexpr float n_bins = float((1 << BITS) - 1);
   constexpr int kWordsPerGroup = GS * BITS / 32;
-  __shared__ uint8_t codes[4][GS];
-  const int row = blockIdx.x; // (b, h, t)
-  const int t = row % a.T, bh = row / a.T;
-  const int h = bh % a.H, b = bh / a.H;
-  const int s = ring_row(a.pos, t, a.S);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t src0 = b * a.src_st[0] + h * a.src_st[1] + t * a.src_st[2];
-  const int64_t dst_row = int64_t(bh) * a.S + s;
-  for (int g = warp; g < a.G; g += blockDim.x / 32) {
+  for (int g = warp; g < G; g += blockDim.x / 32) {
     float w[kPerLane];
     float w_min = FLT_MAX, w_max = 0.0f;
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
       const int i = g * GS + lane * kPerLane + k;
-      w[k] = load_float(a.src, src0 + i * a.src_st[3], a.dtype);
+      w[k] = load_float(src, src0 + i * st3, dtype);
       w_min = fminf(w_min, w[k]);
       w_max = fmaxf(w_max, w[k]);
     }
@@ -93,39 +94,84 @@ __global__ void quant_ring_kernel_impl(QuantRingArgs a) {
     const bool at_zero = q0 == 0.0f;
     scale = at_zero ? scale : edge / q0;
     const float bias = at_zero ? 0.0f : edge;
-    if (a.part != 0) { // scales (1) or biases (2): one value per group
-      if (lane == 0) {
-        store_float(a.dst, dst_row * a.G + g, a.dtype, a.part == 1 ? scale : bias);
-      }
-      continue; // a.part is uniform: the whole warp moves on
+    if (lane == 0 && scales) {
+      store_float(scales, dst_row * G + g, dtype, scale);
+    }
+    if (lane == 0 && biases) {
+      store_float(biases, dst_row * G + g, dtype, bias);
+    }
+    if (!codes_out) {
+      continue; // uniform: the whole warp moves on
     }
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
       const float c = fminf(fmaxf(roundf((w[k] - bias) / scale), 0.0f), n_bins);
-      codes[warp][lane * kPerLane + k] = static_cast<uint8_t>(c);
+      stage[lane * kPerLane + k] = static_cast<uint8_t>(c);
     }
     __syncwarp();
-    uint32_t* packed = static_cast<uint32_t*>(a.dst);
     for (int wi = lane; wi < kWordsPerGroup; wi += 32) {
       uint32_t word = 0;
       const int first = (wi * 32) / BITS, last = (wi * 32 + 31) / BITS;
       for (int e = first; e <= last; ++e) {
         const int shift = e * BITS - wi * 32;
-        const uint32_t c = codes[warp][e];
+        const uint32_t c = stage[e];
         word |= shift >= 0 ? (c << shift) : (c >> -shift);
       }
-      packed[dst_row * a.W + g * kWordsPerGroup + wi] = word;
+      codes_out[dst_row * W + g * kWordsPerGroup + wi] = word;
     }
     __syncwarp();
   }
 }
 
+// One part of a QuantizedRingUpdate: one block per written row.
+template <int BITS, int GS>
+__global__ void quant_ring_kernel_impl(QuantRingArgs a) {
+  __shared__ uint8_t codes[4][GS];
+  const int row = blockIdx.x; // (b, h, t)
+  const int t = row % a.T, bh = row / a.T;
+  const int h = bh % a.H, b = bh / a.H;
+  const int64_t src0 = b * a.src_st[0] + h * a.src_st[1] + t * a.src_st[2];
+  const int64_t dst_row = int64_t(bh) * a.S + ring_row(a.pos, t, a.S);
+  quantize_row<BITS, GS>(
+      a.src, src0, a.src_st[3], a.dtype, a.G, a.W, dst_row,
+      a.part == 0 ? static_cast<uint32_t*>(a.dst) : nullptr,
+      a.part == 1 ? a.dst : nullptr, a.part == 2 ? a.dst : nullptr,
+      codes[threadIdx.x / 32]);
+}
+
+// QuantizedKVUpdate: block (row, side) quantizes one row of K (side 0) or V
+// (side 1) into all three arrays of that side.
+template <int BITS, int GS>
+__global__ void quant_kv_kernel_impl(QuantKVArgs a) {
+  __shared__ uint8_t codes[4][GS];
+  const QuantKVSide& d = a.side[blockIdx.y];
+  const int row = blockIdx.x; // (b, h, t)
+  const int t = row % a.T, bh = row / a.T;
+  const int h = bh % a.H, b = bh / a.H;
+  const int64_t src0 = b * d.src_st[0] + h * d.src_st[1] + t * d.src_st[2];
+  const int64_t dst_row = int64_t(bh) * a.S + ring_row(a.pos, t, a.S);
+  quantize_row<BITS, GS>(
+      d.src, src0, d.src_st[3], a.dtype, d.G, d.W, dst_row, d.codes, d.scales, d.biases,
+      codes[threadIdx.x / 32]);
+}
+
 template <int BITS>
-void* quant_ring_for_group(int gs) {
+void* quant_ring_for_group(int gs, bool kv) {
   switch (gs) {
-    case 32: return handle<quant_ring_kernel_impl<BITS, 32>>();
-    case 64: return handle<quant_ring_kernel_impl<BITS, 64>>();
-    default: return handle<quant_ring_kernel_impl<BITS, 128>>();
+    case 32: return kv ? handle<quant_kv_kernel_impl<BITS, 32>>() : handle<quant_ring_kernel_impl<BITS, 32>>();
+    case 64: return kv ? handle<quant_kv_kernel_impl<BITS, 64>>() : handle<quant_ring_kernel_impl<BITS, 64>>();
+    default: return kv ? handle<quant_kv_kernel_impl<BITS, 128>>() : handle<quant_ring_kernel_impl<BITS, 128>>();
+  }
+}
+
+void* quant_for_bits(int bits, int gs, bool kv) {
+  switch (bits) {
+    case 2: return quant_ring_for_group<2>(gs, kv);
+    case 3: return quant_ring_for_group<3>(gs, kv);
+    case 4: return quant_ring_for_group<4>(gs, kv);
+    case 5: return quant_ring_for_group<5>(gs, kv);
+    case 6: return quant_ring_for_group<6>(gs, kv);
+    default: return quant_ring_for_group<8>(gs, kv);
   }
 }
 
@@ -140,14 +186,11 @@ void* copy_kernel() {
 }
 
 void* quant_ring_kernel(int bits, int gs) {
-  switch (bits) {
-    case 2: return quant_ring_for_group<2>(gs);
-    case 3: return quant_ring_for_group<3>(gs);
-    case 4: return quant_ring_for_group<4>(gs);
-    case 5: return quant_ring_for_group<5>(gs);
-    case 6: return quant_ring_for_group<6>(gs);
-    default: return quant_ring_for_group<8>(gs);
-  }
+  return quant_for_bits(bits, gs, false);
+}
+
+void* quant_kv_kernel(int bits, int gs) {
+  return quant_for_bits(bits, gs, true);
 }
 
 } // namespace mlxq::cuda

@@ -29,6 +29,7 @@ def ring_update(
     update: mx.array,
     pos: Union[int, mx.array],
     *,
+    owned: bool = False,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array: ...
 def quantized_ring_update(
@@ -42,6 +43,22 @@ def quantized_ring_update(
     bits: int,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> Tuple[mx.array, mx.array, mx.array]: ...
+def quantized_kv_update(
+    k_packed: mx.array,
+    k_scales: mx.array,
+    k_biases: mx.array,
+    v_packed: mx.array,
+    v_scales: mx.array,
+    v_biases: mx.array,
+    k_update: mx.array,
+    v_update: mx.array,
+    pos: Union[int, mx.array],
+    *,
+    group_size: int,
+    bits: int,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> Tuple[Tuple[mx.array, mx.array, mx.array], Tuple[mx.array, mx.array, mx.array]]: ...
+def _take_ring_copies() -> int: ...
 def _install_crash_backtrace() -> None: ...
 
 # Test hooks: the Metal host code's grid arithmetic, for the emulator tests.

@@ -4,7 +4,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 
-from . import _ext
+from . import _ext, routing
 
 QuantizedTensor = Tuple[mx.array, mx.array, mx.array]
 Mask = Union[None, str, mx.array]
@@ -80,7 +80,7 @@ def quantized_sdpa(
             "(packed, scales, biases) triple as mx.quantize returns."
         )
     mask_mode, mask_arr = _split_mask(mask)
-    return _ext.quantized_sdpa(
+    out = _ext.quantized_sdpa(  # validates every input, even when routed below
         q,
         *keys,
         *values,
@@ -92,6 +92,48 @@ def quantized_sdpa(
         group_size=group_size,
         stream=stream,
     )
+    if q.shape[2] > 8:  # decode never routes: skip the checks
+        routed = _dequantized_mx_fast(q, keys, values, scale, mask, mask_mode, mask_arr,
+                                      sinks, group_size, bits, stream)
+        if routed is not None:
+            return routed
+    return out
+
+
+def _device_of(stream) -> mx.Device:
+    if stream is None:
+        return mx.default_device()
+    return stream.device if isinstance(stream, mx.Stream) else stream
+
+
+def _dequantized_mx_fast(q, keys, values, scale, mask, mask_mode, mask_arr, sinks,
+                         group_size, bits, stream):
+    """MLX's fused attention over this layer's dequantized K/V, where it is
+    faster than mlxq's kernel (see :mod:`mlxq.routing`); None otherwise."""
+    device = _device_of(stream)
+    backend = routing.gpu_backend() if device.type == mx.gpu else None
+    if backend is None:
+        return None
+    Dk = q.shape[3]
+    bits = bits or keys[0].shape[3] * 32 // Dk
+    group_size = group_size or Dk // keys[1].shape[3]
+    kind = "array" if mask_arr is not None else ("causal" if mask_mode else "none")
+    if not routing.route_through_mx_fast(
+        backend, L=q.shape[2], N=keys[0].shape[2], Hq=q.shape[1], Hkv=keys[0].shape[1],
+        Dk=Dk, Dv=values[0].shape[3] * 32 // bits, dtype=q.dtype,
+        scales_dtype=keys[1].dtype, mask_kind=kind,
+    ):
+        return None
+    k = mx.dequantize(*keys, group_size=group_size, bits=bits, stream=stream)
+    v = mx.dequantize(*values, group_size=group_size, bits=bits, stream=stream)
+    try:
+        out = mx.fast.scaled_dot_product_attention(
+            q, k, v, scale=scale, mask=mask, sinks=sinks, force_fused=True, stream=stream
+        )
+    except (ValueError, RuntimeError):  # MLX has no fused kernel here after all
+        return None
+    routing.note_route("mx_fast")
+    return out
 
 
 def sdpa(

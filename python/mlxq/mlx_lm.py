@@ -21,7 +21,11 @@ While enabled, mlx-lm (0.32) runs with:
   gpt-oss, ``max_kv_size``) can quantize; their updates quantize in place.
 * **cache creation** — ``make_prompt_cache(model, max_kv_size=None, *,
   kv_bits=None, kv_group_size=64)`` takes ``kv_bits`` to return quantized
-  caches from the first token (without it, exactly mlx-lm's caches).
+  caches from the first token (without it, exactly mlx-lm's caches), and
+  ``generate_step`` (so ``generate``/``stream_generate``) with ``kv_bits``
+  applies the ``quantized_kv_start`` rule before the first prefill chunk
+  too: with ``quantized_kv_start=0`` the cache is quantized from the first
+  token.
 * **prompt-cache files** — ``RotatingQuantizedKVCache`` is registered in
   ``mlx_lm.models.cache``, so mlx-lm's ``load_prompt_cache`` loads files that
   hold one.
@@ -200,10 +204,47 @@ def make_prompt_cache(model, max_kv_size: Optional[int] = None, *,
     return cache
 
 
+def generate_step(prompt, model, *args, prompt_cache=None, max_kv_size=None,
+                  kv_bits=None, kv_group_size=64, quantized_kv_start=None, **kwargs):
+    """mlx-lm's ``generate_step``, with the cache quantized before the first chunk.
+
+    mlx-lm applies its ``quantized_kv_start`` rule only after each model call,
+    so even with ``quantized_kv_start=0`` its first prefill chunk (2048
+    tokens) runs on a bf16 cache that is then converted. When mlx-lm makes the
+    cache (no ``prompt_cache`` given) and ``kv_bits`` is set, the same rule is
+    applied once more before the first chunk: with ``quantized_kv_start=0``
+    every KV cache is quantized from the first token, so prefill runs on
+    quantized K/V and never holds a bf16 copy of the prompt's cache.
+    """
+    from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
+
+    if quantized_kv_start is None:
+        quantized_kv_start = DEFAULT_QUANTIZED_KV_START
+    if prompt_cache is None and kv_bits is not None:
+        prompt_cache = make_prompt_cache(model, max_kv_size=max_kv_size)
+        maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size, kv_bits)
+    return _originals["generate_step"](
+        prompt, model, *args, prompt_cache=prompt_cache, max_kv_size=max_kv_size,
+        kv_bits=kv_bits, kv_group_size=kv_group_size,
+        quantized_kv_start=quantized_kv_start, **kwargs,
+    )
+
+
 # ---------------------------------------------------------- enable/disable
 def _mlx_lm_modules():
     return [m for name, m in list(sys.modules.items())
             if m is not None and (name == "mlx_lm" or name.startswith("mlx_lm."))]
+
+
+def _ours() -> Dict[str, Any]:
+    """mlx-lm's name -> mlxq's replacement, for every function enable() patches."""
+    return {
+        "scaled_dot_product_attention": scaled_dot_product_attention,
+        "quantized_scaled_dot_product_attention": quantized_scaled_dot_product_attention,
+        "make_prompt_cache": make_prompt_cache,
+        "maybe_quantize_kv_cache": maybe_quantize_kv_cache,
+        "generate_step": generate_step,
+    }
 
 
 def _set(obj, name: str, value) -> None:
@@ -248,13 +289,9 @@ def enable() -> _Handle:
             quantized_scaled_dot_product_attention=lm_base.quantized_scaled_dot_product_attention,
             make_prompt_cache=lm_cache.make_prompt_cache,
             maybe_quantize_kv_cache=lm_generate.maybe_quantize_kv_cache,
+            generate_step=lm_generate.generate_step,
         )
-        ours = {
-            "scaled_dot_product_attention": scaled_dot_product_attention,
-            "quantized_scaled_dot_product_attention": quantized_scaled_dot_product_attention,
-            "make_prompt_cache": make_prompt_cache,
-            "maybe_quantize_kv_cache": maybe_quantize_kv_cache,
-        }
+        ours = _ours()
         _replacements.clear()
         _replacements.update({id(_originals[k]): fn for k, fn in ours.items()})
         _patches = []
@@ -283,12 +320,7 @@ def disable() -> None:
                 setattr(obj, name, old)
             else:
                 delattr(obj, name)
-        back = {id(fn): _originals[k] for k, fn in (
-            ("scaled_dot_product_attention", scaled_dot_product_attention),
-            ("quantized_scaled_dot_product_attention", quantized_scaled_dot_product_attention),
-            ("make_prompt_cache", make_prompt_cache),
-            ("maybe_quantize_kv_cache", maybe_quantize_kv_cache),
-        )}
+        back = {id(fn): _originals[k] for k, fn in _ours().items()}
         for module in _mlx_lm_modules():
             for name, value in list(vars(module).items()):
                 if id(value) in back and callable(value):
@@ -334,4 +366,5 @@ __all__ = [
     "quantized_scaled_dot_product_attention",
     "make_prompt_cache",
     "maybe_quantize_kv_cache",
+    "generate_step",
 ]

@@ -191,3 +191,26 @@ def test_quantized_ring_update_part_writes_only_its_array(emu, oracle, rng, tag,
     want = mlx_metal_quantize(oracle, x, gs, bits, tag)[part]
     np.testing.assert_array_equal(own[:, :, rows], want)
     np.testing.assert_array_equal(own[:, :, kept], before[:, :, kept])
+
+
+@pytest.mark.parametrize("tag", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+def test_quantized_kv_update_writes_all_three_arrays(emu, oracle, rng, tag, bits, group_size):
+    """QuantizedKVUpdate's dispatch per side (MLXQ_PART_ALL): one dispatch
+    writes codes, scales and biases of the new rows, each bit-identical to
+    MLX's Metal quantize, into three distinct arrays, and no other row."""
+    B, H, S, D, T, pos = 1, 2, 7, 256, 3, 5
+    x = quantizer_rows(rng, (B, H, T, D), group_size, tag)
+    shapes = [(B, H, S, D * bits // 32), (B, H, S, D // group_size), (B, H, S, D // group_size)]
+    buf = [rng.integers(0, 2**32, shapes[0], dtype=np.uint64).astype(np.uint32),
+           random_storage(rng, shapes[1], tag), random_storage(rng, shapes[2], tag)]
+    before = [a.copy() for a in buf]
+    plan = run_quantized_ring_update_part(emu, 3, buf[0], x, pos, group_size=group_size, bits=bits,
+                                          tag=tag, others=dict(zip(PARTS, buf)))
+    assert plan["kernel"] == f"mlxq_quantized_ring_update_{tag}_b{bits}"
+    rows = ring_rows(S, pos, T)
+    kept = [r for r in range(S) if r not in rows]
+    for got, want, old in zip(buf, mlx_metal_quantize(oracle, x, group_size, bits, tag), before):
+        np.testing.assert_array_equal(got[:, :, rows], want)
+        np.testing.assert_array_equal(got[:, :, kept], old[:, :, kept])

@@ -6,15 +6,20 @@ them, every component with the sequence on axis 2. :class:`Plain` and
 :class:`Quantized` give both layouts the same few operations, so each cache's
 bookkeeping (growth, ring rotation, temporal order) is written once.
 
-Writes go through the ring primitives, which update the buffer in place when
-the caller holds no other reference to it.
+Writes go through the ring primitives. A cache passes ``owned=True`` for
+buffers it made itself (the only holder): those are written in place even
+while MLX's in-flight command buffers or earlier fetches still share their
+memory (see ``QuantizedKVUpdate`` in csrc/ring_update.h). Buffers handed in
+from outside (``restore``, ``state``) are written in place only when MLX says
+they may be donated, else copied first.
 """
 
 from typing import Sequence, Tuple
 
 import mlx.core as mx
 
-import mlxq
+from .. import _ext
+from ..ring import quantized_ring_update
 
 BITS = (2, 3, 4, 5, 6, 8)
 GROUP_SIZES = (32, 64, 128)
@@ -44,8 +49,10 @@ class Plain:
     def concat(self, parts: Sequence[mx.array]) -> mx.array:
         return mx.concatenate(list(parts), axis=2)
 
-    def write(self, buffer: mx.array, update: mx.array, pos: int) -> mx.array:
-        return mlxq.ring_update(buffer, update, pos)
+    def write_kv(self, keys, values, new_keys, new_values, pos: int, owned: bool):
+        """One step's write of K and V rows at ``pos`` (two ring updates)."""
+        return (_ext.ring_update(keys, new_keys, pos, owned=owned),
+                _ext.ring_update(values, new_values, pos, owned=owned))
 
     def head_dim(self, t: mx.array) -> int:
         return t.shape[3]
@@ -92,12 +99,17 @@ class Quantized:
     def concat(self, parts: Sequence[Triple]) -> Triple:
         return tuple(mx.concatenate([p[i] for p in parts], axis=2) for i in range(3))
 
-    def write(self, buffer: Triple, update: mx.array, pos: int) -> Triple:
-        return tuple(
-            mlxq.quantized_ring_update(
-                buffer, update, pos, group_size=self.group_size, bits=self.bits
+    def write_kv(self, keys, values, new_keys, new_values, pos: int, owned: bool):
+        """One step's write of K and V rows at ``pos``: owned buffers take one
+        ``QuantizedKVUpdate`` (one launch); others a ring update per array."""
+        if owned:
+            return _ext.quantized_kv_update(
+                *keys, *values, new_keys, new_values, pos,
+                group_size=self.group_size, bits=self.bits,
             )
-        )
+        gs, bits = self.group_size, self.bits
+        return (quantized_ring_update(keys, new_keys, pos, group_size=gs, bits=bits),
+                quantized_ring_update(values, new_values, pos, group_size=gs, bits=bits))
 
     def head_dim(self, t: Triple) -> int:
         return t[0].shape[3] * 32 // self.bits

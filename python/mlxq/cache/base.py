@@ -46,6 +46,10 @@ class BaseCache:
     values = None
     offset = 0
     _store = Plain()
+    # Whether the cache made its buffers itself and is their only holder, so
+    # writes may update them in place whatever else shares their memory (see
+    # cache/_store.py). False for buffers adopted from outside.
+    _owned = False
 
     def _where(self, method: str) -> str:
         return f"mlxq.{type(self).__name__}.{method}"
@@ -114,6 +118,7 @@ class BaseCache:
             )
         self._check_positions(k0.shape[2], where)
         self.keys, self.values = keys, values
+        self._owned = False
 
     def _check_positions(self, length: int, where: str) -> None:
         """Check offset (and ring index) against a buffer of ``length`` rows."""

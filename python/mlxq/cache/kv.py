@@ -27,8 +27,10 @@ class _GrowingCache(BaseCache):
         prev = self.offset
         if self.keys is None or prev + T > self._store.length(self.keys):
             self._grow(keys, values, T)
-        self.keys = self._store.write(self.keys, keys, prev)
-        self.values = self._store.write(self.values, values, prev)
+        self.keys, self.values = self._store.write_kv(
+            self.keys, self.values, keys, values, prev, self._owned
+        )
+        self._owned = True  # written in place, donated or copied: ours alone now
         self.offset = prev + T
         return self.keys_and_values()
 
@@ -78,6 +80,7 @@ class KVCache(_GrowingCache):
             cache._check_update(self.keys, self.values)
             cache.keys = cache._store.encode(self.keys)
             cache.values = cache._store.encode(self.values)
+            cache._owned = True  # fresh mx.quantize outputs, held by nobody else
         return cache
 
 

@@ -122,11 +122,25 @@ class _RingCache(BaseCache):
             self._idx = self.max_size
         if self._idx == self.max_size:
             self._idx = self.keep
-        self.keys = store.write(self.keys, keys, self._idx)
-        self.values = store.write(self.values, values, self._idx)
+        self.keys, self.values = store.write_kv(
+            self.keys, self.values, keys, values, self._idx, self._owned
+        )
+        self._owned = True
         self.offset += 1
         self._idx += 1
         return self.keys_and_values()
+
+    @property
+    def state(self):
+        # The state's arrays are the ring itself, whose rows later writes
+        # overwrite: once handed out, the ring is written in place only when
+        # MLX says nobody holds it any more (else it is copied first).
+        self._owned = False
+        return BaseCache.state.fget(self)
+
+    @state.setter
+    def state(self, v):
+        BaseCache.state.fset(self, v)
 
     # ------------------------------------------------------------ the extras
     def temporal(self):
@@ -208,6 +222,7 @@ class RotatingKVCache(_RingCache):
             cache._check_update(self.keys, self.values)
             cache.keys = cache._store.encode(self.keys)
             cache.values = cache._store.encode(self.values)
+            cache._owned = True  # fresh mx.quantize outputs, held by nobody else
         return cache
 
 
