@@ -9,11 +9,17 @@ stock MLX in one process.
            eval (includes MLX's per-eval launch and sync, ~0.05-0.1 ms), and
            "in graph": 64 calls per eval on distinct inputs that together
            overflow the L2 cache, as the layers of a model's decode step run.
-  prefill  causal L = N in {4096, 16384}, 32/8/128, 4-bit: time and peak memory.
+  prefill  causal, 32/8/128, 4-bit, L x N from 4096 x 4096 to 512 x 131072 and few
+           rows over 32k keys: mlxq as routed (MLX's fused attention over the
+           layer's dequantized K/V where it has a fused kernel), mlxq's tiled
+           kernel, mx.fast on bf16 K/V; time and peak memory.
   ring     per-token cache write into [1, 8, N, 128] at N in {1k, 128k}: mlxq
            ring_update / quantized_ring_update with an array position (what a
            compiled decode step passes) vs mx.slice_update with an array position
            and a static slice assignment.
+  cache    a decode step's cache write + attention, pipelined with async_eval as
+           generate_step runs: mlxq's 4-bit QuantizedKVCache vs mlx-lm's bf16
+           KVCache at N in {4k, 32k, 128k}; flat in N = no copies.
 
     python bench/gpu.py [--quick] [--out bench/results/gpu_<name>.json]
 """
@@ -138,46 +144,115 @@ def decode(args, comp):
     return rows
 
 
+PREFILL_SHAPES = [(4096, 4096), (16384, 16384), (2048, 131072), (512, 131072),
+                  (16, 32768), (64, 32768), (256, 32768)]
+QUICK_PREFILL_SHAPES = [(2048, 2048), (64, 8192)]
+
+
 def prefill(args, comp):
-    cols = [("L=N", "L", "{}"), ("mlxq ms", "mlxq_ms", "{:.3f}"),
-            ("mlxq MiB", "mlxq_mib", "{:.0f}"), ("fast bf16 ms", "fast_ms", "{:.3f}"),
-            ("fast MiB", "fast_mib", "{:.0f}"), ("comp ms", "comp_ms", "{:.3f}"),
-            ("comp MiB", "comp_mib", "{:.0f}"), ("x fast", "x_fast", "{:.2f}"),
-            ("x comp", "x_comp", "{:.1f}"), ("mlxq TFLOP/s", "tflops", "{:.0f}")]
+    """Causal many-row attention over a 4-bit cache: mlxq as it routes (on a
+    GPU, MLX's fused attention over the layer's dequantized K/V where that
+    has a fused kernel: see mlxq.routing), mlxq's own tiled kernel (route
+    off), and mx.fast on bf16 K/V."""
+    from mlxq import routing
+
+    cols = [("L", "L", "{}"), ("N", "N", "{}"), ("mlxq ms", "mlxq_ms", "{:.3f}"),
+            ("mlxq MiB", "mlxq_mib", "{:.0f}"), ("tiled ms", "tiled_ms", "{:.3f}"),
+            ("fast bf16 ms", "fast_ms", "{:.3f}"), ("fast MiB", "fast_mib", "{:.0f}"),
+            ("comp ms", "comp_ms", "{:.3f}"), ("x fast", "x_fast", "{:.2f}"),
+            ("x tiled", "x_tiled", "{:.1f}"), ("routed", "routed", "{}")]
     table, rows = common.Table(cols), []
     table.header()
     Hq, Hkv, D, bits = 32, 8, 128, 4
-    for L in ([2048, 4096] if args.quick else [4096, 16384]):
-        q, k, v, kq, vq = inputs(Hq, Hkv, D, L, L, bits)
+    for L, N in (QUICK_PREFILL_SHAPES if args.quick else PREFILL_SHAPES):
+        q, k, v, kq, vq = inputs(Hq, Hkv, D, L, N, bits)
         scale = D**-0.5
         f_mlxq = lambda: mlxq.sdpa(q, kq, vq, scale=scale, mask="causal")  # noqa: E731
         f_fast = lambda: mx.fast.scaled_dot_product_attention(  # noqa: E731
             q, k, v, scale=scale, mask="causal")
-        r = dict(L=L)
+        r = dict(L=L, N=N)
         # The composition first: on MLX 0.32.4 CUDA its quantized matmul
         # kernel failed to load when it ran after the others in one process.
-        if Hq * L * L > INT32_MAX:
-            r["comp_skipped"] = f"score tensor has {Hq * L * L} elements (> 2^31)"
+        if Hq * L * N > INT32_MAX or L * N > 4096 * 4096:
+            r["comp_skipped"] = f"score tensor of {Hq * L * N} elements"
         else:
             f_comp = lambda: comp(q, kq, vq, scale, "causal", bits)  # noqa: E731
             try:
                 r["comp_ms"] = common.time_fn(f_comp, warmup=1, repeats=3)["median_ms"]
-                r["comp_mib"] = peak_of(f_comp)
             except RuntimeError as e:
-                r["comp_skipped"] = f"composition failed: {e}"
+                r["comp_skipped"] = f"composition failed: {str(e).splitlines()[0]}"
+        routing.take_route_counts()
         r["mlxq_ms"] = common.time_fn(f_mlxq, warmup=2, repeats=5)["median_ms"]
+        r["routed"] = "mx.fast" if routing.take_route_counts() else "mlxq"
         r["mlxq_mib"] = peak_of(f_mlxq)
+        old = routing.set_dequantized_prefill(False)
+        r["tiled_ms"] = common.time_fn(f_mlxq, warmup=2, repeats=5)["median_ms"]
+        routing.set_dequantized_prefill(old)
         r["fast_ms"] = common.time_fn(f_fast, warmup=2, repeats=5)["median_ms"]
         r["fast_mib"] = peak_of(f_fast)
-        if "comp_ms" in r:
-            r["x_comp"] = r["comp_ms"] / r["mlxq_ms"]
         r["x_fast"] = r["fast_ms"] / r["mlxq_ms"]
-        # Causal L = N: about half of the 4 * Hq * D * L * N flops of the two products.
-        r["tflops"] = 2 * Hq * D * L * (L + 1) / (r["mlxq_ms"] * 1e-3) / 1e12
+        r["x_tiled"] = r["tiled_ms"] / r["mlxq_ms"]
         table.row(r)
         if "comp_skipped" in r:
             print(f"  composition skipped: {r['comp_skipped']}")
         rows.append(r)
+        del q, k, v, kq, vq
+    return rows
+
+
+def cache_writes(args):
+    """One decode step's cache write, pipelined as generate_step runs it (step
+    t+1 async_eval'ed before step t is waited on, the step reading the cache):
+    mlxq's QuantizedKVCache (4-bit, one QuantizedKVUpdate) against mlx-lm's
+    bf16 KVCache (two slice assignments), us per token, and the peak memory
+    the steps add. Flat in N means no step copies the buffer."""
+    import time
+
+    try:
+        from mlx_lm.models.cache import KVCache as LmKVCache
+    except Exception:
+        LmKVCache = None
+    cols = [("N", "N", "{}"), ("mlxq kv4 us", "mlxq_us", "{:.1f}"),
+            ("mlxq peak MiB", "mlxq_peak_mib", "{:.1f}"), ("mlx-lm bf16 us", "lm_us", "{:.1f}"),
+            ("mlx-lm peak MiB", "lm_peak_mib", "{:.1f}")]
+    table, rows = common.Table(cols), []
+    table.header()
+    H, D, steps = 8, 128, 64
+
+    def pipelined(cache, N):
+        x = mx.random.normal((1, H, N - 2 * steps, D)).astype(mx.bfloat16)
+        mx.eval(cache.update_and_fetch(x, x))
+        del x
+        q = mx.random.normal((1, 32, 1, D)).astype(mx.bfloat16)
+
+        def step(h):
+            k = mx.broadcast_to(h[:, :H], (1, H, 1, D)).astype(mx.bfloat16)
+            keys, values = cache.update_and_fetch(k, k)
+            return mlxq.sdpa(q + 1e-3 * h, keys, values, scale=D**-0.5)
+
+        h = step(q)
+        mx.eval(h)
+        mx.synchronize()
+        mx.reset_peak_memory()
+        base = mx.get_active_memory()
+        t0 = time.perf_counter()
+        for _ in range(steps - 1):
+            nxt = step(h)
+            mx.async_eval(nxt)
+            mx.eval(h)
+            h = nxt
+        mx.eval(h)
+        dt = (time.perf_counter() - t0) / (steps - 1) * 1e6
+        return dt, (mx.get_peak_memory() - base) / 2**20
+
+    for N in ((4096, 16384) if args.quick else (4096, 32768, 131072)):
+        r = dict(N=N)
+        r["mlxq_us"], r["mlxq_peak_mib"] = pipelined(mlxq.QuantizedKVCache(64, 4), N)
+        if LmKVCache is not None:
+            r["lm_us"], r["lm_peak_mib"] = pipelined(LmKVCache(), N)
+        table.row(r)
+        rows.append(r)
+        mx.clear_cache()
     return rows
 
 
@@ -239,7 +314,7 @@ def main():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--out")
-    p.add_argument("--only", choices=["decode", "prefill", "ring"], action="append",
+    p.add_argument("--only", choices=["decode", "prefill", "ring", "cache"], action="append",
                    help="run only these parts (repeatable)")
     args = p.parse_args()
     if not mx.is_available(mx.gpu):
@@ -253,7 +328,7 @@ def main():
     comp_name, comp = composition()
     print(f"comp    : {comp_name}\n")
     results = {"machine": info, "composition": comp_name}
-    parts = args.only or ["decode", "prefill", "ring"]
+    parts = args.only or ["decode", "prefill", "ring", "cache"]
     if "decode" in parts:
         print("decode (B=1, L=1, bf16 q, group 64)")
         results["decode"] = decode(args, comp)
@@ -263,6 +338,9 @@ def main():
     if "ring" in parts:
         print("\nring updates (per token, [1, 8, N, 128] bf16; quantized: 4-bit)")
         results["ring"] = ring(args)
+    if "cache" in parts:
+        print("\ncache write + attention per decode step, pipelined (8 KV heads, D=128)")
+        results["cache"] = cache_writes(args)
     slug = "".join(c if c.isalnum() else "_" for c in info["gpu"].lower()).strip("_")
     out = args.out or common.results_path(f"gpu_{slug}", args.quick)
     common.save_json(out, results)

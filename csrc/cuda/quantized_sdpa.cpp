@@ -333,6 +333,14 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   for (const auto& x : in) {
     enc.set_input_array(x);
   }
+  // The next node (every path's first, the kernel that reads K/V) is also
+  // registered as writing the K/V buffers. MLX orders graph nodes only after
+  // the last writer of each buffer, and caches write their buffers in place
+  // (QuantizedKVUpdate): this makes a later write into rows this kernel
+  // reads, in the same graph, wait for it.
+  for (int i = 1; i <= 6; ++i) {
+    enc.set_output_array(in[i]);
+  }
   if (mk.fn) {
     note_sdpa_kernel("cuda_decode");
     eval_mma(enc, mk, a, counters, out);
