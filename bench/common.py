@@ -102,9 +102,41 @@ def results_path(name, quick=False):
                         f"{name}{'_quick' if quick else ''}.json")
 
 
-def save_json(path, payload):
+def save_json(path, payload, quiet=False):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(payload, f, indent=2)
         f.write("\n")
-    print(f"saved {path}")
+    if not quiet:
+        print(f"saved {path}")
+
+
+class MarkdownTable:
+    """A markdown table printed row by row, like :class:`Table`.
+
+    ``columns`` is a list of ``(header, key, fmt)``; a missing or ``None``
+    value prints as ``-``, a string value as it is.
+    """
+
+    def __init__(self, columns):
+        self.columns = columns
+
+    def header(self):
+        print("| " + " | ".join(h for h, _, _ in self.columns) + " |")
+        print("|" + "|".join("---" for _ in self.columns) + "|", flush=True)
+
+    def row(self, r):
+        cells = []
+        for _, k, fmt in self.columns:
+            v = r.get(k)
+            cells.append("-" if v is None else v if isinstance(v, str) else fmt.format(v))
+        print("| " + " | ".join(cells) + " |", flush=True)
+
+
+def slug(name):
+    """``"NVIDIA H200"`` -> ``"nvidia_h200"``: lower case, runs of other characters
+    as one underscore."""
+    out = "".join(c if c.isalnum() else "_" for c in name.lower())
+    while "__" in out:
+        out = out.replace("__", "_")
+    return out.strip("_")
