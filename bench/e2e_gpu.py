@@ -24,7 +24,10 @@ and three runs, back to back in one process for each (model, context):
                recorded and the benchmark goes on)
   mlxq-kv4     mlxq.mlx_lm.enable(), then the same generate_step(..., kv_bits=4,
                kv_group_size=64, quantized_kv_start=0) call, with no
-               prompt_cache argument
+               prompt_cache argument (mlxq quantizes the cache it makes from
+               the first token; on a GPU it may send many-row prefill calls
+               to mx.fast over dequantized K/V: the JSON counts those,
+               routed_to_mx_fast, next to attention_calls)
 
 Per run: TTFT = seconds from calling generate_step to its first token (the
 whole prefill included); decode ms/token = median gap between consecutive
@@ -180,6 +183,17 @@ def _first_line(e):
     return text.splitlines()[0] if text else type(e).__name__
 
 
+def _route_counts():
+    """mlxq's count of quantized attention calls it sent to mx.fast over
+    dequantized K/V since the last call (None where mlxq has no such route)."""
+    try:
+        from mlxq import routing
+    except ImportError:
+        return None
+    take = getattr(routing, "take_route_counts", None)
+    return take() if take else None
+
+
 def generate(model, config, prompt, decode_tokens):
     """One generate_step run of ``config``: a row of timings (or the error)."""
     lm_generate = importlib.import_module("mlx_lm.generate")
@@ -193,6 +207,7 @@ def generate(model, config, prompt, decode_tokens):
     if ours:
         mlxq_lm.enable()
         mlxq_lm.reset_counters()
+        _route_counts()
     # Observe (not change) the cache generate_step makes for itself: the model
     # class's __call__ is wrapped for the run to note the cache list it is
     # handed (mlx-lm and mlxq replace the list's entries in place).
@@ -224,6 +239,9 @@ def generate(model, config, prompt, decode_tokens):
         r["peak_gb"] = mx.get_peak_memory() / 1e9
         if ours:
             r["attention_calls"] = dict(mlxq_lm.counters())
+            routes = _route_counts()
+            if routes is not None:
+                r["routed_to_mx_fast"] = routes  # many-row GPU calls over dequantized K/V
             mlxq_lm.disable()
             mlxq_lm.reset_counters()
     if seen:
