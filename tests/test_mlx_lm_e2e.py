@@ -238,10 +238,13 @@ def test_greedy_generation_returns_64_tokens(arch):
     assert len(responses) == 64 and responses[-1].generation_tokens == 64
     assert responses[-1].finish_reason == "length"
     assert isinstance(text, str)
-    # The greedy tokens are the argmax of a teacher-forced run over themselves.
+    # The greedy tokens are the argmax of a teacher-forced run over themselves,
+    # on a cache quantized from the first token, as mlxq's generate_step makes it.
     generated = [r.token for r in responses]
     with mlxq_lm.enabled():
-        logprobs, _ = teacher_forced(model, prompt, generated, BITS, step=32, logprobs=True)
+        cache = lm_cache.make_prompt_cache(model, kv_bits=BITS, kv_group_size=GROUP)
+        logprobs, _ = teacher_forced(model, prompt, generated, BITS, cache=cache, step=32,
+                                     logprobs=True)
     np.testing.assert_array_equal(logprobs.argmax(axis=1), generated)
 
 
