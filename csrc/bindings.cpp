@@ -105,13 +105,21 @@ NB_MODULE(_ext, m) {
       [](const mx::array& kp, const mx::array& ks, const mx::array& kb,
          const mx::array& vp, const mx::array& vs, const mx::array& vb,
          const mx::array& k_update, const mx::array& v_update, const mlxq::Position& pos,
-         int group_size, int bits, mx::StreamOrDevice s) {
+         int group_size, int bits, int fetch, mx::StreamOrDevice s) {
         auto out = translate_errors([&] {
           return mlxq::quantized_kv_update(
               {kp, ks, kb}, {vp, vs, vb}, k_update, v_update, pos, group_size, bits, s);
         });
-        return nb::make_tuple(nb::make_tuple(out[0], out[1], out[2]),
-                              nb::make_tuple(out[3], out[4], out[5]));
+        auto k = nb::make_tuple(out[0], out[1], out[2]);
+        auto v = nb::make_tuple(out[3], out[4], out[5]);
+        if (fetch < 0) {
+          return nb::make_tuple(k, v);
+        }
+        // Also the caches' fetch, rows [0, fetch) of every array (views),
+        // built here: six Python slices cost more than the write itself.
+        auto views = translate_errors([&] { return mlxq::prefix_views(out, fetch, s); });
+        return nb::make_tuple(k, v, nb::make_tuple(views[0], views[1], views[2]),
+                              nb::make_tuple(views[3], views[4], views[5]));
       },
       "k_packed"_a,
       "k_scales"_a,
@@ -125,8 +133,10 @@ NB_MODULE(_ext, m) {
       nb::kw_only(),
       "group_size"_a,
       "bits"_a,
+      "fetch"_a = -1,
       "stream"_a = nb::none(),
-      "A KV cache's write of one step: quantize K and V rows into both triples in place.");
+      "A KV cache's write of one step: quantize K and V rows into both triples in place "
+      "(fetch >= 0: also return their rows [0, fetch) as views).");
 
   m.def(
       "_take_ring_copies",

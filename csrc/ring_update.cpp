@@ -221,8 +221,29 @@ std::vector<mx::array> quantized_kv_update(
   inputs.push_back(p);
   return mx::array::make_arrays(
       std::move(shapes), dtypes,
-      std::make_shared<QuantizedKVUpdate>(mx::to_stream(s), group_size, bits),
+      std::make_shared<QuantizedKVUpdate>(
+          mx::to_stream(s), group_size, bits,
+          std::holds_alternative<int>(pos) ? std::get<int>(pos) : -1),
       inputs);
+}
+
+std::vector<mx::array> prefix_views(
+    const std::vector<mx::array>& arrays, int stop, mx::StreamOrDevice s) {
+  std::vector<mx::array> views;
+  views.reserve(arrays.size());
+  for (const auto& a : arrays) {
+    if (a.ndim() != 4 || stop < 0 || stop > a.shape(2)) {
+      fail("mlxq.prefix_views", "rows [0, ", stop, ") do not fit shape ", shape_str(a.shape()), ".");
+    }
+    if (stop == a.shape(2)) {
+      views.push_back(a);
+      continue;
+    }
+    auto end = a.shape();
+    end[2] = stop;
+    views.push_back(mx::slice(a, mx::Shape{0, 0, 0, 0}, end, s));
+  }
+  return views;
 }
 
 namespace detail {
@@ -248,7 +269,7 @@ int take_ring_copies() {
 
 bool QuantizedKVUpdate::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedKVUpdate&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_;
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && static_pos_ == o.static_pos_;
 }
 
 bool QuantizedRingUpdate::is_equivalent(const mx::Primitive& other) const {

@@ -112,8 +112,11 @@ class QuantizedRingUpdate : public mx::UnaryPrimitive {
  *  completes, which would make donation impossible at every step. */
 class QuantizedKVUpdate : public mx::Primitive {
  public:
-  QuantizedKVUpdate(mx::Stream stream, int group_size, int bits)
-      : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
+  // `static_pos` >= 0: the write position, known when the op was built (a
+  // Python int); the kernels then take it as an argument instead of reading
+  // the pos input, which on CUDA lives in host-mapped memory. -1: read pos.
+  QuantizedKVUpdate(mx::Stream stream, int group_size, int bits, int static_pos = -1)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits), static_pos_(static_pos) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -132,10 +135,14 @@ class QuantizedKVUpdate : public mx::Primitive {
   int bits() const {
     return bits_;
   }
+  int static_pos() const {
+    return static_pos_;
+  }
 
  private:
   int group_size_;
   int bits_;
+  int static_pos_;
 };
 
 // Shared by the backends' eval functions.
@@ -171,6 +178,10 @@ std::vector<mx::array> quantized_ring_update(
     int group_size,
     int bits,
     mx::StreamOrDevice s = {});
+
+// Rows [0, stop) of each 4-D array (sequence axis 2), as views.
+std::vector<mx::array> prefix_views(
+    const std::vector<mx::array>& arrays, int stop, mx::StreamOrDevice s = {});
 
 // Quantizes and writes one step's K and V rows into a cache's two triples
 // (one QuantizedKVUpdate); returns K packed, scales, biases, V packed,

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 import mlxq
+from mlxq import routing
 from helpers import DTYPES, assert_close, assert_cuda_kernel, random_inputs
 from reference64 import sdpa64
 
@@ -217,6 +218,15 @@ def additive_mask(rng, L, N, dtype):
     vis = bool_mask("window", L, N)
     bias = rng.normal(0.0, 0.5, vis.shape).astype(np.float32)
     return mx.array(np.where(vis, bias, -np.inf)).astype(dtype)
+
+
+@pytest.fixture(autouse=True)
+def kernels_only():
+    """These tests check mlxq's own kernels: on a GPU, many-row attention would
+    otherwise go to MLX's fused attention (tests/test_routing.py checks that)."""
+    old = routing.set_dequantized_prefill(False)
+    yield
+    routing.set_dequantized_prefill(old)
 
 
 @pytest.mark.parametrize(

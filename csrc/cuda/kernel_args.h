@@ -97,7 +97,8 @@ struct QuantKVSide {
 
 struct QuantKVArgs {
   QuantKVSide side[2]; // K, V
-  const int32_t* pos;
+  const int32_t* pos; // null: use pos_value
+  int pos_value;
   int B, H, T, S, dtype;
 };
 

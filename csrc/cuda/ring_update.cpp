@@ -120,7 +120,11 @@ void QuantizedKVUpdate::eval_gpu(
     d.W = d.D * bits_ / 32;
     d.G = d.D / group_size_;
   }
-  q.pos = mx::gpu_ptr<int32_t>(pos);
+  // A position known at build time is passed by value: the pos array lives
+  // in host-mapped memory on CUDA, and reading it would cost each block a
+  // round trip over the host link.
+  q.pos = static_pos_ >= 0 ? nullptr : mx::gpu_ptr<int32_t>(pos);
+  q.pos_value = static_pos_;
   q.B = k_update.shape(0);
   q.H = k_update.shape(1);
   q.T = k_update.shape(2);

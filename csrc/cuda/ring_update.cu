@@ -29,9 +29,12 @@ __device__ __forceinline__ void copy_element(const char* src, char* dst, int ite
   }
 }
 
-__device__ __forceinline__ int ring_row(const int32_t* pos, int t, int S) {
-  const int64_t p = pos[0];
+__device__ __forceinline__ int ring_row(int64_t p, int t, int S) {
   return static_cast<int>((((p % S) + S) % S + t) % S);
+}
+
+__device__ __forceinline__ int ring_row(const int32_t* pos, int t, int S) {
+  return ring_row(int64_t(pos[0]), t, S);
 }
 
 __global__ void ring_kernel_impl(RingArgs a) {
@@ -149,7 +152,8 @@ __global__ void quant_kv_kernel_impl(QuantKVArgs a) {
   const int t = row % a.T, bh = row / a.T;
   const int h = bh % a.H, b = bh / a.H;
   const int64_t src0 = b * d.src_st[0] + h * d.src_st[1] + t * d.src_st[2];
-  const int64_t dst_row = int64_t(bh) * a.S + ring_row(a.pos, t, a.S);
+  const int64_t dst_row =
+      int64_t(bh) * a.S + ring_row(a.pos ? int64_t(a.pos[0]) : int64_t(a.pos_value), t, a.S);
   quantize_row<BITS, GS>(
       d.src, src0, d.src_st[3], a.dtype, d.G, d.W, dst_row, d.codes, d.scales, d.biases,
       codes[threadIdx.x / 32]);

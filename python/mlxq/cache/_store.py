@@ -54,6 +54,11 @@ class Plain:
         return (_ext.ring_update(keys, new_keys, pos, owned=owned),
                 _ext.ring_update(values, new_values, pos, owned=owned))
 
+    def write_and_fetch(self, keys, values, new_keys, new_values, pos: int, stop: int):
+        """An owned write at ``pos``, then rows [0, stop): (buffers..., views...)."""
+        k, v = self.write_kv(keys, values, new_keys, new_values, pos, True)
+        return k, v, self.rows(k, stop=stop), self.rows(v, stop=stop)
+
     def head_dim(self, t: mx.array) -> int:
         return t.shape[3]
 
@@ -110,6 +115,14 @@ class Quantized:
         gs, bits = self.group_size, self.bits
         return (quantized_ring_update(keys, new_keys, pos, group_size=gs, bits=bits),
                 quantized_ring_update(values, new_values, pos, group_size=gs, bits=bits))
+
+    def write_and_fetch(self, keys, values, new_keys, new_values, pos: int, stop: int):
+        """An owned write at ``pos``, then rows [0, stop) of every array, in
+        one call: (K triple, V triple, K views, V views)."""
+        return _ext.quantized_kv_update(
+            *keys, *values, new_keys, new_values, pos,
+            group_size=self.group_size, bits=self.bits, fetch=stop,
+        )
 
     def head_dim(self, t: Triple) -> int:
         return t[0].shape[3] * 32 // self.bits
