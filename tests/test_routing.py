@@ -18,11 +18,11 @@ BF16, F16, F32 = mx.bfloat16, mx.float16, mx.float32
 
 
 def route(backend, L=2048, N=4096, Hq=32, Hkv=8, Dk=128, Dv=None, dtype=BF16,
-          scales_dtype=None, mask_kind="causal"):
+          scales_dtype=None, mask_kind="causal", sinks_dtype=None):
     return routing.route_through_mx_fast(
         backend, L=L, N=N, Hq=Hq, Hkv=Hkv, Dk=Dk, Dv=Dk if Dv is None else Dv,
         dtype=dtype, scales_dtype=dtype if scales_dtype is None else scales_dtype,
-        mask_kind=mask_kind)
+        mask_kind=mask_kind, sinks_dtype=sinks_dtype)
 
 
 @pytest.mark.parametrize("backend", ["cuda", "metal"])
@@ -46,6 +46,8 @@ def test_everything_else_keeps_mlxq(backend):
     assert not route(backend, Dk=512)  # MLX falls back to its unfused composition
     assert not route(backend, L=4096, N=2048)  # causal with L > N: no fused kernel
     assert route(backend, L=4096, N=2048, mask_kind="none")
+    assert not route(backend, sinks_dtype=F32)  # f32 sinks do not promote to bf16
+    assert route(backend, sinks_dtype=BF16)
 
 
 def test_backend_specific_head_dims():
@@ -69,16 +71,22 @@ def test_switch_turns_the_route_off():
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
 @pytest.mark.parametrize("mask", [None, "causal"])
-@pytest.mark.parametrize("L,N", [(64, 200), (130, 130), (40, 1000)])
-def test_many_rows_match_the_oracle(rng, device, dtype, mask, L, N):
+@pytest.mark.parametrize("L,N,sinks_dtype", [(64, 200, None), (130, 130, None), (40, 1000, "q"),
+                                             (40, 1000, "f32")])
+def test_many_rows_match_the_oracle(rng, device, dtype, mask, L, N, sinks_dtype):
     q, k, v = random_inputs(rng, Hq=8, Hkv=2, L=L, N=N, Dk=128, bits=4, group_size=64,
                             q_dtype=dtype, kv_dtype=dtype)
-    sinks = mx.array(rng.standard_normal(8).astype("float32")) if L == 40 else None
+    sinks = None
+    if sinks_dtype is not None:
+        sinks = mx.array(rng.standard_normal(8).astype("float32"))
+        sinks = sinks.astype(dtype) if sinks_dtype == "q" else sinks
     routing.take_route_counts()
     out = mlxq.sdpa(q, k, v, scale=128 ** -0.5, mask=mask, sinks=sinks)
     mx.eval(out)
     routed = routing.take_route_counts().get("mx_fast", 0)
-    expected = routing.gpu_backend() is not None and device == mx.gpu and sinks is None
+    # f32 sinks with half-precision queries stay on mlxq (MLX refuses them).
+    expected = (routing.gpu_backend() is not None and device == mx.gpu
+                and sinks_dtype != "f32")
     assert routed == int(expected), f"routed {routed} calls on {device}"
     ref = sdpa64(q, k, v, scale=128 ** -0.5, mask=mask, sinks=sinks, group_size=64, bits=4)
     assert out.dtype == dtype and out.shape == (1, 8, L, 128)

@@ -122,6 +122,7 @@ def _dequantized_mx_fast(q, keys, values, scale, mask, mask_mode, mask_arr, sink
         backend, L=q.shape[2], N=keys[0].shape[2], Hq=q.shape[1], Hkv=keys[0].shape[1],
         Dk=Dk, Dv=values[0].shape[3] * 32 // bits, dtype=q.dtype,
         scales_dtype=keys[1].dtype, mask_kind=kind,
+        sinks_dtype=None if sinks is None else sinks.dtype,
     ):
         return None
     k = mx.dequantize(*keys, group_size=group_size, bits=bits, stream=stream)

@@ -98,16 +98,21 @@ def fused_attention_supported(
 
 def route_through_mx_fast(
     backend: Optional[str], *, L: int, N: int, Hq: int, Hkv: int, Dk: int, Dv: int,
-    dtype, scales_dtype, mask_kind: str,
+    dtype, scales_dtype, mask_kind: str, sinks_dtype=None,
 ) -> bool:
     """The decision: dequantize and use MLX's fused attention, or keep mlxq's kernel.
 
     Routed only on a GPU, for at least :data:`MIN_ROUTED_QUERY_ROWS` query rows
     per KV head, with no mask or ``"causal"`` (whose rows always see a key
     when L <= N, so both agree on every row), when the dequantized K/V come
-    out in the query's dtype and MLX has a fused kernel for the shape.
+    out in the query's dtype, sinks (if any, ``sinks_dtype``) are in that
+    dtype too (MLX 0.32.4's CUDA kernel refuses sinks that do not promote to
+    the output type, e.g. f32 sinks with bf16 queries), and MLX has a fused
+    kernel for the shape.
     """
     if not _enabled or backend is None or mask_kind not in ("none", "causal"):
+        return False
+    if sinks_dtype is not None and sinks_dtype != dtype:
         return False
     if scales_dtype != dtype or L * (Hq // max(Hkv, 1)) < MIN_ROUTED_QUERY_ROWS:
         return False
