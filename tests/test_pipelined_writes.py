@@ -122,3 +122,38 @@ def test_adopted_buffers_are_copied_while_their_owner_holds_them(device):
         np.testing.assert_array_equal(raw(a), b)
     mx.eval(cache.update_and_fetch(new, new))
     assert mlxq._ext._take_ring_copies() == 0
+
+
+@pytest.mark.parametrize("kind", ["quantized", "rotating-quantized", "plain", "rotating"])
+def test_copies_and_states_never_change_under_their_holder(device, kind):
+    """In-place writes must not reach arrays someone else holds: a deepcopy
+    (which shares MLX buffers, as mlx-lm's evaluate and BatchGenerator use
+    it) and a state handed out stay exactly as they were while the original
+    cache keeps decoding, and the copy decodes independently of it."""
+    import copy
+
+    N = 200
+    a = _prefilled(kind, N)
+    for _ in range(3):  # own its buffers again after the prefill's first writes
+        x = mx.random.normal((1, H, 1, D)).astype(mx.bfloat16)
+        mx.eval(a.update_and_fetch(x, x))
+    b = copy.deepcopy(a)
+    held = a.state[:2]
+    flat = lambda t: [np.array(x.astype(mx.float32) if x.dtype == mx.bfloat16 else x)  # noqa: E731
+                      for x in (t if isinstance(t, (tuple, list)) else [t])]
+    snapshot = [flat(t) for t in held]
+    before_b = [flat(t) for t in (b.keys, b.values)]
+    rows = [mx.random.normal((1, H, 1, D)).astype(mx.bfloat16) for _ in range(12)]
+    for r in rows:  # the original decodes 12 tokens (wrapping the rings)
+        mx.eval(a.update_and_fetch(r, r))
+    for got, want in zip([flat(t) for t in held], snapshot):
+        for x, y in zip(got, want):
+            np.testing.assert_array_equal(x, y)
+    for got, want in zip([flat(t) for t in (b.keys, b.values)], before_b):
+        for x, y in zip(got, want):
+            np.testing.assert_array_equal(x, y)
+    # The copy then decodes the same tokens and reaches the same content.
+    for r in rows:
+        mx.eval(b.update_and_fetch(r, r))
+    for x, y in zip(flat(a.keys) + flat(a.values), flat(b.keys) + flat(b.values)):
+        np.testing.assert_array_equal(x, y)

@@ -60,6 +60,10 @@ class BaseCache:
     # ------------------------------------------------------------------ state
     @property
     def state(self):
+        # Handed out, the buffers are no longer the cache's alone: the next
+        # write updates them in place only if MLX says nobody else holds them
+        # (else it copies first), so a kept state never changes under its holder.
+        self._owned = False
         return (self.keys, self.values) + tuple(getattr(self, n) for n in self._SCALARS)
 
     @state.setter
@@ -91,6 +95,20 @@ class BaseCache:
         for name, x in zip(self._SCALARS, v):
             setattr(self, name, as_int(int(x), name, self._where("meta_state")))
         self._configure()
+
+    def __copy__(self):
+        # The copy shares the buffers (as does MLX's own array deepcopy), so
+        # neither cache owns them any more: each one's next write copies
+        # unless MLX finds the other has let go.
+        other = type(self).__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        self._owned = other._owned = False
+        return other
+
+    def __deepcopy__(self, memo):
+        other = self.__copy__()
+        memo[id(self)] = other
+        return other
 
     @classmethod
     def from_state(cls, state):

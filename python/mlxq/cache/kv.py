@@ -51,6 +51,7 @@ class _GrowingCache(BaseCache):
             self.values = store.rows(self.values, stop=prev)
         self.keys = store.concat([self.keys, new_k])
         self.values = store.concat([self.values, new_v])
+        self._owned = True  # fresh buffers, held by nobody else
 
     def make_mask(self, N: int, *, return_array: bool = False, window_size=None):
         """None, ``"causal"`` or a bool array for an ``N``-token step (mlx-lm's rule)."""

@@ -99,6 +99,7 @@ class _RingCache(BaseCache):
             excess = store.length(old_k) - self.max_size + 1
             self.keys = self._drop(old_k, excess, new_k)
             self.values = self._drop(old_v, excess, new_v)
+        self._owned = True  # fresh buffers (quantized or concatenated here)
         self.offset += keys.shape[2]
         self._idx = store.length(self.keys)
         return self.keys, self.values
@@ -114,11 +115,13 @@ class _RingCache(BaseCache):
             else:
                 self.keys = store.concat([self.keys, new_k])
                 self.values = store.concat([self.values, new_v])
+                self._owned = True
             self._idx = prev
         excess = store.length(self.keys) - self.max_size
         if excess > 0:  # after a multi-token step: back to max_size rows
             self.keys = self._drop(self.keys, excess)
             self.values = self._drop(self.values, excess)
+            self._owned = True
             self._idx = self.max_size
         if self._idx == self.max_size:
             self._idx = self.keep
@@ -129,18 +132,6 @@ class _RingCache(BaseCache):
         self.offset += 1
         self._idx += 1
         return self.keys_and_values()
-
-    @property
-    def state(self):
-        # The state's arrays are the ring itself, whose rows later writes
-        # overwrite: once handed out, the ring is written in place only when
-        # MLX says nobody holds it any more (else it is copied first).
-        self._owned = False
-        return BaseCache.state.fget(self)
-
-    @state.setter
-    def state(self, v):
-        BaseCache.state.fset(self, v)
 
     # ------------------------------------------------------------ the extras
     def temporal(self):
