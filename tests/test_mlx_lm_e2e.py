@@ -283,6 +283,34 @@ def test_make_prompt_cache_with_kv_bits():
         assert mlxq_lm.counters() == {"mlxq": len(model.layers)}
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_generate_step_quantizes_from_the_first_chunk(arch):
+    """With kv_bits and quantized_kv_start=0, generate_step's own cache is
+    quantized before the first prefill chunk: every attention call, the first
+    chunk's included, goes to mlxq (stock mlx-lm runs that chunk on bf16 and
+    converts after it). A later quantized_kv_start keeps mlx-lm's rule."""
+    model, _ = random_model(arch)
+    prompt = mx.array(tokens(8, 100))
+    layers = len(model.layers)
+    with mlxq_lm.enabled():
+        mlxq_lm.reset_counters()
+        out = [t for t, _ in lm_generate.generate_step(
+            prompt, model, max_tokens=4, kv_bits=4, kv_group_size=GROUP,
+            quantized_kv_start=0, prefill_step_size=32)]
+        first = mlxq_lm.counters()
+        mlxq_lm.reset_counters()
+        list(lm_generate.generate_step(
+            prompt, model, max_tokens=4, kv_bits=4, kv_group_size=GROUP,
+            quantized_kv_start=64, prefill_step_size=32))
+        later = mlxq_lm.counters()
+    assert len(out) == 4
+    # 99 prompt tokens in 4 chunks, then the last prompt token's step and 4
+    # more (generate_step computes one token ahead of what it yields).
+    assert first == {"mlxq": layers * (4 + 5)}, first
+    # Quantized once the offset reaches 64: chunks 1-2 (offsets 0, 32) on bf16.
+    assert later.get("mlx_lm", 0) == 2 * layers and later["mlxq"] == 7 * layers, later
+
+
 def _quantized_cache_and_kv(rng_seed, Hq=8, Hkv=2, L=1, N=40, D=64, bits=BITS):
     mx.random.seed(rng_seed)
     cache = lm_cache.QuantizedKVCache(group_size=GROUP, bits=bits)
