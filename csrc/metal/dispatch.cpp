@@ -12,9 +12,10 @@ int64_t ceil_div(int64_t a, int64_t b) {
 }
 
 // 16-byte loads of packed K/V rows need rows of whole uint4s at 16-byte
-// aligned addresses (MTLBuffer bases are page aligned).
-bool vec4_ok(int words, const int64_t strides[3], int64_t offset) {
-  return words % 4 == 0 && strides[0] % 4 == 0 && strides[1] % 4 == 0 &&
+// aligned addresses: an aligned buffer base, and offset and strides in
+// whole uint4s.
+bool vec4_ok(int words, const int64_t strides[3], int64_t offset, bool base_aligned16) {
+  return base_aligned16 && words % 4 == 0 && strides[0] % 4 == 0 && strides[1] % 4 == 0 &&
       strides[2] % 4 == 0 && offset % 4 == 0;
 }
 
@@ -69,8 +70,10 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
     p.vb_strides[d] = pr.v_strides[2][d];
   }
   p.sinks_stride = pr.sinks_stride;
-  p.k_vec4 = vec4_ok(pr.Dk * pr.bits / 32, pr.k_strides[0], pr.k_packed_offset);
-  p.v_vec4 = vec4_ok(pr.Dv * pr.bits / 32, pr.v_strides[0], pr.v_packed_offset);
+  p.k_vec4 = vec4_ok(pr.Dk * pr.bits / 32, pr.k_strides[0], pr.k_packed_offset,
+                     pr.k_base_aligned16);
+  p.v_vec4 = vec4_ok(pr.Dv * pr.bits / 32, pr.v_strides[0], pr.v_packed_offset,
+                     pr.v_base_aligned16);
 
   // Row tiles: one SIMD group per row, at most MLXQ_MAX_ROW_TILE rows (and
   // no more threads than the pipeline allows).

@@ -63,6 +63,11 @@ struct SdpaProblem {
   int64_t v_strides[3][3] = {};
   int64_t k_packed_offset = 0; // element offset of the packed views (for
   int64_t v_packed_offset = 0; // the 16-byte load alignment check)
+  // Whether the packed arrays' buffer bases are 16-byte aligned. MTLBuffer
+  // bases normally are (page or heap aligned); the host checks rather than
+  // assumes, and a misaligned base takes the scalar path.
+  bool k_base_aligned16 = true;
+  bool v_base_aligned16 = true;
   int64_t m_strides[4] = {};
   int64_t sinks_stride = 1;
   SdpaMode mode = SdpaMode::Auto;

@@ -69,6 +69,8 @@ inline nb::dict sdpa(const nb::dict& d) {
   }
   pr.k_packed_offset = get<int64_t>(d, "k_packed_offset", 0);
   pr.v_packed_offset = get<int64_t>(d, "v_packed_offset", 0);
+  pr.k_base_aligned16 = get<bool>(d, "k_base_aligned16", true);
+  pr.v_base_aligned16 = get<bool>(d, "v_base_aligned16", true);
   get_strides(d, "mask_strides", pr.m_strides);
   pr.sinks_stride = get<int64_t>(d, "sinks_stride", 1);
   pr.mode = static_cast<SdpaMode>(get<int>(d, "mode", 0));

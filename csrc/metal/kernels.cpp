@@ -27,7 +27,24 @@ const std::string& binary_dir() {
 MTL::ComputePipelineState* kernel(mx::metal::Device& d, const std::string& name) {
   // Loads <binary_dir>/mlxq.metallib once; MLX caches library and pipelines.
   auto* lib = d.get_library("mlxq", binary_dir());
-  return d.get_kernel(name, lib);
+  auto* pipeline = d.get_kernel(name, lib);
+  // Every kernel is written for 32-wide SIMD groups (simd_sum, lane = thread
+  // index % 32, one SIMD group per row) and at least one full SIMD group per
+  // threadgroup.
+  const auto width = pipeline->threadExecutionWidth();
+  const auto max_threads = pipeline->maxTotalThreadsPerThreadgroup();
+  if (width != 32 || max_threads < 32) {
+    throw std::runtime_error(
+        "[mlxq.metal] kernel " + name + " needs 32-wide SIMD groups and at least 32 "
+        "threads per threadgroup; this GPU's pipeline has SIMD width " +
+        std::to_string(width) + " and at most " + std::to_string(max_threads) + " threads.");
+  }
+  return pipeline;
+}
+
+bool base_aligned16(const mx::array& a) {
+  const auto* base = static_cast<const char*>(a.buffer().raw_ptr());
+  return reinterpret_cast<uintptr_t>(base) % 16 == 0;
 }
 
 void dispatch(

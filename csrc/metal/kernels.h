@@ -20,7 +20,13 @@ namespace mx = mlx::core;
 namespace md = mlxq::metal_dispatch;
 
 // Pipeline of kernel `name` from mlxq.metallib (next to mlxq/_ext*.so).
+// The pipeline of one of mlxq's kernels; raises when the GPU's pipeline does
+// not run 32-wide SIMD groups, which every kernel assumes.
 MTL::ComputePipelineState* kernel(mx::metal::Device& d, const std::string& name);
+
+// Whether the buffer under `a` starts at a 16-byte aligned address (the
+// kernels' uint4 loads also need the array's offset and strides aligned).
+bool base_aligned16(const mx::array& a);
 
 // Encodes a dispatch of `grid` (threadgroups, or threads when
 // `grid_is_threads`) with `group` threads per threadgroup. Empty grids are

@@ -78,6 +78,8 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& inputs, mx::array& ou
   }
   pr.k_packed_offset = kv[0].offset() / static_cast<int64_t>(sizeof(uint32_t));
   pr.v_packed_offset = kv[3].offset() / static_cast<int64_t>(sizeof(uint32_t));
+  pr.k_base_aligned16 = mh::base_aligned16(kv[0]);
+  pr.v_base_aligned16 = mh::base_aligned16(kv[3]);
   pr.sinks_stride = sinks ? sinks->strides()[0] : 1;
 
   md::SdpaPlan plan = md::plan_sdpa(pr);

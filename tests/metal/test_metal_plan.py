@@ -68,6 +68,9 @@ def test_sixteen_byte_loads_need_alignment():
     assert plan(k_packed_strides=(8 * 100 * W, 100 * W, W))["k_vec4"]
     assert not plan(k_packed_strides=(8 * 100 * (W + 1), 100 * (W + 1), W + 1))["k_vec4"]
     assert not plan(k_packed_strides=(8 * 100 * W, 100 * W, W), k_packed_offset=2)["k_vec4"]
+    # a buffer base off 16 bytes (the host checks it) takes the scalar path too
+    assert not plan(k_packed_strides=(8 * 100 * W, 100 * W, W), k_base_aligned16=False)["k_vec4"]
+    assert plan(k_packed_strides=(8 * 100 * W, 100 * W, W), v_base_aligned16=False)["k_vec4"]
     assert not plan(bits=3, Dk=96, v_packed_strides=(0, 0, 9))["v_vec4"]  # 9 words a row
 
 
