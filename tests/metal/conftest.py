@@ -3,7 +3,8 @@
 Builds (cached by content hash under build/msl_emu, or $MLXQ_EMU_CACHE) are
 made once per session. Every test that takes ``emu`` or ``samples`` runs
 under the three thread schedules of the emulator: default (threads in order),
-reverse, and random (seeded per test).
+reverse, and random (seeded per test); ``emu`` tests also run on a build with
+floating-point contraction into FMA ("fma").
 """
 
 import os
@@ -71,10 +72,31 @@ def _apply(e, schedule, request):
     return e
 
 
-@pytest.fixture
-def emu(metal_emu, schedule, request):
-    yield _apply(metal_emu, schedule, request)
-    metal_emu.set_schedule("default")
+@pytest.fixture(scope="session")
+def metal_emu_fma(metal_build):
+    """The same kernels built with floating-point contraction into FMA (as
+    Apple's compiler may contract a*b + c): results must stay inside the same
+    tolerances, and the quantizer bit-identical."""
+    e = Emulator(build(contract=True))
+    e.set_option("strict", 1)
+    e.set_option("poison", 1)
+    return e
+
+
+# The kernel tests' variants: the three schedules, and the contracted build
+# (default schedule: contraction changes rounding, not thread order).
+EMU_VARIANTS = SCHEDULES + ["fma"]
+
+
+@pytest.fixture(params=EMU_VARIANTS)
+def emu(request):
+    if request.param == "fma":
+        e = request.getfixturevalue("metal_emu_fma")
+        yield _apply(e, "default", request)
+        return
+    e = request.getfixturevalue("metal_emu")
+    yield _apply(e, request.param, request)
+    e.set_schedule("default")
 
 
 @pytest.fixture
