@@ -8,12 +8,11 @@
 
 using namespace metal;
 
-// bfloat16 is stored as its 16 bits and converted by hand (round to nearest
-// even), so the kernels build for every Metal version MLX supports and
-// convert exactly as MLX's bfloat16 does.
-struct mlxq_bfloat16 {
-  ushort bits;
-};
+// bfloat16 is MSL 3.1's native bfloat, as in MLX 0.32's own kernels (which
+// require macOS 14 / MSL 3.1, the metallib's deployment target): every
+// conversion rounds exactly as MLX's kernels round on the same GPU, NaN and
+// signed zero included.
+typedef bfloat mlxq_bfloat16;
 
 METAL_FUNC float mlxq_to_float(float x) {
   return x;
@@ -21,8 +20,8 @@ METAL_FUNC float mlxq_to_float(float x) {
 METAL_FUNC float mlxq_to_float(half x) {
   return float(x);
 }
-METAL_FUNC float mlxq_to_float(mlxq_bfloat16 x) {
-  return as_type<float>(uint(x.bits) << 16);
+METAL_FUNC float mlxq_to_float(bfloat x) {
+  return float(x);
 }
 
 template <typename T>
@@ -37,16 +36,8 @@ METAL_FUNC half mlxq_from_float<half>(float x) {
   return half(x);
 }
 template <>
-METAL_FUNC mlxq_bfloat16 mlxq_from_float<mlxq_bfloat16>(float x) {
-  uint u = as_type<uint>(x);
-  mlxq_bfloat16 r;
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    r.bits = ushort((u >> 16) | 0x40u); // quiet NaN
-  } else {
-    u += 0x7fffu + ((u >> 16) & 1u);
-    r.bits = ushort(u >> 16);
-  }
-  return r;
+METAL_FUNC bfloat mlxq_from_float<bfloat>(float x) {
+  return bfloat(x);
 }
 
 // Element idx of a float array whose dtype (MLXQ_DT_*) is known at run time.
