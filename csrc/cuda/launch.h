@@ -2,6 +2,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <vector>
 
 #include "mlx/backend/cuda/device.h"
 
@@ -50,6 +51,26 @@ void launch(
   }
   for (const auto* a : writes) {
     enc.set_output_array(*a);
+  }
+  enc.add_kernel_node_ex(static_cast<CUfunction>(kernel), grid, block, dim3{}, smem, args);
+}
+
+// The same, for a primitive's whole input and output lists.
+template <typename Args>
+void launch(
+    mx::cu::CommandEncoder& enc,
+    void* kernel,
+    dim3 grid,
+    dim3 block,
+    uint32_t smem,
+    Args& args,
+    const std::vector<mx::array>& reads,
+    const std::vector<mx::array>& writes) {
+  for (const auto& a : reads) {
+    enc.set_input_array(a);
+  }
+  for (const auto& a : writes) {
+    enc.set_output_array(a);
   }
   enc.add_kernel_node_ex(static_cast<CUfunction>(kernel), grid, block, dim3{}, smem, args);
 }

@@ -133,14 +133,8 @@ void QuantizedKVUpdate::eval_gpu(
   if (q.B * q.H * q.T == 0) {
     return;
   }
-  for (const auto& a : inputs) {
-    enc.set_input_array(a);
-  }
-  for (const auto& o : outputs) {
-    enc.set_output_array(o);
-  }
-  enc.add_kernel_node_ex(static_cast<CUfunction>(quant_kv_kernel(bits_, group_size_)),
-                         dim3(q.B * q.H * q.T, 2), dim3(kRowThreads), dim3{}, 0, q);
+  launch(enc, quant_kv_kernel(bits_, group_size_), dim3(q.B * q.H * q.T, 2), dim3(kRowThreads),
+         0, q, inputs, outputs);
 }
 
 } // namespace mlxq

@@ -19,9 +19,8 @@ namespace mlxq::metal_host {
 namespace mx = mlx::core;
 namespace md = mlxq::metal_dispatch;
 
-// Pipeline of kernel `name` from mlxq.metallib (next to mlxq/_ext*.so).
-// The pipeline of one of mlxq's kernels; raises when the GPU's pipeline does
-// not run 32-wide SIMD groups, which every kernel assumes.
+// Pipeline of kernel `name` from mlxq.metallib (next to mlxq/_ext*.so);
+// raises when it does not run 32-wide SIMD groups, which every kernel assumes.
 MTL::ComputePipelineState* kernel(mx::metal::Device& d, const std::string& name);
 
 // Whether the buffer under `a` starts at a 16-byte aligned address (the

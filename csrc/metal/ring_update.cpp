@@ -63,36 +63,50 @@ void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) 
   mh::dispatch(enc, plan.grid, plan.group, plan.grid_is_threads);
 }
 
-void QuantizedRingUpdate::eval_gpu(
-    const std::vector<mx::array>& inputs,
-    mx::array& out) {
-  auto& s = stream();
-  auto& d = mx::metal::device(s.device);
-  const mx::array& buffer = inputs[0];
-  const mx::array& update = inputs[1];
-  const mx::array& pos = inputs[2];
-  take_or_copy(buffer, out, s);
+namespace {
 
+// One dispatch of mlxq_quantized_ring_update: quantizes `update`'s rows at
+// `pos` and writes `part` of them into the arrays bound to the packed,
+// scales and biases slots (the same array thrice for a single part; a
+// kernel writes only its part's slot, yet every buffer argument is bound).
+void dispatch_quantized_rows(
+    const mx::Stream& s,
+    const mx::array& update,
+    const mx::array& pos,
+    mx::array& packed,
+    mx::array& scales,
+    mx::array& biases,
+    int part,
+    int group_size,
+    int bits) {
   int64_t st[4];
   strides4(update, st);
   const md::RingPlan plan = md::plan_quantized_ring_update(
-      out.shape(0), out.shape(1), out.shape(2), update.shape(2),
-      update.shape(3), group_size_, bits_, mh::dtype_code(update.dtype()),
-      static_cast<int>(part_), st);
+      packed.shape(0), packed.shape(1), packed.shape(2), update.shape(2),
+      update.shape(3), group_size, bits, mh::dtype_code(update.dtype()), part, st);
   if (plan.grid.empty()) {
     return;
   }
   auto& enc = mx::metal::get_command_encoder(s);
-  enc.set_compute_pipeline_state(mh::kernel(d, plan.kernel));
+  enc.set_compute_pipeline_state(mh::kernel(mx::metal::device(s.device), plan.kernel));
   enc.set_input_array(update, md::slots::kQRingUpdate);
   enc.set_input_array(pos, md::slots::kQRingPos);
-  // The kernel writes only this part's slot; the same array fills the other
-  // two so that every buffer argument is bound.
-  enc.set_output_array(out, md::slots::kQRingPacked);
-  enc.set_output_array(out, md::slots::kQRingScales);
-  enc.set_output_array(out, md::slots::kQRingBiases);
+  enc.set_output_array(packed, md::slots::kQRingPacked);
+  enc.set_output_array(scales, md::slots::kQRingScales);
+  enc.set_output_array(biases, md::slots::kQRingBiases);
   enc.set_bytes(plan.params, md::slots::kQRingParams);
   mh::dispatch(enc, plan.grid, plan.group, plan.grid_is_threads);
+}
+
+} // namespace
+
+void QuantizedRingUpdate::eval_gpu(
+    const std::vector<mx::array>& inputs,
+    mx::array& out) {
+  auto& s = stream();
+  take_or_copy(inputs[0], out, s);
+  dispatch_quantized_rows(s, inputs[1], inputs[2], out, out, out, static_cast<int>(part_),
+                          group_size_, bits_);
 }
 
 void QuantizedKVUpdate::eval_gpu(
@@ -102,32 +116,13 @@ void QuantizedKVUpdate::eval_gpu(
   // V update, pos; outputs: the six buffers. One dispatch per side writes
   // its three arrays (MLXQ_PART_ALL).
   auto& s = stream();
-  auto& d = mx::metal::device(s.device);
   for (int i = 0; i < 6; ++i) {
     take_or_copy(inputs[i], outputs[i], s, /*owned=*/true);
   }
-  const mx::array& pos = inputs[8];
-  auto& enc = mx::metal::get_command_encoder(s);
   for (int kv = 0; kv < 2; ++kv) {
-    const mx::array& update = inputs[6 + kv];
-    const mx::array& packed = outputs[3 * kv];
-    int64_t st[4];
-    strides4(update, st);
-    const md::RingPlan plan = md::plan_quantized_ring_update(
-        packed.shape(0), packed.shape(1), packed.shape(2), update.shape(2),
-        update.shape(3), group_size_, bits_, mh::dtype_code(update.dtype()),
-        MLXQ_PART_ALL, st);
-    if (plan.grid.empty()) {
-      return;
-    }
-    enc.set_compute_pipeline_state(mh::kernel(d, plan.kernel));
-    enc.set_input_array(update, md::slots::kQRingUpdate);
-    enc.set_input_array(pos, md::slots::kQRingPos);
-    enc.set_output_array(outputs[3 * kv], md::slots::kQRingPacked);
-    enc.set_output_array(outputs[3 * kv + 1], md::slots::kQRingScales);
-    enc.set_output_array(outputs[3 * kv + 2], md::slots::kQRingBiases);
-    enc.set_bytes(plan.params, md::slots::kQRingParams);
-    mh::dispatch(enc, plan.grid, plan.group, plan.grid_is_threads);
+    dispatch_quantized_rows(s, inputs[6 + kv], inputs[8], outputs[3 * kv],
+                            outputs[3 * kv + 1], outputs[3 * kv + 2], MLXQ_PART_ALL,
+                            group_size_, bits_);
   }
 }
 

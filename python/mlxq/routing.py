@@ -28,7 +28,9 @@ import mlx.core as mx
 
 # Fewer query rows than this (per KV head) stay on mlxq's kernels: the
 # decode kernel covers up to 8 rows and the dequantized copy costs O(N)
-# whatever L is. Measured on an H200 (bench/prefill.py --gpu).
+# whatever L is. On an H200 16 rows over 32k keys already route faster than
+# the tiled kernel (0.77 vs 1.00 ms, bench/gpu.py --only prefill); fewer rows
+# were not measured.
 MIN_ROUTED_QUERY_ROWS = 16
 
 # MLX 0.32's fused attention, as its backends decide (see the module docstring).
@@ -60,10 +62,6 @@ def set_dequantized_prefill(enabled: bool) -> bool:
     global _enabled
     old, _enabled = _enabled, bool(enabled)
     return old
-
-
-def dequantized_prefill_enabled() -> bool:
-    return _enabled
 
 
 def gpu_backend() -> Optional[str]:

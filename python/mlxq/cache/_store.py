@@ -108,10 +108,7 @@ class Quantized:
         """One step's write of K and V rows at ``pos``: owned buffers take one
         ``QuantizedKVUpdate`` (one launch); others a ring update per array."""
         if owned:
-            return _ext.quantized_kv_update(
-                *keys, *values, new_keys, new_values, pos,
-                group_size=self.group_size, bits=self.bits,
-            )
+            return self._kv_update(keys, values, new_keys, new_values, pos, fetch=-1)
         gs, bits = self.group_size, self.bits
         return (quantized_ring_update(keys, new_keys, pos, group_size=gs, bits=bits),
                 quantized_ring_update(values, new_values, pos, group_size=gs, bits=bits))
@@ -119,9 +116,12 @@ class Quantized:
     def write_and_fetch(self, keys, values, new_keys, new_values, pos: int, stop: int):
         """An owned write at ``pos``, then rows [0, stop) of every array, in
         one call: (K triple, V triple, K views, V views)."""
+        return self._kv_update(keys, values, new_keys, new_values, pos, fetch=stop)
+
+    def _kv_update(self, keys, values, new_keys, new_values, pos: int, fetch: int):
         return _ext.quantized_kv_update(
             *keys, *values, new_keys, new_values, pos,
-            group_size=self.group_size, bits=self.bits, fetch=stop,
+            group_size=self.group_size, bits=self.bits, fetch=fetch,
         )
 
     def head_dim(self, t: Triple) -> int:
