@@ -201,7 +201,6 @@ MASK_KINDS = ["none", "causal", "bool_LN", "bool_B1LN", "bool_BHLN", "bool_keypa
 @pytest.mark.parametrize("kind", MASK_KINDS)
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_masks(rng, kind, with_sinks):
-    skip_mx_fast_oracle_on_cuda()
     B, Hq, Hkv, L, N = 2, 8, 2, 8, 100
     q, k, v = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=N, bits=4, group_size=64)
     mask = make_mask(kind, rng, B, Hq, L, N)

@@ -27,16 +27,17 @@ class _GrowingCache(BaseCache):
         prev = self.offset
         if self.keys is None or prev + T > self._store.length(self.keys):
             self._grow(keys, values, T)
-        self.offset = prev + T
         if self._owned:  # the decode path: write and fetch in one call
             self.keys, self.values, k, v = self._store.write_and_fetch(
-                self.keys, self.values, keys, values, prev, self.offset
+                self.keys, self.values, keys, values, prev, prev + T
             )
+            self.offset = prev + T
             return k, v
         self.keys, self.values = self._store.write_kv(
             self.keys, self.values, keys, values, prev, False
         )
         self._owned = True  # donated or copied: ours alone now
+        self.offset = prev + T
         return self.keys_and_values()
 
     def _grow(self, keys, values, T: int) -> None:
