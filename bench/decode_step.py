@@ -10,11 +10,14 @@ prefill), then decodes ``--steps`` tokens three ways:
   generate     mlx-lm's generate_step(prompt=[token], prompt_cache=caches)
   build        the graph construction alone: model(y, cache) without eval,
                each step's caches rolled back (timed per step)
+  encode       in the bare loop, the async_eval call alone: MLX's C++ side
+               (every primitive's eval_gpu, CUDA graph building and launch)
 
 for stock mlx-lm (bf16 KVCache) and mlxq (4-bit QuantizedKVCache, mlxq.mlx_lm
 enabled). ms per token are medians; "build" is the host time of one step's
-graph (Python + MLX op construction), which the GPU hides only while it is
-shorter than the step's device time.
+graph (Python + MLX op construction); build + encode is the host's share of a
+step, which the GPU hides only while it is shorter than the step's device
+time.
 
     python bench/decode_step.py --model 8b --contexts 8192 65536
 """
@@ -76,7 +79,7 @@ def filled_caches(model, args, run, N):
     return caches
 
 
-def bare(model, caches, steps):
+def bare(model, caches, steps, encode_times):
     y = mx.array([1])
     times = []
     prev = None
@@ -84,7 +87,9 @@ def bare(model, caches, steps):
     for _ in range(steps):
         logits = model(y[None], cache=caches)
         y = mx.argmax(logits[:, -1, :], axis=-1)
+        t0 = time.perf_counter()
         mx.async_eval(y)
+        encode_times.append(time.perf_counter() - t0)
         if prev is not None:
             prev.item()
             t = time.perf_counter()
@@ -133,7 +138,8 @@ def main():
     common.print_machine(info)
     model, margs = llama(args.model, args.layers)
     cols = [("N", "N", "{}"), ("run", "run", "{}"), ("bare ms", "bare_ms", "{:.2f}"),
-            ("generate_step ms", "generate_ms", "{:.2f}"), ("build ms", "build_ms", "{:.2f}")]
+            ("generate_step ms", "generate_ms", "{:.2f}"), ("build ms", "build_ms", "{:.2f}"),
+            ("encode ms", "encode_ms", "{:.2f}")]
     table, rows = common.Table(cols), []
     table.header()
     for N in args.contexts:
@@ -143,7 +149,9 @@ def main():
             try:
                 caches = filled_caches(model, margs, run, N)
                 r = dict(N=N, run=run, model=args.model)
-                r["bare_ms"] = bare(model, caches, args.steps)
+                encode = []
+                r["bare_ms"] = bare(model, caches, args.steps, encode)
+                r["encode_ms"] = statistics.median(encode[2:]) * 1e3
                 r["generate_ms"] = generate(model, caches, args.steps, ours)
                 r["build_ms"] = build(model, caches, args.steps)
             finally:

@@ -26,6 +26,7 @@ target_include_directories(mlxq_cuda_kernels PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}
 target_compile_options(mlxq_cuda_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-O3>)
 
 target_sources(mlxq_core PRIVATE
+  csrc/cuda/device_memory.cpp
   csrc/cuda/launch.cpp
   csrc/cuda/quantized_sdpa.cpp
   csrc/cuda/ring_update.cpp

@@ -154,6 +154,12 @@ NB_MODULE(_ext, m) {
       "Test hook: the CUDA kernel family the last sdpa evaluation chose, then clears it.");
 
   m.def(
+      "_device_memory",
+      [] { return nb::make_tuple(mlxq::device_bytes_active(), mlxq::take_device_bytes_peak()); },
+      "(active, peak) bytes of mlxq's own GPU pool (CUDA outputs and scratch; MLX's "
+      "get_peak_memory does not see them); the peak then restarts from active.");
+
+  m.def(
       "_set_poison_outputs",
       &mlxq::set_poison_outputs,
       "enabled"_a,

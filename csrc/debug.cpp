@@ -17,6 +17,8 @@ namespace mx = mlx::core;
 namespace {
 std::atomic<bool> g_poison{false};
 std::atomic<const char*> g_last_sdpa_kernel{""};
+std::atomic<int64_t> g_device_active{0};
+std::atomic<int64_t> g_device_peak{0};
 
 template <typename T>
 void fill(mx::array& out, T value) {
@@ -41,6 +43,21 @@ void note_sdpa_kernel(const char* name) {
 
 const char* take_last_sdpa_kernel() {
   return g_last_sdpa_kernel.exchange("");
+}
+
+void note_device_bytes(int64_t delta) {
+  const int64_t now = g_device_active.fetch_add(delta) + delta;
+  int64_t peak = g_device_peak.load();
+  while (now > peak && !g_device_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+int64_t device_bytes_active() {
+  return g_device_active.load();
+}
+
+int64_t take_device_bytes_peak() {
+  return g_device_peak.exchange(g_device_active.load());
 }
 
 void poison_if_enabled(mx::array& out) {

@@ -36,12 +36,6 @@ int sm_count() {
   return device_attribute<cudaDevAttrMultiProcessorCount>(1);
 }
 
-void allocate(mx::array& a, mx::cu::CommandEncoder&) {
-  // cu::malloc_async is not exported by libmlx; the plain allocator gives
-  // memory the GPU can use (managed), which is what we need.
-  a.set_data(mx::allocator::malloc(a.nbytes()));
-}
-
 void poison(mx::array& a, mx::cu::CommandEncoder& enc) {
   if (!poison_outputs() || a.nbytes() < 4) {
     return;

@@ -21,8 +21,15 @@ int sm_count();
 // (227 KB on an H100/H200, 99 KB on sm_86/89/120).
 int max_smem_per_block();
 
-// Allocates a kernel output (or scratch) on the encoder's stream.
+// Allocates a kernel output or scratch from mlxq's stream-ordered device
+// pool on the encoder's stream, held until the evaluation completes (see
+// device_memory.cpp for why not MLX's allocator). Such buffers are not
+// donatable.
 void allocate(mx::array& a, mx::cu::CommandEncoder& enc);
+
+// Allocates from MLX's allocator: for buffers a cache keeps and later
+// updates in place when they are donatable (ring writes' copies).
+void allocate_cached(mx::array& a);
 
 // Fills a fresh output with NaN (floats) or 0xFF bytes when the test hook
 // asks for poisoned outputs (see debug.h).

@@ -47,20 +47,15 @@ void plan(SdpaArgs& a) {
 }
 
 // Per-split partial outputs (o) and (max, sum) pairs (ml), scratch of one
-// evaluation.
+// evaluation, in one allocation (o first; both are float arrays).
 struct Partials {
-  mx::array o{{1}, mx::float32, nullptr, {}};
-  mx::array ml{{1}, mx::float32, nullptr, {}};
+  mx::array scratch{{1}, mx::float32, nullptr, {}};
   Partials(SdpaArgs& a, mx::cu::CommandEncoder& enc) {
     const long slots = long(a.B) * a.Hkv * a.row_tiles * a.splits * a.row_tile;
-    o = mx::array({int(slots * a.Dv)}, mx::float32, nullptr, {});
-    ml = mx::array({int(slots * 2)}, mx::float32, nullptr, {});
-    allocate(o, enc);
-    allocate(ml, enc);
-    enc.add_temporary(o);
-    enc.add_temporary(ml);
-    a.part_o = mx::gpu_ptr<float>(o);
-    a.part_ml = mx::gpu_ptr<float>(ml);
+    scratch = mx::array({int(slots * (a.Dv + 2))}, mx::float32, nullptr, {});
+    allocate(scratch, enc);
+    a.part_o = mx::gpu_ptr<float>(scratch);
+    a.part_ml = a.part_o + slots * a.Dv;
   }
 };
 
@@ -84,7 +79,7 @@ void merge(mx::cu::CommandEncoder& enc, const SdpaArgs& a, const Partials& parts
   m.splits = a.splits;
   m.out_dtype = a.q_dtype;
   launch(enc, merge_kernel(), dim3(a.B * a.Hkv * a.rows, (a.Dv + 31) / 32),
-         dim3(kMergeThreads), 0, m, {&parts.o, &parts.ml, &out}, {&out});
+         dim3(kMergeThreads), 0, m, {&parts.scratch, &out}, {&out});
 }
 
 // Launches a kernel that writes `out` itself (one split) or, with several
@@ -97,7 +92,7 @@ void launch_split(mx::cu::CommandEncoder& enc, void* kernel, dim3 grid, int thre
     return;
   }
   Partials parts(a, enc);
-  launch(enc, kernel, grid, dim3(threads), smem, a, {&out}, {&parts.o, &parts.ml});
+  launch(enc, kernel, grid, dim3(threads), smem, a, {&out}, {&parts.scratch});
   merge(enc, a, parts, out);
 }
 
@@ -224,27 +219,41 @@ void plan_mma(const MmaKernel& k, SdpaArgs& a) {
   a.splits = (a.N + keys - 1) / keys;
 }
 
-// Zeroed tickets of the decode kernel's fused merge, one per (batch, KV
-// head), when its weights fit the kernel's shared memory and one block can
-// fold a head's partials quickly: with few KV heads the splits multiply and
-// merge_kernel's many blocks win (128 KB: 32/8/128 at 128k keys folds 100 KB
-// per head, measured faster fused). Called before the evaluation's inputs
-// are registered: the zeroing waits on no earlier node, so it runs off the
-// critical path.
+// Tickets of the decode kernel's fused merge, one per (batch, KV head), when
+// its weights fit the kernel's shared memory and one block can fold a head's
+// partials quickly: with few KV heads the splits multiply and merge_kernel's
+// many blocks win (128 KB: 32/8/128 at 128k keys folds 100 KB per head,
+// measured faster fused).
+//
+// The tickets wrap back to zero at every launch's last block (see
+// fused_merge.cuh), so each stream keeps one zeroed array and reuses it: no
+// allocation and no zeroing node per evaluation, a host cost that showed in
+// the decode step. Every kernel that uses it is registered as writing it, so
+// MLX orders those kernels one after another within a graph (the layers of
+// a decode step are ordered by their data anyway); graphs of one stream run
+// in order.
 mx::array merge_counters(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaArgs& a) {
-  mx::array counters({a.B * a.Hkv}, mx::uint32, nullptr, {});
   const long head_partials = long(a.splits) * a.rows * a.Dv * 4;
   if (!fused_merge_allowed() || (long(a.splits) * a.rows + a.rows) * 4 > k.merge_smem ||
       head_partials > 128 * 1024) {
-    return counters;
+    return mx::array({1}, mx::uint32, nullptr, {});
   }
-  allocate(counters, enc);
-  enc.add_temporary(counters);
-  FillArgs zero{mx::gpu_ptr<void>(counters), a.B * a.Hkv, 0u};
-  launch(enc, fill_kernel(), dim3((a.B * a.Hkv + 255) / 256), dim3(256), 0, zero, {},
-         {&counters});
-  a.counters = mx::gpu_ptr<unsigned>(counters);
-  return counters;
+  static std::mutex mutex;
+  static auto* per_stream = new std::unordered_map<const void*, mx::array>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = per_stream->find(&enc);
+  const int needed = a.B * a.Hkv;
+  if (it == per_stream->end() || it->second.size() < size_t(needed)) {
+    mx::array counters({std::max(needed, 256)}, mx::uint32, nullptr, {});
+    allocate(counters, enc);
+    FillArgs zero{mx::gpu_ptr<void>(counters), int64_t(counters.size()), 0u};
+    launch(enc, fill_kernel(), dim3(unsigned(counters.size() + 255) / 256), dim3(256), 0, zero, {},
+           {&counters});
+    it = per_stream->insert_or_assign(&enc, counters).first;
+  }
+  enc.add_temporary(it->second); // a replaced array outlives its last kernel
+  a.counters = mx::gpu_ptr<unsigned>(it->second);
+  return it->second;
 }
 
 void eval_mma(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaArgs& a,
@@ -252,11 +261,11 @@ void eval_mma(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaArgs& a,
   Partials parts(a, enc);
   if (a.counters) {
     launch(enc, k.fn, dim3(a.splits, a.Hkv, a.B), dim3(kMmaWarps * 32), k.smem, a,
-           {&counters, &out}, {&parts.o, &parts.ml, &out});
+           {&counters, &out}, {&parts.scratch, &out, &counters});
     return;
   }
   launch(enc, k.fn, dim3(a.splits, a.Hkv, a.B), dim3(kMmaWarps * 32), k.smem, a, {},
-         {&parts.o, &parts.ml});
+         {&parts.scratch});
   merge(enc, a, parts, out);
 }
 
@@ -264,12 +273,13 @@ void eval_mma(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaArgs& a,
 // alone leave SMs idle (few rows over many keys).
 void eval_tc(mx::cu::CommandEncoder& enc, const TcKernel& k, SdpaArgs& a, mx::array& out) {
   const long want = long(blocks_per_sm(k.fn, k.threads, k.smem)) * sm_count();
-  const auto p = plan_sdpa(a.B, a.Hkv, a.rep, a.L, a.N, k.rows, want, 256, k.keys);
+  const auto p = plan_sdpa(a.B, a.Hkv, a.rep, a.L, a.N, k.rows, want / k.parts, 256, k.keys);
   a.row_tile = p.row_tile;
   a.row_tiles = p.row_tiles;
   a.splits = p.splits;
   a.split_keys = p.split_keys;
-  launch_split(enc, k.fn, dim3(a.Hkv * a.row_tiles, a.splits, a.B), k.threads, k.smem, a, out);
+  launch_split(enc, k.fn, dim3(a.Hkv * a.row_tiles, a.splits * k.parts, a.B), k.threads, k.smem,
+               a, out);
 }
 
 } // namespace

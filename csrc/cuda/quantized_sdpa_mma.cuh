@@ -138,8 +138,9 @@ struct Shape {
   // SM holds (228 KB, 1 KB reserved per block, 128-byte granules; at most
   // kMinBlocks, the register budget of the launch bounds). 4 stages unless 3
   // fit more blocks: more warps to hide latency with about the same bytes in
-  // flight.
-  static constexpr int kMinBlocks = 3;
+  // flight. Head dim 512 gets 2 blocks' registers (255 per thread): with 3 it
+  // spilled ~1.8 KB per thread, and its shared memory allows at most 2.
+  static constexpr int kMinBlocks = D > 256 ? 2 : 3;
   static constexpr int block_smem(int s) {
     return kQSmemBytes + s * kWarps * kStepBytes + 2 * kWarps * kMaxRows * 4 + 16;
   }

@@ -29,6 +29,15 @@ MmaKernel sdpa_mma_kernel_4bit(int D, int gs, int scale_dtype, int q_dtype) {
   if (D == 256 && gs == 128) {
     return instance<4, 256, 128>(scale_dtype, q_dtype);
   }
+  if (D == 512 && gs == 32) {
+    return instance<4, 512, 32>(scale_dtype, q_dtype);
+  }
+  if (D == 512 && gs == 64) {
+    return instance<4, 512, 64>(scale_dtype, q_dtype);
+  }
+  if (D == 512 && gs == 128) {
+    return instance<4, 512, 128>(scale_dtype, q_dtype);
+  }
   return {};
 }
 

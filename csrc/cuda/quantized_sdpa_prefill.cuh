@@ -1,5 +1,5 @@
 // CUDA QuantizedSDPA, tensor-core tiled path: prefill and other many-row
-// calls (f16/bf16 queries, Dk = Dv in {64, 128, 256}, every bit width,
+// calls (f16/bf16 queries, Dk = Dv in {64, 128, 256, 512}, every bit width,
 // group size and mask kind, sinks).
 //
 // Why this shape: with many query rows per KV head the work is the two
@@ -20,8 +20,13 @@
 //     and its scales loaded into registers while this tile computes;
 //   * a causal row tile stops at its last row's limit (hidden tiles are
 //     never read); masks are applied per score only on tiles that need it.
-// Grid: (row tiles x Hkv, splits, B), heavier (later) causal row tiles first;
-// the row tiles go in x, whose limit is 2^31 - 1 (y and z stop at 65535).
+//   * at head dim 512 (Gemma 4's global layers) a thread's accumulators for
+//     all 512 output columns would not fit its registers: each block then
+//     computes the scores in full but only half of the output columns
+//     (DV = 256), and two blocks share a row tile (PARTS = 2).
+// Grid: (row tiles x Hkv, splits x PARTS, B), heavier (later) causal row
+// tiles first; the row tiles go in x, whose limit is 2^31 - 1 (y and z stop
+// at 65535).
 // One split writes the output; several (few rows, long N) write partials for
 // merge_kernel.
 #pragma once
@@ -57,8 +62,11 @@ struct Scales {
   float vs[kV], vb[kV];
 };
 
-template <typename T, int D, int GS, int WARPS, int KEYS>
+template <typename T, int D, int GS, int WARPS, int KEYS, int PARTS>
 __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kernel(SdpaArgs a) {
+  constexpr int DV = D / PARTS; // output columns of this block
+  constexpr int kGV = DV / GS; // their groups
+  static_assert(DV % GS == 0, "a block's output columns are whole groups");
   constexpr int kThreads = 32 * WARPS;
   constexpr int kRows = 16 * WARPS;
   constexpr int kKeys = KEYS;
@@ -67,7 +75,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
   constexpr int kStride = D + 8; // smem row (elements): conflict-free ldmatrix
   constexpr int kCPR = D / 8; // chunks per row
   constexpr int kG = D / GS;
-  constexpr int kNT = D / 8; // n-tiles of the output
+  constexpr int kNT = DV / 8; // n-tiles of this block's output
   constexpr bool kTwoTerms = std::is_same_v<T, __half>;
   using ScalesT = Scales<D, GS, kThreads, KEYS>;
   static_assert(kKeys * kCPR % kThreads == 0, "tile layout");
@@ -83,7 +91,8 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g8 = lane >> 2, t4 = lane & 3;
-  const int split = blockIdx.y;
+  const int split = blockIdx.y / PARTS, part = blockIdx.y % PARTS;
+  const int dv0 = part * DV, gv0 = part * kGV; // first output column, group
   const int tile = a.row_tiles - 1 - blockIdx.x / a.Hkv;
   const int kvh = blockIdx.x % a.Hkv, b = blockIdx.z;
   const int r0 = tile * a.row_tile;
@@ -226,10 +235,10 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
   // thread's share of the sum of weights and of sum(P * bias_v) per group,
   // and the output columns 8 nt + 2 t4 (+1).
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float vbias[2][kG];
+  float vbias[2][kGV];
   float acc[kNT][4];
 #pragma unroll
-  for (int g = 0; g < kG; ++g) vbias[0][g] = vbias[1][g] = 0.0f;
+  for (int g = 0; g < kGV; ++g) vbias[0][g] = vbias[1][g] = 0.0f;
 #pragma unroll
   for (int i = 0; i < kNT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
@@ -317,13 +326,13 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
     }
     // Keys of this thread: 8 n + 2 t4 + (e & 1), scales at vsc[key * kG + g].
 #pragma unroll
-    for (int g = 0; g < kG; ++g) {
+    for (int g = 0; g < kGV; ++g) {
       float add[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int n = 0; n < kSN; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float bv = vbi[(8 * n + 2 * t4 + (e & 1)) * kG + g];
+          const float bv = vbi[(8 * n + 2 * t4 + (e & 1)) * kG + gv0 + g];
           add[e >> 1] += s[n][e] != 0.0f ? s[n][e] * bv : 0.0f;
         }
       }
@@ -332,11 +341,12 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
     }
 
     // O += (P * scale_v) . codes, per 16-key step and group.
-    const uint16_t* vrow = vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4);
+    const uint16_t* vrow =
+        vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4) + dv0;
 #pragma unroll
     for (int j = 0; j < kKS; ++j) {
 #pragma unroll
-      for (int g = 0; g < kG; ++g) {
+      for (int g = 0; g < kGV; ++g) {
         float w[4][2]; // a-register order: (ra, keys lo), (rb, lo), (ra, hi), (rb, hi)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -344,7 +354,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float p = s[n][2 * h + e];
-            const float sc = vsc[(8 * n + 2 * t4 + e) * kG + g];
+            const float sc = vsc[(8 * n + 2 * t4 + e) * kG + gv0 + g];
             w[q][e] = p != 0.0f ? p * sc : 0.0f;
           }
         }
@@ -398,7 +408,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
   for (int h = 0; h < 2; ++h) {
     l[h] = lanes_sum<1, 2>(l[h]);
 #pragma unroll
-    for (int g = 0; g < kG; ++g) {
+    for (int g = 0; g < kGV; ++g) {
       vbias[h][g] = lanes_sum<1, 2>(vbias[h][g]);
     }
   }
@@ -412,7 +422,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
     const float m_nat = m[h] == -INFINITY ? -INFINITY : m[h] * kLn2;
     if (a.splits == 1) {
       const float inv = output_scale(m_nat, l[h], a.sinks ? a.sinks + head[h] : nullptr);
-      T* out = static_cast<T*>(a.out) + ((int64_t(b) * a.Hq + head[h]) * a.L + lpos[h]) * D;
+      T* out = static_cast<T*>(a.out) + ((int64_t(b) * a.Hq + head[h]) * a.L + lpos[h]) * D + dv0;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
         const float bv = vbias[h][nt * 8 / GS];
@@ -420,14 +430,14 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
         *reinterpret_cast<uint32_t*>(out + nt * 8 + 2 * t4) = v;
       }
     } else {
-      float* po = a.part_o + (blk * a.row_tile + r) * D;
+      float* po = a.part_o + (blk * a.row_tile + r) * D + dv0;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
         const float bv = vbias[h][nt * 8 / GS];
         *reinterpret_cast<float2*>(po + nt * 8 + 2 * t4) =
             make_float2(acc[nt][2 * h] + bv, acc[nt][2 * h + 1] + bv);
       }
-      if (t4 == 0) {
+      if (t4 == 0 && part == 0) { // every part has the same (max, sum)
         a.part_ml[(blk * a.row_tile + r) * 2] = m_nat;
         a.part_ml[(blk * a.row_tile + r) * 2 + 1] = l[h];
       }
@@ -442,8 +452,9 @@ constexpr int smem_bytes(int gs) {
 
 template <typename T, int D, int GS, int WARPS, int KEYS>
 TcKernel instance() {
-  return {handle<qsdpa_tc_kernel<T, D, GS, WARPS, KEYS>>(), smem_bytes<D, WARPS, KEYS>(GS),
-          32 * WARPS, 16 * WARPS, KEYS};
+  constexpr int kParts = D > 256 ? 2 : 1;
+  return {handle<qsdpa_tc_kernel<T, D, GS, WARPS, KEYS, kParts>>(),
+          smem_bytes<D, WARPS, KEYS>(GS), 32 * WARPS, 16 * WARPS, KEYS, kParts};
 }
 
 // Block shapes: 4 warps x 32 keys everywhere; head dim 128 also has 8-warp
@@ -482,6 +493,7 @@ TcKernel for_dim(int D, int gs, int warps, int keys) {
     case 64: return for_group<T, 64>(gs, warps, keys);
     case 128: return for_group<T, 128>(gs, warps, keys);
     case 256: return for_group<T, 256>(gs, warps, keys);
+    case 512: return for_group<T, 512>(gs, warps, keys);
     default: return {};
   }
 }

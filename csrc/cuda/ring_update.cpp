@@ -22,7 +22,7 @@ void take_or_copy(const mx::array& in, mx::array& out, mx::cu::CommandEncoder& e
     return;
   }
   detail::note_ring_copy();
-  allocate(out, enc);
+  allocate_cached(out);
   poison(out, enc);
   if (in.size() == 0) {
     return;
