@@ -6,7 +6,8 @@ bench/e2e_gpu.py) gets caches filled with N random tokens directly (no
 prefill), then decodes ``--steps`` tokens three ways:
 
   bare         y = argmax(model(y, cache)); async_eval(y) before waiting on the
-               previous token, as generate_step pipelines
+               previous token, as generate_step pipelines (--rounds rounds
+               alternating between the two runs, median of their medians)
   generate     mlx-lm's generate_step(prompt=[token], prompt_cache=caches)
   build        the graph construction alone: model(y, cache) without eval,
                each step's caches rolled back (timed per step)
@@ -23,6 +24,7 @@ time.
 """
 
 import argparse
+import contextlib
 import importlib
 import os
 import statistics
@@ -125,6 +127,16 @@ def build(model, caches, steps):
     return statistics.median(times) * 1e3
 
 
+@contextlib.contextmanager
+def _mlxq_enabled(run):
+    handle = mlxq_lm.enable() if run.startswith("mlxq") else None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            mlxq_lm.disable()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,6 +144,8 @@ def main():
     p.add_argument("--layers", type=int, help="override the layer count (quick looks)")
     p.add_argument("--contexts", type=int, nargs="+", default=[8192, 65536])
     p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="alternating rounds of the bare loop per run (median reported)")
     p.add_argument("--out")
     args = p.parse_args()
     info = common.machine_info()
@@ -142,25 +156,33 @@ def main():
             ("encode ms", "encode_ms", "{:.2f}")]
     table, rows = common.Table(cols), []
     table.header()
+    runs = ("stock-bf16", "mlxq-kv4")
     for N in args.contexts:
-        for run in ("stock-bf16", "mlxq-kv4"):
-            ours = run.startswith("mlxq")
-            handle = mlxq_lm.enable() if ours else None
-            try:
-                caches = filled_caches(model, margs, run, N)
-                r = dict(N=N, run=run, model=args.model)
-                encode = []
-                r["bare_ms"] = bare(model, caches, args.steps, encode)
-                r["encode_ms"] = statistics.median(encode[2:]) * 1e3
-                r["generate_ms"] = generate(model, caches, args.steps, ours)
-                r["build_ms"] = build(model, caches, args.steps)
-            finally:
-                if handle is not None:
-                    mlxq_lm.disable()
-            del caches
-            mx.clear_cache()
+        # Both runs' caches at once, and the bare loop in alternating rounds:
+        # a shared machine's drift then hits both runs alike.
+        caches = {}
+        for run in runs:
+            with _mlxq_enabled(run):
+                caches[run] = filled_caches(model, margs, run, N)
+        samples = {run: ([], []) for run in runs}  # per round: step ms, encode ms
+        for _ in range(args.rounds):
+            for run in runs:
+                with _mlxq_enabled(run):
+                    encode = []
+                    samples[run][0].append(bare(model, caches[run], args.steps, encode))
+                    samples[run][1].append(statistics.median(encode[2:]) * 1e3)
+        for run in runs:
+            r = dict(N=N, run=run, model=args.model)
+            r["bare_ms"] = statistics.median(samples[run][0])
+            r["bare_rounds_ms"] = samples[run][0]
+            r["encode_ms"] = statistics.median(samples[run][1])
+            with _mlxq_enabled(run):
+                r["generate_ms"] = generate(model, caches[run], args.steps, run != runs[0])
+                r["build_ms"] = build(model, caches[run], args.steps)
             table.row(r)
             rows.append(r)
+        del caches
+        mx.clear_cache()
     out = args.out or common.results_path(f"decode_step_{args.model}", False)
     common.save_json(out, {"machine": info, "rows": rows})
 

@@ -108,18 +108,18 @@ NB_MODULE(_ext, m) {
          int group_size, int bits, int fetch, mx::StreamOrDevice s) {
         auto out = translate_errors([&] {
           return mlxq::quantized_kv_update(
-              {kp, ks, kb}, {vp, vs, vb}, k_update, v_update, pos, group_size, bits, s);
+              {kp, ks, kb}, {vp, vs, vb}, k_update, v_update, pos, group_size, bits, fetch, s);
         });
         auto k = nb::make_tuple(out[0], out[1], out[2]);
         auto v = nb::make_tuple(out[3], out[4], out[5]);
         if (fetch < 0) {
           return nb::make_tuple(k, v);
         }
-        // Also the caches' fetch, rows [0, fetch) of every array (views),
-        // built here: six Python slices cost more than the write itself.
-        auto views = translate_errors([&] { return mlxq::prefix_views(out, fetch, s); });
-        return nb::make_tuple(k, v, nb::make_tuple(views[0], views[1], views[2]),
-                              nb::make_tuple(views[3], views[4], views[5]));
+        // Also the caches' fetch, rows [0, fetch) of every array, as views
+        // that the same primitive outputs: six Python slices cost more than
+        // the write itself.
+        return nb::make_tuple(k, v, nb::make_tuple(out[6], out[7], out[8]),
+                              nb::make_tuple(out[9], out[10], out[11]));
       },
       "k_packed"_a,
       "k_scales"_a,

@@ -190,6 +190,7 @@ std::vector<mx::array> quantized_kv_update(
     const Position& pos,
     int group_size,
     int bits,
+    int fetch,
     mx::StreamOrDevice s) {
   constexpr const char* op = "mlxq.quantized_kv_update";
   check_quantization(op, group_size, bits);
@@ -205,48 +206,76 @@ std::vector<mx::array> quantized_kv_update(
            " must agree on [B, H, S] and [B, H, T].");
     }
   }
+  const int S = k_triple[0].shape(2);
+  if (fetch < -1 || fetch > S) {
+    fail(op, "fetch rows [0, ", fetch, ") do not fit the buffers' ", S, " rows.");
+  }
   auto p = position_input(op, pos, s);
-  std::vector<mx::Shape> shapes;
-  std::vector<mx::Dtype> dtypes;
   std::vector<mx::array> inputs;
   for (const auto* t : {&k_triple, &v_triple}) {
-    for (const auto& a : *t) {
-      shapes.push_back(a.shape());
-      dtypes.push_back(a.dtype());
-      inputs.push_back(a);
-    }
+    inputs.insert(inputs.end(), t->begin(), t->end());
   }
   inputs.push_back(k_update);
   inputs.push_back(v_update);
   inputs.push_back(p);
-  return mx::array::make_arrays(
-      std::move(shapes), dtypes,
-      std::make_shared<QuantizedKVUpdate>(
-          mx::to_stream(s), group_size, bits,
-          std::holds_alternative<int>(pos) ? std::get<int>(pos) : -1),
-      inputs);
+  // A fetch of every row is the buffers themselves.
+  const int views = fetch >= 0 && fetch < S ? fetch : -1;
+  auto primitive = std::make_shared<QuantizedKVUpdate>(
+      mx::to_stream(s), group_size, bits,
+      std::holds_alternative<int>(pos) ? std::get<int>(pos) : -1, views);
+  std::vector<mx::Dtype> dtypes;
+  for (int i = 0; i < (views >= 0 ? 12 : 6); ++i) {
+    dtypes.push_back(inputs[i % 6].dtype());
+  }
+  auto out = mx::array::make_arrays(primitive->output_shapes(inputs), dtypes, primitive, inputs);
+  if (fetch == S) {
+    for (int i = 0; i < 6; ++i) {
+      out.push_back(mx::array(out[i])); // copy first: push_back may reallocate
+    }
+  }
+  return out;
 }
 
-std::vector<mx::array> prefix_views(
-    const std::vector<mx::array>& arrays, int stop, mx::StreamOrDevice s) {
-  std::vector<mx::array> views;
-  views.reserve(arrays.size());
-  for (const auto& a : arrays) {
-    if (a.ndim() != 4 || stop < 0 || stop > a.shape(2)) {
-      fail("mlxq.prefix_views", "rows [0, ", stop, ") do not fit shape ", shape_str(a.shape()), ".");
-    }
-    if (stop == a.shape(2)) {
-      views.push_back(a);
-      continue;
-    }
-    auto end = a.shape();
-    end[2] = stop;
-    views.push_back(mx::slice(a, mx::Shape{0, 0, 0, 0}, end, s));
+std::vector<mx::Shape> QuantizedKVUpdate::output_shapes(const std::vector<mx::array>& inputs) {
+  std::vector<mx::Shape> shapes;
+  for (int i = 0; i < 6; ++i) {
+    shapes.push_back(inputs[i].shape());
   }
-  return views;
+  for (int i = 0; fetch_ >= 0 && i < 6; ++i) {
+    auto view = inputs[i].shape();
+    view[2] = fetch_;
+    shapes.push_back(view);
+  }
+  return shapes;
 }
 
 namespace detail {
+
+void set_prefix_views(std::vector<mx::array>& outputs) {
+  for (size_t i = 6; i < outputs.size(); ++i) {
+    const mx::array& full = outputs[i - 6];
+    mx::array& view = outputs[i];
+    const auto& st = full.strides();
+    // The span from the first element to one past the last (0 when empty).
+    int64_t end = view.size() == 0 ? 0 : 1;
+    bool row = true;
+    int64_t dense = 1;
+    int wide_dims = 0;
+    for (int d = 3; d >= 0; --d) {
+      if (view.shape(d) > 1) {
+        end += int64_t(view.shape(d) - 1) * st[d];
+        row = row && st[d] == dense;
+        ++wide_dims;
+      }
+      dense *= view.shape(d);
+    }
+    auto flags = full.flags();
+    flags.row_contiguous = row;
+    flags.col_contiguous = row && wide_dims <= 1;
+    flags.contiguous = size_t(end) == view.size();
+    view.copy_shared_buffer(full, st, flags, size_t(end));
+  }
+}
 
 bool can_update_in_place(const mx::array& buffer, bool owned) {
   return (owned || buffer.is_donatable()) && buffer.flags().row_contiguous &&
@@ -269,7 +298,8 @@ int take_ring_copies() {
 
 bool QuantizedKVUpdate::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedKVUpdate&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_ && static_pos_ == o.static_pos_;
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && static_pos_ == o.static_pos_ &&
+      fetch_ == o.fetch_;
 }
 
 bool QuantizedRingUpdate::is_equivalent(const mx::Primitive& other) const {

@@ -115,8 +115,16 @@ class QuantizedKVUpdate : public mx::Primitive {
   // `static_pos` >= 0: the write position, known when the op was built (a
   // Python int); the kernels then take it as an argument instead of reading
   // the pos input, which on CUDA lives in host-mapped memory. -1: read pos.
-  QuantizedKVUpdate(mx::Stream stream, int group_size, int bits, int static_pos = -1)
-      : mx::Primitive(stream), group_size_(group_size), bits_(bits), static_pos_(static_pos) {}
+  // `fetch` in [0, S): six more outputs, rows [0, fetch) of the six buffers
+  // as views (a cache's fetch, without six Slice primitives per layer to
+  // build and evaluate). -1: none.
+  QuantizedKVUpdate(mx::Stream stream, int group_size, int bits, int static_pos = -1,
+                    int fetch = -1)
+      : mx::Primitive(stream),
+        group_size_(group_size),
+        bits_(bits),
+        static_pos_(static_pos),
+        fetch_(fetch) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -125,10 +133,7 @@ class QuantizedKVUpdate : public mx::Primitive {
     return "QuantizedKVUpdate";
   }
   bool is_equivalent(const mx::Primitive& other) const override;
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape(), inputs[1].shape(), inputs[2].shape(),
-            inputs[3].shape(), inputs[4].shape(), inputs[5].shape()};
-  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
   int group_size() const {
     return group_size_;
   }
@@ -138,15 +143,23 @@ class QuantizedKVUpdate : public mx::Primitive {
   int static_pos() const {
     return static_pos_;
   }
+  int fetch() const {
+    return fetch_;
+  }
 
  private:
   int group_size_;
   int bits_;
   int static_pos_;
+  int fetch_;
 };
 
 // Shared by the backends' eval functions.
 namespace detail {
+
+// QuantizedKVUpdate's fetch outputs (6..11), once the six buffers (0..5)
+// have their data: views of rows [0, fetch), as mx::slice would make them.
+void set_prefix_views(std::vector<mx::array>& outputs);
 
 // True when `buffer`'s memory may become the output's and is row-contiguous
 // with no gaps, so only new rows are written. Not owned: only when MLX says
@@ -179,13 +192,10 @@ std::vector<mx::array> quantized_ring_update(
     int bits,
     mx::StreamOrDevice s = {});
 
-// Rows [0, stop) of each 4-D array (sequence axis 2), as views.
-std::vector<mx::array> prefix_views(
-    const std::vector<mx::array>& arrays, int stop, mx::StreamOrDevice s = {});
-
 // Quantizes and writes one step's K and V rows into a cache's two triples
 // (one QuantizedKVUpdate); returns K packed, scales, biases, V packed,
-// scales, biases.
+// scales, biases, then (fetch >= 0) the same six arrays' rows [0, fetch) as
+// views.
 std::vector<mx::array> quantized_kv_update(
     const std::vector<mx::array>& k_triple,
     const std::vector<mx::array>& v_triple,
@@ -194,6 +204,7 @@ std::vector<mx::array> quantized_kv_update(
     const Position& pos,
     int group_size,
     int bits,
+    int fetch = -1,
     mx::StreamOrDevice s = {});
 
 } // namespace mlxq

@@ -283,3 +283,33 @@ def test_quantized_ring_update_rejects_bad_input():
             fn()
     with pytest.raises(ValueError, match=r"buffer must be a \(packed, scales, biases\) triple"):
         mlxq.quantized_ring_update((p, s), upd, 0, group_size=32, bits=4)
+
+
+@pytest.mark.parametrize("fetch", [-1, 0, 1, 5, 9])
+def test_quantized_kv_update_writes_both_triples_and_fetches_views(fetch):
+    """The caches' one-launch write: K and V rows quantized into both triples
+    exactly as quantized_ring_update does, and (fetch >= 0) rows [0, fetch)
+    of all six arrays as views that the same primitive outputs."""
+    B, H, S, D, T, pos, gs, bits = 2, 3, 9, 64, 2, 4, 32, 4
+    k_buf = tuple(mx.array(a) for a in mx.quantize(mx.random.normal((B, H, S, D)), group_size=gs, bits=bits))
+    v_buf = tuple(mx.array(a) for a in mx.quantize(mx.random.normal((B, H, S, D)), group_size=gs, bits=bits))
+    k_new, v_new = mx.random.normal((B, H, T, D)), mx.random.normal((B, H, T, D))
+    mx.eval(k_buf, v_buf, k_new, v_new)
+    want_k = mlxq.quantized_ring_update(k_buf, k_new, pos, group_size=gs, bits=bits)
+    want_v = mlxq.quantized_ring_update(v_buf, v_new, pos, group_size=gs, bits=bits)
+    mx.eval(want_k, want_v)
+    out = mlxq._ext.quantized_kv_update(*k_buf, *v_buf, k_new, v_new, pos,
+                                        group_size=gs, bits=bits, fetch=fetch)
+    assert len(out) == (2 if fetch < 0 else 4)
+    for got, want in zip(out[0] + out[1], want_k + want_v):
+        np.testing.assert_array_equal(np_of(got), np_of(want))
+    if fetch < 0:
+        return
+    for view, want in zip(out[2] + out[3], want_k + want_v):
+        assert view.shape == want.shape[:2] + (fetch,) + want.shape[3:]
+        np.testing.assert_array_equal(np_of(view), np_of(want)[:, :, :fetch])
+        # A view computes like the slice it stands for (strided reads).
+        np.testing.assert_array_equal(np_of(view + 0), np_of(want[:, :, :fetch] + 0))
+    with pytest.raises(ValueError, match=r"fetch rows \[0, 10\) do not fit the buffers' 9 rows"):
+        mlxq._ext.quantized_kv_update(*k_buf, *v_buf, k_new, v_new, pos,
+                                      group_size=gs, bits=bits, fetch=10)

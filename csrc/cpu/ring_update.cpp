@@ -212,19 +212,20 @@ void QuantizedKVUpdate::eval_cpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
   // inputs: K packed, scales, biases, V packed, scales, biases, K update,
-  // V update, pos; outputs: the six buffers.
+  // V update, pos; outputs: the six buffers (then their fetch views).
   std::vector<bool> copy(6);
   for (int i = 0; i < 6; ++i) {
     copy[i] = take_or_allocate(inputs[i], outputs[i], /*owned=*/true);
   }
+  detail::set_prefix_views(outputs);
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) {
     enc.set_input_array(a);
   }
   std::vector<mx::array> outs;
-  for (auto& o : outputs) {
-    enc.set_output_array(o);
-    outs.push_back(mx::array::unsafe_weak_copy(o));
+  for (int i = 0; i < 6; ++i) {
+    enc.set_output_array(outputs[i]);
+    outs.push_back(mx::array::unsafe_weak_copy(outputs[i]));
   }
   enc.dispatch([inputs, outs = std::move(outs), copy, gs = group_size_, bits = bits_]() mutable {
     for (int i = 0; i < 6; ++i) {

@@ -100,11 +100,12 @@ void QuantizedKVUpdate::eval_gpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
   // inputs: K packed, scales, biases, V packed, scales, biases, K update,
-  // V update, pos; outputs: the six buffers.
+  // V update, pos; outputs: the six buffers (then their fetch views).
   auto& enc = mx::cu::get_command_encoder(stream());
   for (int i = 0; i < 6; ++i) {
     take_or_copy(inputs[i], outputs[i], enc, /*owned=*/true);
   }
+  detail::set_prefix_views(outputs);
   const auto& k_update = inputs[6];
   const auto& pos = inputs[8];
   QuantKVArgs q{};

@@ -113,12 +113,13 @@ void QuantizedKVUpdate::eval_gpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
   // inputs: K packed, scales, biases, V packed, scales, biases, K update,
-  // V update, pos; outputs: the six buffers. One dispatch per side writes
-  // its three arrays (MLXQ_PART_ALL).
+  // V update, pos; outputs: the six buffers (then their fetch views). One
+  // dispatch per side writes its three arrays (MLXQ_PART_ALL).
   auto& s = stream();
   for (int i = 0; i < 6; ++i) {
     take_or_copy(inputs[i], outputs[i], s, /*owned=*/true);
   }
+  detail::set_prefix_views(outputs);
   for (int kv = 0; kv < 2; ++kv) {
     dispatch_quantized_rows(s, inputs[6 + kv], inputs[8], outputs[3 * kv],
                             outputs[3 * kv + 1], outputs[3 * kv + 2], MLXQ_PART_ALL,
