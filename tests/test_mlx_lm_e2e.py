@@ -294,10 +294,14 @@ def test_generate_step_quantizes_from_the_first_chunk(arch):
     layers = len(model.layers)
     with mlxq_lm.enabled():
         mlxq_lm.reset_counters()
+        mlxq._ext._take_ring_copies()
         out = [t for t, _ in lm_generate.generate_step(
             prompt, model, max_tokens=4, kv_bits=4, kv_group_size=GROUP,
             quantized_kv_start=0, prefill_step_size=32)]
         first = mlxq_lm.counters()
+        # mlx-lm reads every cache's state after each chunk to evaluate it;
+        # the caches are generate_step's own, so the writes stay in place.
+        copies = mlxq._ext._take_ring_copies()
         mlxq_lm.reset_counters()
         list(lm_generate.generate_step(
             prompt, model, max_tokens=4, kv_bits=4, kv_group_size=GROUP,
@@ -307,6 +311,7 @@ def test_generate_step_quantizes_from_the_first_chunk(arch):
     # 99 prompt tokens in 4 chunks, then the last prompt token's step and 4
     # more (generate_step computes one token ahead of what it yields).
     assert first == {"mlxq": layers * (4 + 5)}, first
+    assert copies == 0, f"{copies} cache writes copied their buffers"
     # Quantized once the offset reaches 64: chunks 1-2 (offsets 0, 32) on bf16.
     assert later.get("mlx_lm", 0) == 2 * layers and later["mlxq"] == 7 * layers, later
 

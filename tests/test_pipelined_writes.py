@@ -157,3 +157,27 @@ def test_copies_and_states_never_change_under_their_holder(device, kind):
         mx.eval(b.update_and_fetch(r, r))
     for x, y in zip(flat(a.keys) + flat(a.values), flat(b.keys) + flat(b.values)):
         np.testing.assert_array_equal(x, y)
+
+
+def test_private_cache_state_reads_keep_writes_in_place(device):
+    """A cache only one mlxq-driven loop sees (the ones mlxq's generate_step
+    makes: mlx-lm reads their state after each prefill chunk just to
+    evaluate it) keeps its buffers on a state read; any other cache copies
+    at the next write while the state is held. Its copies are not private."""
+    import copy
+
+    def after_state_read(private):
+        cache = _prefilled("quantized", 100)
+        x = mx.random.normal((1, H, 1, D)).astype(mx.bfloat16)
+        mx.eval(cache.update_and_fetch(x, x))
+        cache._private = private
+        held = cache.state  # still held at the next write
+        mlxq._ext._take_ring_copies()
+        mx.eval(cache.update_and_fetch(x, x))
+        del held
+        return cache, mlxq._ext._take_ring_copies()
+
+    assert after_state_read(False)[1] == 6  # three arrays each of K and V
+    private, copies = after_state_read(True)
+    assert copies == 0
+    assert not copy.deepcopy(private)._private and not private._private

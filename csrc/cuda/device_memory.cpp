@@ -14,7 +14,9 @@
 //   allocation measured ~10 us of host time each;
 // - behind it, a stream-ordered driver pool per GPU for cache misses (so
 //   that MLX may hand a block back with cudaFreeAsync when it moves one to
-//   managed memory for a host read).
+//   managed memory for a host read). Besides kernel outputs it holds the
+//   copies a cache makes of buffers it no longer owns alone (which the cache
+//   then writes in place).
 //
 // A block returns to the cache only once its array is gone, which allocate()
 // delays until the evaluation's work has completed: a cached block is idle
@@ -93,10 +95,9 @@ Device& device_state(int device) {
     props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
     props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     props.location.id = device;
+    // The pool's default release threshold (0): what the host-side cache
+    // does not keep goes back to the driver at the next synchronization.
     check(cuMemPoolCreate(&d.pool, &props), "cuMemPoolCreate");
-    cuuint64_t keep = ~cuuint64_t(0); // no trimming at every sync
-    check(cuMemPoolSetAttribute(d.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep),
-          "cuMemPoolSetAttribute");
     check(cuCtxPushCurrent(d.context), "cuCtxPushCurrent");
     const CUresult made = cuStreamCreate(&d.free_stream, CU_STREAM_NON_BLOCKING);
     CUcontext popped;

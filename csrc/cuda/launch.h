@@ -27,8 +27,8 @@ int max_smem_per_block();
 // donatable.
 void allocate(mx::array& a, mx::cu::CommandEncoder& enc);
 
-// Allocates from MLX's allocator: for buffers a cache keeps and later
-// updates in place when they are donatable (ring writes' copies).
+// Allocates from MLX's allocator: for ring writes' copies that are not a
+// cache's own, which MLX may later donate back to a write in place.
 void allocate_cached(mx::array& a);
 
 // Fills a fresh output with NaN (floats) or 0xFF bytes when the test hook

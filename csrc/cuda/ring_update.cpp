@@ -22,7 +22,14 @@ void take_or_copy(const mx::array& in, mx::array& out, mx::cu::CommandEncoder& e
     return;
   }
   detail::note_ring_copy();
-  allocate_cached(out);
+  // A cache's copy (owned) stays the cache's and is written in place from
+  // then on: device memory of mlxq's pool. Otherwise MLX's allocator, whose
+  // buffers MLX may donate back to the next ring write.
+  if (owned) {
+    allocate(out, enc);
+  } else {
+    allocate_cached(out);
+  }
   poison(out, enc);
   if (in.size() == 0) {
     return;

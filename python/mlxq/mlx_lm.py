@@ -48,6 +48,7 @@ import mlx.core as mx
 
 from .attention import is_quantized, quantized_sdpa
 from .cache import KVCache, RotatingKVCache, RotatingQuantizedKVCache
+from .cache.base import BaseCache
 from .cache._store import BITS, GROUP_SIZES
 
 _lock = threading.RLock()
@@ -223,6 +224,11 @@ def generate_step(prompt, model, *args, prompt_cache=None, max_kv_size=None,
     if prompt_cache is None and kv_bits is not None:
         prompt_cache = make_prompt_cache(model, max_kv_size=max_kv_size)
         maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size, kv_bits)
+        # Nobody else sees these caches: mlx-lm reads their state after each
+        # prefill chunk only to evaluate it, so the writes may stay in place.
+        for c in prompt_cache:
+            if isinstance(c, BaseCache):
+                c._private = True
     return _originals["generate_step"](
         prompt, model, *args, prompt_cache=prompt_cache, max_kv_size=max_kv_size,
         kv_bits=kv_bits, kv_group_size=kv_group_size,

@@ -53,6 +53,12 @@ class BaseCache:
     # (shapes, dtypes) of the last update _check_update passed, while the
     # buffers stay ours (see _check_update).
     _checked = None
+    # True for a cache that nobody outside one mlxq-driven loop sees (the
+    # caches mlxq.mlx_lm's generate_step makes for mlx-lm): that loop reads
+    # ``state`` only to evaluate it, so reading it keeps the buffers ours and
+    # the next write stays in place (a copy of the whole cache per prefill
+    # chunk otherwise). Copies of such a cache are not private.
+    _private = False
 
     def _where(self, method: str) -> str:
         return f"mlxq.{type(self).__name__}.{method}"
@@ -65,8 +71,10 @@ class BaseCache:
     def state(self):
         # Handed out, the buffers are no longer the cache's alone: the next
         # write updates them in place only if MLX says nobody else holds them
-        # (else it copies first), so a kept state never changes under its holder.
-        self._owned = False
+        # (else it copies first), so a kept state never changes under its
+        # holder. A private cache (see _private) keeps them.
+        if not self._private:
+            self._owned = False
         return (self.keys, self.values) + tuple(getattr(self, n) for n in self._SCALARS)
 
     @state.setter
@@ -106,6 +114,7 @@ class BaseCache:
         other = type(self).__new__(type(self))
         other.__dict__.update(self.__dict__)
         self._owned = other._owned = False
+        self._private = other._private = False
         return other
 
     def __deepcopy__(self, memo):
