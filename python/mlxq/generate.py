@@ -177,6 +177,9 @@ def main(argv=None) -> int:
                 model, args.max_kv_size,
                 **({"kv_bits": args.kv_bits, "kv_group_size": args.kv_group_size}
                    if at_start else {}))
+        # This run alone holds its cache (made or loaded here): its state reads
+        # are mlx-lm's evaluations, which may leave the writes in place.
+        mlxq_lm.mark_private(prompt_cache)
         sampler = make_sampler(args.temp, args.top_p, args.min_p, top_k=args.top_k)
         backend = "stock mlx-lm" if args.no_mlxq else "mlx-lm + mlxq"
         kv = f"{args.kv_bits}-bit KV (group {args.kv_group_size})" if args.kv_bits else "bf16 KV"

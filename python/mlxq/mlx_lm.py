@@ -184,6 +184,8 @@ def maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size, kv_
         if hasattr(c, "bits"):  # already quantized: kept, as mlx-lm keeps its own
             continue
         quantized = _to_mlxq_quantized(c, kv_group_size, kv_bits)
+        if quantized is not None and getattr(c, "_private", False):
+            quantized._private = True  # it replaces c in the same loop
         prompt_cache[i] = (
             quantized if quantized is not None
             else c.to_quantized(group_size=kv_group_size, bits=kv_bits)
@@ -205,6 +207,16 @@ def make_prompt_cache(model, max_kv_size: Optional[int] = None, *,
     return cache
 
 
+def mark_private(prompt_cache) -> None:
+    """Marks mlxq's caches in ``prompt_cache`` as seen by one generation loop
+    only: mlx-lm reads their state after each prefill chunk just to evaluate
+    it, so their writes may stay in place (see ``BaseCache._private``). For
+    caches nobody else holds, such as the ones a loop makes for itself."""
+    for c in prompt_cache:
+        if isinstance(c, BaseCache):
+            c._private = True
+
+
 def generate_step(prompt, model, *args, prompt_cache=None, max_kv_size=None,
                   kv_bits=None, kv_group_size=64, quantized_kv_start=None, **kwargs):
     """mlx-lm's ``generate_step``, with the cache quantized before the first chunk.
@@ -224,11 +236,7 @@ def generate_step(prompt, model, *args, prompt_cache=None, max_kv_size=None,
     if prompt_cache is None and kv_bits is not None:
         prompt_cache = make_prompt_cache(model, max_kv_size=max_kv_size)
         maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size, kv_bits)
-        # Nobody else sees these caches: mlx-lm reads their state after each
-        # prefill chunk only to evaluate it, so the writes may stay in place.
-        for c in prompt_cache:
-            if isinstance(c, BaseCache):
-                c._private = True
+        mark_private(prompt_cache)
     return _originals["generate_step"](
         prompt, model, *args, prompt_cache=prompt_cache, max_kv_size=max_kv_size,
         kv_bits=kv_bits, kv_group_size=kv_group_size,
