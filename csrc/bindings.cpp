@@ -8,6 +8,7 @@
 
 #include "debug.h"
 #include "metal/dispatch_bindings.h"
+#include "quantization.h"
 #include "quantized_sdpa.h"
 #include "ring_update.h"
 
@@ -46,6 +47,15 @@ auto guarded(R (*f)(Args...)) {
 NB_MODULE(_ext, m) {
   m.doc() = "mlxq's C++ primitives (use the mlxq package, not this module).";
   m.attr("mlx_version") = MLXQ_MLX_VERSION;
+  nb::list bits, group_sizes;
+  for (int b : mlxq::kSupportedBits) {
+    bits.append(b);
+  }
+  for (int g : mlxq::kSupportedGroupSizes) {
+    group_sizes.append(g);
+  }
+  m.attr("SUPPORTED_BITS") = nb::tuple(bits);
+  m.attr("SUPPORTED_GROUP_SIZES") = nb::tuple(group_sizes);
 
   m.def(
       "quantized_sdpa",

@@ -8,25 +8,42 @@
 // and dequantizes as scale * code + bias per group.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <string>
 
 namespace mlxq {
 
+// The options every mlxq kernel supports (Python reads them from the
+// extension: mlxq.quantization).
+constexpr std::array<int, 6> kSupportedBits{2, 3, 4, 5, 6, 8};
+constexpr std::array<int, 3> kSupportedGroupSizes{32, 64, 128};
+
 inline bool is_supported_bits(int bits) {
-  return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 ||
-      bits == 8;
+  return std::find(kSupportedBits.begin(), kSupportedBits.end(), bits) != kSupportedBits.end();
 }
 
 inline bool is_supported_group_size(int group_size) {
-  return group_size == 32 || group_size == 64 || group_size == 128;
+  return std::find(kSupportedGroupSizes.begin(), kSupportedGroupSizes.end(), group_size) !=
+      kSupportedGroupSizes.end();
 }
 
-inline const char* supported_bits_text() {
-  return "2, 3, 4, 5, 6 or 8";
+// "2, 3, 4, 5, 6 or 8": a list of options for error messages.
+template <size_t N>
+std::string options_text(const std::array<int, N>& options) {
+  std::string text;
+  for (size_t i = 0; i < N; ++i) {
+    text += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::to_string(options[i]);
+  }
+  return text;
 }
 
-inline const char* supported_group_sizes_text() {
-  return "32, 64 or 128";
+inline std::string supported_bits_text() {
+  return options_text(kSupportedBits);
+}
+
+inline std::string supported_group_sizes_text() {
+  return options_text(kSupportedGroupSizes);
 }
 
 // The largest head dimension the kernels accept (the size of their per-row

@@ -4,6 +4,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import mlx.core as mx
 
 mlx_version: str
+SUPPORTED_BITS: Tuple[int, ...]
+SUPPORTED_GROUP_SIZES: Tuple[int, ...]
 
 def quantized_sdpa(
     q: mx.array,
@@ -56,9 +58,15 @@ def quantized_kv_update(
     *,
     group_size: int,
     bits: int,
+    fetch: int = -1,
     stream: Union[None, mx.Stream, mx.Device] = None,
-) -> Tuple[Tuple[mx.array, mx.array, mx.array], Tuple[mx.array, mx.array, mx.array]]: ...
+) -> Tuple[Tuple[mx.array, ...], ...]:
+    """(K triple, V triple), then with fetch >= 0 also their rows [0, fetch) as views."""
 def _take_ring_copies() -> int: ...
+def _take_last_sdpa_kernel() -> str: ...
+def _set_poison_outputs(enabled: bool) -> None: ...
+def _device_memory() -> Tuple[int, int]:
+    """(active, peak) bytes of mlxq's own CUDA pool; the peak restarts from active."""
 def _install_crash_backtrace() -> None: ...
 
 # Test hooks: the Metal host code's grid arithmetic, for the emulator tests.

@@ -49,7 +49,7 @@ import mlx.core as mx
 from .attention import is_quantized, quantized_sdpa
 from .cache import KVCache, RotatingKVCache, RotatingQuantizedKVCache
 from .cache.base import BaseCache
-from .cache._store import BITS, GROUP_SIZES
+from .quantization import BITS, GROUP_SIZES
 
 _lock = threading.RLock()
 # (object, attribute, had it, previous value) for every change, in order.
@@ -250,15 +250,16 @@ def _mlx_lm_modules():
             if m is not None and (name == "mlx_lm" or name.startswith("mlx_lm."))]
 
 
-def _ours() -> Dict[str, Any]:
-    """mlx-lm's name -> mlxq's replacement, for every function enable() patches."""
-    return {
-        "scaled_dot_product_attention": scaled_dot_product_attention,
-        "quantized_scaled_dot_product_attention": quantized_scaled_dot_product_attention,
-        "make_prompt_cache": make_prompt_cache,
-        "maybe_quantize_kv_cache": maybe_quantize_kv_cache,
-        "generate_step": generate_step,
-    }
+# Every mlx-lm function enable() replaces: the module that defines it, its
+# name, and mlxq's replacement.
+_PATCHED = (
+    ("mlx_lm.models.base", "scaled_dot_product_attention", scaled_dot_product_attention),
+    ("mlx_lm.models.base", "quantized_scaled_dot_product_attention",
+     quantized_scaled_dot_product_attention),
+    ("mlx_lm.models.cache", "make_prompt_cache", make_prompt_cache),
+    ("mlx_lm.generate", "maybe_quantize_kv_cache", maybe_quantize_kv_cache),
+    ("mlx_lm.generate", "generate_step", generate_step),
+)
 
 
 def _set(obj, name: str, value) -> None:
@@ -293,21 +294,14 @@ def enable() -> _Handle:
     with _lock:
         if _patches is not None:
             return _Handle(owns=False)
-        # (the package's `generate` attribute is the function, not the module)
-        lm_generate = importlib.import_module("mlx_lm.generate")
-        from mlx_lm.models import base as lm_base
         from mlx_lm.models import cache as lm_cache
 
-        _originals.update(
-            scaled_dot_product_attention=lm_base.scaled_dot_product_attention,
-            quantized_scaled_dot_product_attention=lm_base.quantized_scaled_dot_product_attention,
-            make_prompt_cache=lm_cache.make_prompt_cache,
-            maybe_quantize_kv_cache=lm_generate.maybe_quantize_kv_cache,
-            generate_step=lm_generate.generate_step,
-        )
-        ours = _ours()
+        # import_module, not attribute access: the mlx_lm package's
+        # `generate` attribute is the function, not the module.
+        _originals.update({name: getattr(importlib.import_module(module), name)
+                           for module, name, _ in _PATCHED})
         _replacements.clear()
-        _replacements.update({id(_originals[k]): fn for k, fn in ours.items()})
+        _replacements.update({id(_originals[name]): fn for _, name, fn in _PATCHED})
         _patches = []
         # Every name bound to an original in a loaded mlx_lm module (the
         # model modules imported `scaled_dot_product_attention` by value).
@@ -334,7 +328,7 @@ def disable() -> None:
                 setattr(obj, name, old)
             else:
                 delattr(obj, name)
-        back = {id(fn): _originals[k] for k, fn in _ours().items()}
+        back = {id(fn): _originals[name] for _, name, fn in _PATCHED}
         for module in _mlx_lm_modules():
             for name, value in list(vars(module).items()):
                 if id(value) in back and callable(value):

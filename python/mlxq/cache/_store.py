@@ -19,10 +19,8 @@ from typing import Sequence, Tuple
 import mlx.core as mx
 
 from .. import _ext
+from ..quantization import BITS, GROUP_SIZES
 from ..ring import quantized_ring_update
-
-BITS = (2, 3, 4, 5, 6, 8)
-GROUP_SIZES = (32, 64, 128)
 
 Triple = Tuple[mx.array, mx.array, mx.array]
 

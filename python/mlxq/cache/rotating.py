@@ -66,13 +66,15 @@ class _RingCache(BaseCache):
         followed by the new tokens.
         """
         if self._check_update(keys, values) == 1:
-            return self._write_one(keys, values)
-        return self._append_window(keys, values)
+            return self._update_in_place(keys, values)
+        return self._update_concat(keys, values)
 
-    def _drop(self, v, n: int, append=None):
-        """``v`` without the ``n`` rows after the kept prefix, ``append`` added."""
+    def _trim(self, trim_size: int, v, append=None):
+        """``v`` without the ``trim_size`` rows after the kept prefix, ``append``
+        added (mlx-lm's ``RotatingKVCache._trim``)."""
         rows = self._store.rows
-        parts = [rows(v, stop=self.keep), rows(v, start=n + self.keep)] if n > 0 else [v]
+        parts = ([rows(v, stop=self.keep), rows(v, start=trim_size + self.keep)]
+                 if trim_size > 0 else [v])
         if append is not None:
             parts.append(append)
         return self._store.concat(parts)
@@ -88,7 +90,7 @@ class _RingCache(BaseCache):
             )
         return rows(v, stop=idx)
 
-    def _append_window(self, keys, values):
+    def _update_concat(self, keys, values):
         store = self._store
         new_k, new_v = store.encode(keys), store.encode(values)
         if self.keys is None:
@@ -97,14 +99,14 @@ class _RingCache(BaseCache):
             old_k = self._temporal_order(self.keys)
             old_v = self._temporal_order(self.values)
             excess = store.length(old_k) - self.max_size + 1
-            self.keys = self._drop(old_k, excess, new_k)
-            self.values = self._drop(old_v, excess, new_v)
+            self.keys = self._trim(excess, old_k, new_k)
+            self.values = self._trim(excess, old_v, new_v)
         self._owned = True  # fresh buffers (quantized or concatenated here)
         self.offset += keys.shape[2]
         self._idx = store.length(self.keys)
         return self.keys, self.values
 
-    def _write_one(self, keys, values):
+    def _update_in_place(self, keys, values):
         store, prev = self._store, self.offset
         length = 0 if self.keys is None else store.length(self.keys)
         if self.keys is None or (prev >= length and length < self.max_size):
@@ -119,8 +121,8 @@ class _RingCache(BaseCache):
             self._idx = prev
         excess = store.length(self.keys) - self.max_size
         if excess > 0:  # after a multi-token step: back to max_size rows
-            self.keys = self._drop(self.keys, excess)
-            self.values = self._drop(self.values, excess)
+            self.keys = self._trim(excess, self.keys)
+            self.values = self._trim(excess, self.values)
             self._owned = True
             self._idx = self.max_size
         if self._idx == self.max_size:
