@@ -23,10 +23,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import common  # noqa: E402
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models import cache as lm  # noqa: E402
 
-import common  # noqa: E402
 import mlxq  # noqa: E402
 
 B, H, D = 1, 8, 128
@@ -37,8 +37,10 @@ HEADROOM = 256  # free rows left in growing caches, so timed steps never grow th
 
 CACHES = {
     "kv": (lambda n: mlxq.KVCache(), lambda n: lm.KVCache()),
-    "quant": (lambda n: mlxq.QuantizedKVCache(GROUP_SIZE, BITS),
-              lambda n: lm.QuantizedKVCache(GROUP_SIZE, BITS)),
+    "quant": (
+        lambda n: mlxq.QuantizedKVCache(GROUP_SIZE, BITS),
+        lambda n: lm.QuantizedKVCache(GROUP_SIZE, BITS),
+    ),
     "rot": (lambda n: mlxq.RotatingKVCache(n), lambda n: lm.RotatingKVCache(n)),
     "rotq": (lambda n: mlxq.RotatingQuantizedKVCache(n, 0, GROUP_SIZE, BITS), None),
 }
@@ -97,14 +99,16 @@ def bench_row(name, n, args):
     drift hits both alike)."""
     rotating = name.startswith("rot")
     row = {"cache": name, "N": n, "row_kib": 2 * B * H * D * DTYPE.size / 1024}
-    caches = {who: filled(make(n), n, rotating)
-              for who, make in zip(("mlxq", "mlx_lm"), CACHES[name]) if make is not None}
+    caches = {
+        who: filled(make(n), n, rotating)
+        for who, make in zip(("mlxq", "mlx_lm"), CACHES[name])
+        if make is not None
+    }
     steps = {who: step_fn(cache) for who, cache in caches.items()}
     times = {who: [] for who in caches}
     for _ in range(args.rounds):
         for who, step in steps.items():
-            times[who] += common.time_fn(step, warmup=args.warmup,
-                                         repeats=args.repeats)["times_ms"]
+            times[who] += common.time_fn(step, warmup=args.warmup, repeats=args.repeats)["times_ms"]
     for who, cache in caches.items():
         row[f"{who}_us"] = statistics.median(times[who]) * 1e3
         row[f"{who}_min_us"] = min(times[who]) * 1e3
@@ -120,8 +124,12 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="N in {1024, 4096}, few steps")
     p.add_argument("--n", type=int, nargs="+", help=f"cache lengths (default {NS})")
-    p.add_argument("--rounds", type=int, default=5,
-                   help="alternating rounds of mlxq then mlx-lm steps (default 5)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="alternating rounds of mlxq then mlx-lm steps (default 5)",
+    )
     p.add_argument("--repeats", type=int, default=20, help="timed steps a round (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps a round (default 3)")
     p.add_argument("--seed", type=int, default=0)
@@ -131,8 +139,10 @@ def main():
     if args.quick:
         args.rounds, args.repeats = min(args.rounds, 2), min(args.repeats, 10)
     if args.rounds * (args.warmup + args.repeats) + 1 > HEADROOM:
-        p.error(f"rounds * (warmup + repeats) must stay below {HEADROOM} "
-                "(the free rows of the growing caches)")
+        p.error(
+            f"rounds * (warmup + repeats) must stay below {HEADROOM} "
+            "(the free rows of the growing caches)"
+        )
     ns = args.n or ([1024, 4096] if args.quick else NS)
     if args.out is None:
         args.out = common.results_path("caches_cpu", args.quick)
@@ -140,11 +150,15 @@ def main():
 
     info = common.machine_info()
     common.print_machine(info)
-    print(f"step    : update_and_fetch of 1 token, B={B} H={H} D={D} bfloat16, evaluated; "
-          f"median (and min) of {args.rounds} rounds x {args.repeats} steps, mlxq and "
-          f"mlx-lm alternating, {args.warmup} warm-up steps a round")
-    print(f"quant   : group size {GROUP_SIZE}, {BITS} bits; rotating caches are full rings "
-          "(max_size = N), growing ones have free rows")
+    print(
+        f"step    : update_and_fetch of 1 token, B={B} H={H} D={D} bfloat16, evaluated; "
+        f"median (and min) of {args.rounds} rounds x {args.repeats} steps, mlxq and "
+        f"mlx-lm alternating, {args.warmup} warm-up steps a round"
+    )
+    print(
+        f"quant   : group size {GROUP_SIZE}, {BITS} bits; rotating caches are full rings "
+        "(max_size = N), growing ones have free rows"
+    )
     print("peak    : peak-memory delta of one step (a copy of the buffer would be ~cache MiB)")
     print()
 
@@ -157,19 +171,30 @@ def main():
             out_rows.append(row)
             table.row(row)
 
-    common.save_json(args.out, {
-        "benchmark": "caches",
-        "machine": info,
-        "mlx_version": info["mlx_version"],
-        "date": info["date"],
-        "settings": {
-            "B": B, "H": H, "D": D, "dtype": "bfloat16", "group_size": GROUP_SIZE,
-            "bits": BITS, "N": ns, "rounds": args.rounds, "repeats": args.repeats,
-            "warmup": args.warmup,
-            "seed": args.seed, "quick": args.quick,
+    common.save_json(
+        args.out,
+        {
+            "benchmark": "caches",
+            "machine": info,
+            "mlx_version": info["mlx_version"],
+            "date": info["date"],
+            "settings": {
+                "B": B,
+                "H": H,
+                "D": D,
+                "dtype": "bfloat16",
+                "group_size": GROUP_SIZE,
+                "bits": BITS,
+                "N": ns,
+                "rounds": args.rounds,
+                "repeats": args.repeats,
+                "warmup": args.warmup,
+                "seed": args.seed,
+                "quick": args.quick,
+            },
+            "rows": out_rows,
         },
-        "rows": out_rows,
-    })
+    )
 
 
 if __name__ == "__main__":

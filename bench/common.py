@@ -42,8 +42,11 @@ def cpu_model():
 def git_commit():
     try:
         out = subprocess.run(
-            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-            cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10,
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+            timeout=10,
         )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
@@ -70,8 +73,10 @@ def machine_info():
 def print_machine(info):
     print(f"machine : {info['cpu']} ({info['cpu_count']} cores), {info['platform']}")
     print(f"mlx     : {info['mlx_version']} on {info['mlx_device']}")
-    print(f"mlxq    : {info['mlxq_threads']} threads ({info['mlxq_threads_source']}), "
-          f"commit {info['git_commit']}")
+    print(
+        f"mlxq    : {info['mlxq_threads']} threads ({info['mlxq_threads_source']}), "
+        f"commit {info['git_commit']}"
+    )
     print(f"date    : {info['date']}")
 
 
@@ -98,8 +103,11 @@ class Table:
 
 def results_path(name, quick=False):
     """Default JSON path: bench/results/<name>.json (<name>_quick.json for --quick)."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                        f"{name}{'_quick' if quick else ''}.json")
+    return os.path.join(
+        os.path.dirname(os.path.abspath(__file__)),
+        "results",
+        f"{name}{'_quick' if quick else ''}.json",
+    )
 
 
 def save_json(path, payload, quiet=False):

@@ -21,9 +21,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import common  # noqa: E402
 import mlx.core as mx  # noqa: E402
 
-import common  # noqa: E402
 import mlxq  # noqa: E402
 
 SHAPES = [(32, 8, 128), (16, 8, 256)]  # (Hq, Hkv, D)
@@ -54,17 +54,21 @@ def composition():
         def comp(q, k, v, scale, bits):
             # mlx-lm scales its queries in place (`queries *= scale`), which
             # overwrites the caller's array: hand it a fresh one every call.
-            return f(mx.array(q), k, v, scale=scale, mask=None,
-                     group_size=GROUP_SIZE, bits=bits)
+            return f(mx.array(q), k, v, scale=scale, mask=None, group_size=GROUP_SIZE, bits=bits)
 
         import mlx_lm
 
-        return comp, f"mlx_lm.models.base.quantized_scaled_dot_product_attention " \
-                     f"(mlx-lm {getattr(mlx_lm, '__version__', '?')})"
+        return (
+            comp,
+            f"mlx_lm.models.base.quantized_scaled_dot_product_attention "
+            f"(mlx-lm {getattr(mlx_lm, '__version__', '?')})",
+        )
     except Exception:  # not installed, or broken (missing deps)
+
         def comp(q, k, v, scale, bits):
-            return mlxq.reference.quantized_sdpa(q, k, v, scale=scale,
-                                                 group_size=GROUP_SIZE, bits=bits)
+            return mlxq.reference.quantized_sdpa(
+                q, k, v, scale=scale, group_size=GROUP_SIZE, bits=bits
+            )
 
         return comp, "mlxq.reference.quantized_sdpa"
 
@@ -75,7 +79,7 @@ def nbytes(arrays):
 
 def bench_row(Hq, Hkv, D, N, bits, comp, args):
     B, L = 1, 1
-    scale = D ** -0.5
+    scale = D**-0.5
     q = mx.random.normal((B, Hq, L, D)).astype(mx.bfloat16)
     k = mx.random.normal((B, Hkv, N, D)).astype(mx.bfloat16)
     v = mx.random.normal((B, Hkv, N, D)).astype(mx.bfloat16)
@@ -83,18 +87,23 @@ def bench_row(Hq, Hkv, D, N, bits, comp, args):
     vq = mx.quantize(v, group_size=GROUP_SIZE, bits=bits)
     mx.eval(q, k, v, kq, vq)
 
-    t_mlxq = common.time_fn(lambda: mlxq.sdpa(q, kq, vq, scale=scale),
-                            warmup=args.warmup, repeats=args.repeats)
+    t_mlxq = common.time_fn(
+        lambda: mlxq.sdpa(q, kq, vq, scale=scale), warmup=args.warmup, repeats=args.repeats
+    )
     t_fast = common.time_fn(
         lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale),
-        warmup=args.warmup, repeats=args.repeats)
-    t_comp = common.time_fn(lambda: comp(q, kq, vq, scale, bits),
-                            warmup=args.comp_warmup, repeats=args.comp_repeats)
+        warmup=args.warmup,
+        repeats=args.repeats,
+    )
+    t_comp = common.time_fn(
+        lambda: comp(q, kq, vq, scale, bits), warmup=args.comp_warmup, repeats=args.comp_repeats
+    )
 
     # Sanity: both quantized paths against f32 attention over the dequantized
     # cache (the composition's bf16 scores make it the less accurate of the two).
-    kd, vd = (mx.dequantize(*t, group_size=GROUP_SIZE, bits=bits).astype(mx.float32)
-              for t in (kq, vq))
+    kd, vd = (
+        mx.dequantize(*t, group_size=GROUP_SIZE, bits=bits).astype(mx.float32) for t in (kq, vq)
+    )
     ref = mx.fast.scaled_dot_product_attention(q.astype(mx.float32), kd, vd, scale=scale)
     mx.eval(ref)
     del kd, vd
@@ -111,8 +120,14 @@ def bench_row(Hq, Hkv, D, N, bits, comp, args):
     ms = t_mlxq["median_ms"]
     return {
         "shape": f"{Hq}/{Hkv}/{D}",
-        "B": B, "L": L, "Hq": Hq, "Hkv": Hkv, "D": D, "N": N,
-        "bits": bits, "group_size": GROUP_SIZE,
+        "B": B,
+        "L": L,
+        "Hq": Hq,
+        "Hkv": Hkv,
+        "D": D,
+        "N": N,
+        "bits": bits,
+        "group_size": GROUP_SIZE,
         "mlxq_ms": ms,
         "fast_bf16_ms": t_fast["median_ms"],
         "comp_ms": t_comp["median_ms"],
@@ -135,20 +150,37 @@ def bench_row(Hq, Hkv, D, N, bits, comp, args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="N in {1024, 4096}, 5 repeats (3 for the composition)")
+    p.add_argument(
+        "--quick", action="store_true", help="N in {1024, 4096}, 5 repeats (3 for the composition)"
+    )
     p.add_argument("--n", type=int, nargs="+", help=f"cache lengths (default {NS})")
-    p.add_argument("--bits", type=int, nargs="+", choices=[2, 3, 4, 5, 6, 8],
-                   help=f"quantization bits (default {BITS})")
+    p.add_argument(
+        "--bits",
+        type=int,
+        nargs="+",
+        choices=[2, 3, 4, 5, 6, 8],
+        help=f"quantization bits (default {BITS})",
+    )
     p.add_argument("--repeats", type=int, help="timed calls for mlxq and mx.fast (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
-    p.add_argument("--comp-repeats", type=int, default=3,
-                   help="timed calls for the slow composition (default 3, at least 3)")
-    p.add_argument("--comp-warmup", type=int, default=1,
-                   help="untimed composition calls first (default 1, at least 1)")
+    p.add_argument(
+        "--comp-repeats",
+        type=int,
+        default=3,
+        help="timed calls for the slow composition (default 3, at least 3)",
+    )
+    p.add_argument(
+        "--comp-warmup",
+        type=int,
+        default=1,
+        help="untimed composition calls first (default 1, at least 1)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", help="JSON output path (default bench/results/decode_cpu.json, "
-                                 "or decode_cpu_quick.json with --quick)")
+    p.add_argument(
+        "--out",
+        help="JSON output path (default bench/results/decode_cpu.json, "
+        "or decode_cpu_quick.json with --quick)",
+    )
     args = p.parse_args()
 
     if args.out is None:
@@ -166,9 +198,11 @@ def main():
     comp, comp_name = composition()
     info = common.machine_info()
     common.print_machine(info)
-    print(f"decode  : B=1 L=1, q/K/V bf16, group size {GROUP_SIZE}; "
-          f"medians of {args.repeats} (composition {args.comp_repeats}) after "
-          f"{args.warmup} ({args.comp_warmup}) warm-up calls")
+    print(
+        f"decode  : B=1 L=1, q/K/V bf16, group size {GROUP_SIZE}; "
+        f"medians of {args.repeats} (composition {args.comp_repeats}) after "
+        f"{args.warmup} ({args.comp_warmup}) warm-up calls"
+    )
     print(f"comp    : {comp_name}")
     print("GB/s    : packed codes + scales + biases of K and V, read once, / mlxq time")
     print("err     : ||out - ref|| / ||ref||, ref = f32 attention over the dequantized K/V")
@@ -185,21 +219,32 @@ def main():
                 table.row(row)
                 mx.clear_cache()
 
-    common.save_json(args.out, {
-        "benchmark": "decode",
-        "machine": info,
-        "mlx_version": info["mlx_version"],
-        "date": info["date"],
-        "composition": comp_name,
-        "settings": {
-            "B": 1, "L": 1, "dtype": "bfloat16", "group_size": GROUP_SIZE,
-            "shapes": [list(s) for s in SHAPES], "N": ns, "bits": bits_list,
-            "repeats": args.repeats, "warmup": args.warmup,
-            "comp_repeats": args.comp_repeats, "comp_warmup": args.comp_warmup,
-            "seed": args.seed, "quick": args.quick,
+    common.save_json(
+        args.out,
+        {
+            "benchmark": "decode",
+            "machine": info,
+            "mlx_version": info["mlx_version"],
+            "date": info["date"],
+            "composition": comp_name,
+            "settings": {
+                "B": 1,
+                "L": 1,
+                "dtype": "bfloat16",
+                "group_size": GROUP_SIZE,
+                "shapes": [list(s) for s in SHAPES],
+                "N": ns,
+                "bits": bits_list,
+                "repeats": args.repeats,
+                "warmup": args.warmup,
+                "comp_repeats": args.comp_repeats,
+                "comp_warmup": args.comp_warmup,
+                "seed": args.seed,
+                "quick": args.quick,
+            },
+            "rows": rows,
         },
-        "rows": rows,
-    })
+    )
 
 
 if __name__ == "__main__":

@@ -33,18 +33,29 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import mlx.core as mx  # noqa: E402
-import mlx.nn as nn  # noqa: E402
-
 import common  # noqa: E402
+import mlx.core as mx  # noqa: E402
+
 import mlxq  # noqa: E402
 import mlxq.mlx_lm as mlxq_lm  # noqa: E402
 
 SHAPES = {
-    "8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=8, intermediate_size=14336, vocab_size=128256),
-    "1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
-               num_key_value_heads=8, intermediate_size=8192, vocab_size=128256),
+    "8b": dict(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+    ),
+    "1b": dict(
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+    ),
 }
 
 
@@ -54,8 +65,9 @@ def llama(shape, layers=None):
     kw = dict(SHAPES[shape])
     if layers:
         kw["num_hidden_layers"] = layers
-    args = lm_llama.ModelArgs(model_type="llama", rms_norm_eps=1e-5, rope_theta=500000.0,
-                              tie_word_embeddings=False, **kw)
+    args = lm_llama.ModelArgs(
+        model_type="llama", rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False, **kw
+    )
     model = lm_llama.Model(args)
     model.set_dtype(mx.bfloat16)
     mx.eval(model.parameters())
@@ -69,8 +81,11 @@ def filled_caches(model, args, run, N):
     D = args.hidden_size // args.num_attention_heads
     caches = []
     for _ in model.layers:
-        c = mlxq.QuantizedKVCache(group_size=64, bits=4) if run == "mlxq-kv4" \
+        c = (
+            mlxq.QuantizedKVCache(group_size=64, bits=4)
+            if run == "mlxq-kv4"
             else lm_cache.KVCache()
+        )
         done = 0
         while done < N:
             n = min(8192, N - done)
@@ -138,22 +153,32 @@ def _mlxq_enabled(run):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", choices=sorted(SHAPES), default="8b")
     p.add_argument("--layers", type=int, help="override the layer count (quick looks)")
     p.add_argument("--contexts", type=int, nargs="+", default=[8192, 65536])
     p.add_argument("--steps", type=int, default=24)
-    p.add_argument("--rounds", type=int, default=3,
-                   help="alternating rounds of the bare loop per run (median reported)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="alternating rounds of the bare loop per run (median reported)",
+    )
     p.add_argument("--out")
     args = p.parse_args()
     info = common.machine_info()
     common.print_machine(info)
     model, margs = llama(args.model, args.layers)
-    cols = [("N", "N", "{}"), ("run", "run", "{}"), ("bare ms", "bare_ms", "{:.2f}"),
-            ("generate_step ms", "generate_ms", "{:.2f}"), ("build ms", "build_ms", "{:.2f}"),
-            ("encode ms", "encode_ms", "{:.2f}")]
+    cols = [
+        ("N", "N", "{}"),
+        ("run", "run", "{}"),
+        ("bare ms", "bare_ms", "{:.2f}"),
+        ("generate_step ms", "generate_ms", "{:.2f}"),
+        ("build ms", "build_ms", "{:.2f}"),
+        ("encode ms", "encode_ms", "{:.2f}"),
+    ]
     table, rows = common.Table(cols), []
     table.header()
     runs = ("stock-bf16", "mlxq-kv4")

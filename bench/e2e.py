@@ -33,10 +33,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import common  # noqa: E402
 import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-import common  # noqa: E402
 import mlxq.mlx_lm as mlxq_lm  # noqa: E402
 from mlxq.random_models import model_args, num_parameters, random_model  # noqa: E402
 
@@ -70,8 +70,7 @@ def run(model, config, n_prompt, decode_tokens, seed):
             kwargs = dict(kv_bits=KV_BITS, kv_group_size=KV_GROUP, quantized_kv_start=0)
         elif config == "stock-kv4":
             cache = lm_cache.make_prompt_cache(model)
-            kwargs = dict(kv_bits=KV_BITS, kv_group_size=KV_GROUP,
-                          quantized_kv_start=n_prompt - 1)
+            kwargs = dict(kv_bits=KV_BITS, kv_group_size=KV_GROUP, quantized_kv_start=n_prompt - 1)
         else:
             cache = lm_cache.make_prompt_cache(model)
             kwargs = {}
@@ -81,8 +80,12 @@ def run(model, config, n_prompt, decode_tokens, seed):
         stamps = []
         t0 = time.perf_counter()
         for _token, _ in lm_generate.generate_step(
-            prompt, model, max_tokens=decode_tokens, prompt_cache=cache,
-            prefill_step_size=PREFILL_STEP, **kwargs,
+            prompt,
+            model,
+            max_tokens=decode_tokens,
+            prompt_cache=cache,
+            prefill_step_size=PREFILL_STEP,
+            **kwargs,
         ):
             stamps.append(time.perf_counter())
         peak = mx.get_peak_memory()
@@ -125,8 +128,7 @@ def plot(rows, path, title):
         ax_mem.plot(xs, [r["peak_gb"] for _, r in pts], style, label=config)
         ax_tps.plot(xs, [r["decode_tps"] for _, r in pts], style, label=config)
     contexts = sorted({r["context"] for r in rows})
-    for ax, ylabel in ((ax_mem, "peak memory (GB, weights included)"),
-                       (ax_tps, "decode tokens/s")):
+    for ax, ylabel in ((ax_mem, "peak memory (GB, weights included)"), (ax_tps, "decode tokens/s")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(contexts, [f"{n // 1024}k" if n % 1024 == 0 else str(n) for n in contexts])
         ax.minorticks_off()
@@ -142,48 +144,79 @@ def plot(rows, path, title):
 
 
 def _title(model, machine):
-    return (f"mlx-lm generate_step, random llama: {model['num_hidden_layers']} layers, hidden "
-            f"{model['hidden_size']}, {model['num_attention_heads']}/"
-            f"{model['num_key_value_heads']} heads x {model['head_dim']}, bf16, kv_bits 4 "
-            f"- {machine['cpu']} ({machine['cpu_count']} cores), MLX {machine['mlx_version']}")
+    return (
+        f"mlx-lm generate_step, random llama: {model['num_hidden_layers']} layers, hidden "
+        f"{model['hidden_size']}, {model['num_attention_heads']}/"
+        f"{model['num_key_value_heads']} heads x {model['head_dim']}, bf16, kv_bits 4 "
+        f"- {machine['cpu']} ({machine['cpu_count']} cores), MLX {machine['mlx_version']}"
+    )
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--contexts", type=int, nargs="+", default=CONTEXTS,
-                   help=f"prompt lengths (default {CONTEXTS})")
+    p.add_argument(
+        "--contexts",
+        type=int,
+        nargs="+",
+        default=CONTEXTS,
+        help=f"prompt lengths (default {CONTEXTS})",
+    )
     p.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS)
-    p.add_argument("--decode-tokens", type=int, default=24,
-                   help="tokens generated per run (default 24; the first two are not timed)")
+    p.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=24,
+        help="tokens generated per run (default 24; the first two are not timed)",
+    )
     p.add_argument("--layers", type=int, default=8, help="decoder layers (default 8)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None,
-                   help="JSON path (default bench/results/e2e_cpu.json; the plot goes next to it)")
-    p.add_argument("--plot-only", action="store_true",
-                   help="redraw the plot from the JSON of an earlier run")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default bench/results/e2e_cpu.json; the plot goes next to it)",
+    )
+    p.add_argument(
+        "--plot-only", action="store_true", help="redraw the plot from the JSON of an earlier run"
+    )
     args = p.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     out = args.out or os.path.join(here, "results", "e2e_cpu.json")
     if args.plot_only:
         with open(out) as f:
             saved = json.load(f)
-        plot(saved["results"], os.path.splitext(out)[0] + ".png", _title(saved["model"],
-                                                                        saved["machine"]))
+        plot(
+            saved["results"],
+            os.path.splitext(out)[0] + ".png",
+            _title(saved["model"], saved["machine"]),
+        )
         return
 
     overrides = dict(num_hidden_layers=args.layers)
     model, _ = random_model("llama", "small", seed=args.seed, **overrides)
     _, margs = model_args("llama", "small", **overrides)
-    config = {k: getattr(margs, k) for k in (
-        "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "vocab_size")}
+    config = {
+        k: getattr(margs, k)
+        for k in (
+            "hidden_size",
+            "num_hidden_layers",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+        )
+    }
     weights_gb = sum(v.nbytes for _, v in tree_flatten(model.parameters())) / 1e9
     info = common.machine_info()
     common.print_machine(info)
-    print(f"model   : random mlx-lm llama {config}, {num_parameters(model) / 1e6:.1f}M params, "
-          f"bf16 weights {weights_gb:.3f} GB")
-    print(f"runs    : prefill step {PREFILL_STEP}, {args.decode_tokens} decode tokens, "
-          f"kv_bits {KV_BITS} group {KV_GROUP}\n")
+    print(
+        f"model   : random mlx-lm llama {config}, {num_parameters(model) / 1e6:.1f}M params, "
+        f"bf16 weights {weights_gb:.3f} GB"
+    )
+    print(
+        f"runs    : prefill step {PREFILL_STEP}, {args.decode_tokens} decode tokens, "
+        f"kv_bits {KV_BITS} group {KV_GROUP}\n"
+    )
     table = common.Table(COLUMNS)
     table.header()
     rows = []
@@ -198,18 +231,26 @@ def main():
                 r["speedup_vs_stock_kv4"] = r["decode_tps"] / stock4["decode_tps"]
             table.row(r)
             rows.append(r)
-    common.save_json(out, {
-        "benchmark": "e2e",
-        "description": __doc__,
-        "machine": info,
-        "model": dict(config, params=num_parameters(model), weights_gb=weights_gb,
-                      dtype="bfloat16", arch="llama (mlx_lm.models.llama)"),
-        "prefill_step_size": PREFILL_STEP,
-        "kv_bits": KV_BITS,
-        "kv_group_size": KV_GROUP,
-        "decode_tokens": args.decode_tokens,
-        "results": rows,
-    })
+    common.save_json(
+        out,
+        {
+            "benchmark": "e2e",
+            "description": __doc__,
+            "machine": info,
+            "model": dict(
+                config,
+                params=num_parameters(model),
+                weights_gb=weights_gb,
+                dtype="bfloat16",
+                arch="llama (mlx_lm.models.llama)",
+            ),
+            "prefill_step_size": PREFILL_STEP,
+            "kv_bits": KV_BITS,
+            "kv_group_size": KV_GROUP,
+            "decode_tokens": args.decode_tokens,
+            "results": rows,
+        },
+    )
     try:
         plot(rows, os.path.splitext(out)[0] + ".png", _title(config, info))
     except ImportError:

@@ -58,10 +58,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import common  # noqa: E402
 import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-import common  # noqa: E402
 import mlxq  # noqa: E402
 import mlxq.mlx_lm as mlxq_lm  # noqa: E402
 from mlxq.random_models import model_args, num_parameters, random_model  # noqa: E402
@@ -73,15 +73,36 @@ PREFILL_STEP = 2048
 DECODE_TOKENS = 34
 QUICK = dict(contexts=[1024], decode_tokens=4, layers=2, warmup_tokens=0)
 
-_LLAMA = dict(vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5,
-              max_position_embeddings=131072)
+_LLAMA = dict(
+    vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=131072
+)
 MODELS = {
-    "8b": ("llama", dict(_LLAMA, hidden_size=4096, num_hidden_layers=32,
-                         intermediate_size=14336, num_attention_heads=32,
-                         num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)),
-    "1b": ("llama", dict(_LLAMA, hidden_size=2048, num_hidden_layers=16,
-                         intermediate_size=8192, num_attention_heads=32,
-                         num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)),
+    "8b": (
+        "llama",
+        dict(
+            _LLAMA,
+            hidden_size=4096,
+            num_hidden_layers=32,
+            intermediate_size=14336,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "1b": (
+        "llama",
+        dict(
+            _LLAMA,
+            hidden_size=2048,
+            num_hidden_layers=16,
+            intermediate_size=8192,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=64,
+            tie_word_embeddings=True,
+        ),
+    ),
     "gemma4": ("gemma4", None),  # mlx_lm.models.gemma4_text.ModelArgs() defaults
 }
 
@@ -140,9 +161,13 @@ def build_model(name, layers, seed):
     if arch == "gemma4" and layers is None:
         assert args == module.ModelArgs(), "gemma4 args differ from mlx-lm's defaults"
     weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    desc = dict(arch=f"{arch} (mlx_lm.models.{type(model).__module__.split('.')[-1]})",
-                params=num_parameters(model), weights_gb=weights / 1e9, dtype="bfloat16",
-                args=_jsonable(dataclasses.asdict(args)))
+    desc = dict(
+        arch=f"{arch} (mlx_lm.models.{type(model).__module__.split('.')[-1]})",
+        params=num_parameters(model),
+        weights_gb=weights / 1e9,
+        dtype="bfloat16",
+        args=_jsonable(dataclasses.asdict(args)),
+    )
     return model, args, desc
 
 
@@ -161,9 +186,11 @@ def kv_bytes(args, context, bits):
     for i, kind in enumerate(args.layer_types[:own]):
         full = kind == "full_attention"
         dim = args.global_head_dim if full and args.global_head_dim else args.head_dim
-        heads = (args.num_global_key_value_heads
-                 if full and args.attention_k_eq_v and args.num_global_key_value_heads
-                 else args.num_key_value_heads)
+        heads = (
+            args.num_global_key_value_heads
+            if full and args.attention_k_eq_v and args.num_global_key_value_heads
+            else args.num_key_value_heads
+        )
         tokens = context if full else min(context, args.sliding_window)
         total += tokens * 2 * heads * dim * per_element
     return total
@@ -175,8 +202,12 @@ def kv_layout(args):
         return {"full": args.num_hidden_layers}
     own = args.num_hidden_layers - args.num_kv_shared_layers
     types = args.layer_types[:own]
-    return {"full": types.count("full_attention"), "sliding": types.count("sliding_attention"),
-            "kv_shared": args.num_kv_shared_layers, "sliding_window": args.sliding_window}
+    return {
+        "full": types.count("full_attention"),
+        "sliding": types.count("sliding_attention"),
+        "kv_shared": args.num_kv_shared_layers,
+        "sliding_window": args.sliding_window,
+    }
 
 
 # -------------------------------------------------------------------- runs
@@ -200,8 +231,11 @@ def generate(model, config, prompt, decode_tokens):
     """One generate_step run of ``config``: a row of timings (or the error)."""
     lm_generate = importlib.import_module("mlx_lm.generate")
     ours = config == "mlxq-kv4"
-    kwargs = ({} if config == "stock-bf16" else
-              dict(kv_bits=KV_BITS, kv_group_size=KV_GROUP, quantized_kv_start=0))
+    kwargs = (
+        {}
+        if config == "stock-bf16"
+        else dict(kv_bits=KV_BITS, kv_group_size=KV_GROUP, quantized_kv_start=0)
+    )
     gc.collect()
     mx.clear_cache()
     mx.synchronize()
@@ -230,7 +264,11 @@ def generate(model, config, prompt, decode_tokens):
         mlxq._ext._device_memory()  # restarts mlxq's own pool peak
         t0 = time.perf_counter()
         for _token, _ in lm_generate.generate_step(
-            prompt, model, max_tokens=decode_tokens, prefill_step_size=PREFILL_STEP, **kwargs,
+            prompt,
+            model,
+            max_tokens=decode_tokens,
+            prefill_step_size=PREFILL_STEP,
+            **kwargs,
         ):
             stamps.append(time.perf_counter())
         mx.synchronize()
@@ -253,8 +291,9 @@ def generate(model, config, prompt, decode_tokens):
             mlxq_lm.reset_counters()
     if seen:
         cache = seen[0]
-        r["cache_classes"] = sorted({f"{type(c).__module__.split('.')[0]}.{type(c).__name__}"
-                                     for c in cache})
+        r["cache_classes"] = sorted(
+            {f"{type(c).__module__.split('.')[0]}.{type(c).__name__}" for c in cache}
+        )
         try:
             r["kv_gb_measured"] = sum(c.nbytes for c in cache) / 1e9
         except Exception as e:  # noqa: BLE001
@@ -279,8 +318,11 @@ def generate(model, config, prompt, decode_tokens):
 
 
 def add_ratios(rows):
-    base = {(r["model"], r["context"]): r for r in rows
-            if r["config"] == "stock-bf16" and "error" not in r}
+    base = {
+        (r["model"], r["context"]): r
+        for r in rows
+        if r["config"] == "stock-bf16" and "error" not in r
+    }
     for r in rows:
         b = base.get((r["model"], r["context"]))
         if b is None or "error" in r:
@@ -306,8 +348,10 @@ def device_name():
     if mx.default_device().type == mx.cpu:
         return "cpu", common.cpu_model()
     name = None
-    for query in (lambda: mx.device_info(mx.default_device()),
-                  lambda: mx.metal.device_info() if mx.metal.is_available() else {}):
+    for query in (
+        lambda: mx.device_info(mx.default_device()),
+        lambda: mx.metal.device_info() if mx.metal.is_available() else {},
+    ):
         try:
             name = query().get("device_name")
         except Exception:  # noqa: BLE001
@@ -316,8 +360,13 @@ def device_name():
             break
     if not name:
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                                 capture_output=True, text=True, check=True, timeout=30)
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=30,
+            )
             name = out.stdout.strip().splitlines()[0]
         except (OSError, subprocess.SubprocessError, IndexError):
             name = None
@@ -347,8 +396,9 @@ def plot(rows, path, title):
         contexts = sorted({r["context"] for r in rows if r["model"] == model})
         for ax, ylabel in ((ax_dec, "decode ms/token"), (ax_ttft, "time to first token (s)")):
             ax.set_xscale("log", base=2)
-            ax.set_xticks(contexts, [f"{n // 1024}k" if n % 1024 == 0 else str(n)
-                                     for n in contexts])
+            ax.set_xticks(
+                contexts, [f"{n // 1024}k" if n % 1024 == 0 else str(n) for n in contexts]
+            )
             ax.minorticks_off()
             ax.set_xlabel("context (prompt tokens)")
             ax.set_ylabel(ylabel)
@@ -364,8 +414,11 @@ def plot(rows, path, title):
 
 
 def _order(r):
-    return (list(MODELS).index(r["model"]) if r["model"] in MODELS else len(MODELS),
-            r["context"], CONFIGS.index(r["config"]) if r["config"] in CONFIGS else len(CONFIGS))
+    return (
+        list(MODELS).index(r["model"]) if r["model"] in MODELS else len(MODELS),
+        r["context"],
+        CONFIGS.index(r["config"]) if r["config"] in CONFIGS else len(CONFIGS),
+    )
 
 
 def save(out, payload, rows, title):
@@ -379,31 +432,59 @@ def save(out, payload, rows, title):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--contexts", type=int, nargs="+", default=None,
-                   help=f"prompt lengths (default {CONTEXTS}; --quick: {QUICK['contexts']})")
+    p.add_argument(
+        "--contexts",
+        type=int,
+        nargs="+",
+        default=None,
+        help=f"prompt lengths (default {CONTEXTS}; --quick: {QUICK['contexts']})",
+    )
     p.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS)
-    p.add_argument("--decode-tokens", type=int, default=None,
-                   help=f"tokens generated per run (default {DECODE_TOKENS}; --quick: "
-                        f"{QUICK['decode_tokens']}; the first two gaps are not timed)")
-    p.add_argument("--layers", type=int, default=None,
-                   help=f"override every model's layer count (--quick: {QUICK['layers']})")
-    p.add_argument("--warmup-tokens", type=int, default=None,
-                   help=f"prompt of the untimed warm-up run per model and run (default "
-                        f"{2 * PREFILL_STEP + 1}; --quick: {QUICK['warmup_tokens']}; 0: none)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke test: contexts 1024, 4 decode tokens, 2 layers, no warm-up (unless given)")
+    p.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=None,
+        help=f"tokens generated per run (default {DECODE_TOKENS}; --quick: "
+        f"{QUICK['decode_tokens']}; the first two gaps are not timed)",
+    )
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help=f"override every model's layer count (--quick: {QUICK['layers']})",
+    )
+    p.add_argument(
+        "--warmup-tokens",
+        type=int,
+        default=None,
+        help=f"prompt of the untimed warm-up run per model and run (default "
+        f"{2 * PREFILL_STEP + 1}; --quick: {QUICK['warmup_tokens']}; 0: none)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: contexts 1024, 4 decode tokens, 2 layers, no warm-up (unless given)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None,
-                   help="JSON path (default bench/results/e2e_<device>.json, "
-                        "e2e_<device>_quick.json with --quick; the PNG goes next to it)")
-    p.add_argument("--append", action="store_true",
-                   help="keep the rows (and models) already in the JSON at --out, replacing "
-                        "those of the same model, context and run: one table from several "
-                        "shorter invocations")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default bench/results/e2e_<device>.json, "
+        "e2e_<device>_quick.json with --quick; the PNG goes next to it)",
+    )
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the rows (and models) already in the JSON at --out, replacing "
+        "those of the same model, context and run: one table from several "
+        "shorter invocations",
+    )
     args = p.parse_args()
     pick = lambda v, key, full: v if v is not None else (QUICK[key] if args.quick else full)  # noqa: E731
     contexts = pick(args.contexts, "contexts", CONTEXTS)
@@ -418,8 +499,10 @@ def main():
         with open(out) as f:
             previous = json.load(f)
         if previous.get("benchmark") != "e2e_gpu":
-            sys.exit(f"{out} holds another benchmark's results "
-                     f"({previous.get('benchmark')!r}): pass --out")
+            sys.exit(
+                f"{out} holds another benchmark's results "
+                f"({previous.get('benchmark')!r}): pass --out"
+            )
     info = common.machine_info()
     info["device"] = name
     try:
@@ -430,11 +513,15 @@ def main():
         pass
     common.print_machine(info)
     print(f"device  : {name} ({slug})")
-    print(f"runs    : {', '.join(args.configs)}; contexts {contexts}; prefill step {PREFILL_STEP}; "
-          f"{decode_tokens} decode tokens; kv_bits {KV_BITS} group {KV_GROUP}; "
-          f"warm-up prompt {warmup_tokens}" + (f"; {layers} layers" if layers else ""))
-    title = (f"mlx-lm generate_step, random bf16 weights, kv_bits {KV_BITS} g{KV_GROUP} - "
-             f"{name}, MLX {info['mlx_version']}")
+    print(
+        f"runs    : {', '.join(args.configs)}; contexts {contexts}; prefill step {PREFILL_STEP}; "
+        f"{decode_tokens} decode tokens; kv_bits {KV_BITS} group {KV_GROUP}; "
+        f"warm-up prompt {warmup_tokens}" + (f"; {layers} layers" if layers else "")
+    )
+    title = (
+        f"mlx-lm generate_step, random bf16 weights, kv_bits {KV_BITS} g{KV_GROUP} - "
+        f"{name}, MLX {info['mlx_version']}"
+    )
     payload = {
         "benchmark": "e2e_gpu",
         "description": __doc__,
@@ -456,9 +543,15 @@ def main():
     if args.append and previous:
         payload["models"].update(previous.get("models", {}))
         payload["appended_to"] = previous.get("machine", {}).get("date")
-        rows = [r for r in previous.get("results", [])
-                if not (r["model"] in args.models and r["context"] in contexts
-                        and r["config"] in args.configs)]
+        rows = [
+            r
+            for r in previous.get("results", [])
+            if not (
+                r["model"] in args.models
+                and r["context"] in contexts
+                and r["config"] in args.configs
+            )
+        ]
     table = common.MarkdownTable(COLUMNS)
     printed_header = False
     for model_name in args.models:
@@ -466,12 +559,16 @@ def main():
         model, margs, desc = build_model(model_name, layers, args.seed)
         desc["kv_layout"] = kv_layout(margs)
         payload["models"][model_name] = desc
-        print(f"\nmodel {model_name}: {desc['arch']}, {desc['params'] / 1e9:.2f}B params, "
-              f"bf16 weights {desc['weights_gb']:.2f} GB, built in {time.perf_counter() - t:.1f} s; "
-              f"KV layers {desc['kv_layout']}", flush=True)
+        print(
+            f"\nmodel {model_name}: {desc['arch']}, {desc['params'] / 1e9:.2f}B params, "
+            f"bf16 weights {desc['weights_gb']:.2f} GB, built in {time.perf_counter() - t:.1f} s; "
+            f"KV layers {desc['kv_layout']}",
+            flush=True,
+        )
         if warmup_tokens:
-            warm = mx.random.randint(0, margs.vocab_size, (warmup_tokens,),
-                                     key=mx.random.key(args.seed + 1))
+            warm = mx.random.randint(
+                0, margs.vocab_size, (warmup_tokens,), key=mx.random.key(args.seed + 1)
+            )
             for config in args.configs:
                 w = generate(model, config, warm, 4)
                 desc.setdefault("warmup", {})[config] = w.get("error_first_line", "ok")
@@ -487,8 +584,9 @@ def main():
                 r = generate(model, config, prompt, decode_tokens)
                 r = dict(model=model_name, context=n, **r)
                 if "error" not in r:
-                    r["kv_gb"] = kv_bytes(margs, n, None if config == "stock-bf16"
-                                          else KV_BITS) / 1e9
+                    r["kv_gb"] = (
+                        kv_bytes(margs, n, None if config == "stock-bf16" else KV_BITS) / 1e9
+                    )
                 rows.append(r)
                 save(out, payload, rows, title)
                 table.row(display(r))

@@ -31,9 +31,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import common  # noqa: E402
 import mlx.core as mx  # noqa: E402
 
-import common  # noqa: E402
 import mlxq  # noqa: E402
 
 GROUP = 64
@@ -42,8 +42,12 @@ INT32_MAX = 2**31 - 1
 
 def gpu_name():
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         return out.strip().splitlines()[0]
     except (OSError, subprocess.CalledProcessError, IndexError):
         return mx.device_info().get("device_name", "gpu")
@@ -55,11 +59,15 @@ def composition():
 
         # mlx-lm scales its queries in place: hand it a fresh array each call.
         return "mlx-lm", lambda q, k, v, scale, mask, bits: f(
-            mx.array(q), k, v, scale=scale, mask=mask, group_size=GROUP, bits=bits)
+            mx.array(q), k, v, scale=scale, mask=mask, group_size=GROUP, bits=bits
+        )
     except ImportError:
-        return "mlxq.reference (mlx-lm not installed)", lambda q, k, v, scale, mask, bits: (
-            mlxq.reference.quantized_sdpa(q, k, v, scale=scale, mask=mask,
-                                          group_size=GROUP, bits=bits))
+        return (
+            "mlxq.reference (mlx-lm not installed)",
+            lambda q, k, v, scale, mask, bits: mlxq.reference.quantized_sdpa(
+                q, k, v, scale=scale, mask=mask, group_size=GROUP, bits=bits
+            ),
+        )
 
 
 def inputs(Hq, Hkv, D, L, N, bits):
@@ -89,19 +97,30 @@ L2_FLUSH_BYTES = 200 * 2**20  # inputs per graph: several times the H200's 50 MB
 def time_graph(fn_of_set, sets, repeats):
     """Milliseconds per call with GRAPH_CALLS calls in one eval, cycling over
     `sets` distinct input sets."""
-    t = common.time_fn(lambda: [fn_of_set(i % sets) for i in range(GRAPH_CALLS)],
-                       warmup=2, repeats=repeats)
+    t = common.time_fn(
+        lambda: [fn_of_set(i % sets) for i in range(GRAPH_CALLS)], warmup=2, repeats=repeats
+    )
     return t["median_ms"] / GRAPH_CALLS
 
 
 def decode(args, comp):
-    cols = [("Hq/Hkv/D", "shape", "{}"), ("bits", "bits", "{}"), ("N", "N", "{}"),
-            ("mlxq ms", "mlxq_ms", "{:.4f}"), ("fast bf16 ms", "fast_ms", "{:.4f}"),
-            ("comp ms", "comp_ms", "{:.4f}"), ("x fast", "x_fast", "{:.2f}"),
-            ("x comp", "x_comp", "{:.1f}"), ("mlxq GB/s", "gbps", "{:.0f}"),
-            ("graph: mlxq ms", "mlxq_g_ms", "{:.4f}"), ("fast ms", "fast_g_ms", "{:.4f}"),
-            ("comp ms", "comp_g_ms", "{:.4f}"), ("x fast", "x_fast_g", "{:.2f}"),
-            ("x comp", "x_comp_g", "{:.1f}"), ("GB/s", "gbps_g", "{:.0f}")]
+    cols = [
+        ("Hq/Hkv/D", "shape", "{}"),
+        ("bits", "bits", "{}"),
+        ("N", "N", "{}"),
+        ("mlxq ms", "mlxq_ms", "{:.4f}"),
+        ("fast bf16 ms", "fast_ms", "{:.4f}"),
+        ("comp ms", "comp_ms", "{:.4f}"),
+        ("x fast", "x_fast", "{:.2f}"),
+        ("x comp", "x_comp", "{:.1f}"),
+        ("mlxq GB/s", "gbps", "{:.0f}"),
+        ("graph: mlxq ms", "mlxq_g_ms", "{:.4f}"),
+        ("fast ms", "fast_g_ms", "{:.4f}"),
+        ("comp ms", "comp_g_ms", "{:.4f}"),
+        ("x fast", "x_fast_g", "{:.2f}"),
+        ("x comp", "x_comp_g", "{:.1f}"),
+        ("GB/s", "gbps_g", "{:.0f}"),
+    ]
     table, rows = common.Table(cols), []
     table.header()
     ns = [4096, 32768] if args.quick else [4096, 32768, 131072]
@@ -110,29 +129,54 @@ def decode(args, comp):
             for N in ns:
                 q, k, v, kq, vq = inputs(Hq, Hkv, D, 1, N, bits)
                 scale = D**-0.5
-                t_mlxq = common.time_fn(lambda: mlxq.sdpa(q, kq, vq, scale=scale),
-                                        warmup=5, repeats=args.repeats)
+                t_mlxq = common.time_fn(
+                    lambda: mlxq.sdpa(q, kq, vq, scale=scale), warmup=5, repeats=args.repeats
+                )
                 t_fast = common.time_fn(
                     lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale),
-                    warmup=5, repeats=args.repeats)
-                t_comp = common.time_fn(lambda: comp(q, kq, vq, scale, None, bits),
-                                        warmup=3, repeats=max(5, args.repeats // 4))
+                    warmup=5,
+                    repeats=args.repeats,
+                )
+                t_comp = common.time_fn(
+                    lambda: comp(q, kq, vq, scale, None, bits),
+                    warmup=3,
+                    repeats=max(5, args.repeats // 4),
+                )
                 nbytes = sum(a.nbytes for a in (*kq, *vq))
                 sets = max(1, min(GRAPH_CALLS, -(-L2_FLUSH_BYTES // nbytes)))
-                pool = [(q, k, v, kq, vq)] + [inputs(Hq, Hkv, D, 1, N, bits)
-                                              for _ in range(sets - 1)]
-                g_mlxq = time_graph(lambda i: mlxq.sdpa(pool[i][0], pool[i][3], pool[i][4],
-                                                        scale=scale), sets, args.repeats // 5)
-                g_fast = time_graph(lambda i: mx.fast.scaled_dot_product_attention(
-                    pool[i][0], pool[i][1], pool[i][2], scale=scale), sets, args.repeats // 5)
-                g_comp = time_graph(lambda i: comp(pool[i][0], pool[i][3], pool[i][4], scale,
-                                                   None, bits), sets, 3)
+                pool = [(q, k, v, kq, vq)] + [
+                    inputs(Hq, Hkv, D, 1, N, bits) for _ in range(sets - 1)
+                ]
+                g_mlxq = time_graph(
+                    lambda i: mlxq.sdpa(pool[i][0], pool[i][3], pool[i][4], scale=scale),
+                    sets,
+                    args.repeats // 5,
+                )
+                g_fast = time_graph(
+                    lambda i: mx.fast.scaled_dot_product_attention(
+                        pool[i][0], pool[i][1], pool[i][2], scale=scale
+                    ),
+                    sets,
+                    args.repeats // 5,
+                )
+                g_comp = time_graph(
+                    lambda i: comp(pool[i][0], pool[i][3], pool[i][4], scale, None, bits), sets, 3
+                )
                 del pool
-                r = dict(shape=f"{Hq}/{Hkv}/{D}", bits=bits, N=N,
-                         mlxq_ms=t_mlxq["median_ms"], fast_ms=t_fast["median_ms"],
-                         comp_ms=t_comp["median_ms"], quantized_kv_bytes=nbytes,
-                         graph_calls=GRAPH_CALLS, graph_input_sets=sets,
-                         mlxq_g_ms=g_mlxq, fast_g_ms=g_fast, comp_g_ms=g_comp)
+                r = dict(
+                    shape=f"{Hq}/{Hkv}/{D}",
+                    bits=bits,
+                    N=N,
+                    mlxq_ms=t_mlxq["median_ms"],
+                    fast_ms=t_fast["median_ms"],
+                    comp_ms=t_comp["median_ms"],
+                    quantized_kv_bytes=nbytes,
+                    graph_calls=GRAPH_CALLS,
+                    graph_input_sets=sets,
+                    mlxq_g_ms=g_mlxq,
+                    fast_g_ms=g_fast,
+                    comp_g_ms=g_comp,
+                )
                 r["x_fast"] = r["fast_ms"] / r["mlxq_ms"]
                 r["x_comp"] = r["comp_ms"] / r["mlxq_ms"]
                 r["gbps"] = nbytes / (r["mlxq_ms"] * 1e-3) / 1e9
@@ -144,8 +188,15 @@ def decode(args, comp):
     return rows
 
 
-PREFILL_SHAPES = [(4096, 4096), (16384, 16384), (2048, 131072), (512, 131072),
-                  (16, 32768), (64, 32768), (256, 32768)]
+PREFILL_SHAPES = [
+    (4096, 4096),
+    (16384, 16384),
+    (2048, 131072),
+    (512, 131072),
+    (16, 32768),
+    (64, 32768),
+    (256, 32768),
+]
 QUICK_PREFILL_SHAPES = [(2048, 2048), (64, 8192)]
 
 
@@ -156,20 +207,29 @@ def prefill(args, comp):
     off), and mx.fast on bf16 K/V."""
     from mlxq import routing
 
-    cols = [("L", "L", "{}"), ("N", "N", "{}"), ("mlxq ms", "mlxq_ms", "{:.3f}"),
-            ("mlxq MiB", "mlxq_mib", "{:.0f}"), ("tiled ms", "tiled_ms", "{:.3f}"),
-            ("fast bf16 ms", "fast_ms", "{:.3f}"), ("fast MiB", "fast_mib", "{:.0f}"),
-            ("comp ms", "comp_ms", "{:.3f}"), ("x fast", "x_fast", "{:.2f}"),
-            ("x tiled", "x_tiled", "{:.1f}"), ("routed", "routed", "{}")]
+    cols = [
+        ("L", "L", "{}"),
+        ("N", "N", "{}"),
+        ("mlxq ms", "mlxq_ms", "{:.3f}"),
+        ("mlxq MiB", "mlxq_mib", "{:.0f}"),
+        ("tiled ms", "tiled_ms", "{:.3f}"),
+        ("fast bf16 ms", "fast_ms", "{:.3f}"),
+        ("fast MiB", "fast_mib", "{:.0f}"),
+        ("comp ms", "comp_ms", "{:.3f}"),
+        ("x fast", "x_fast", "{:.2f}"),
+        ("x tiled", "x_tiled", "{:.1f}"),
+        ("routed", "routed", "{}"),
+    ]
     table, rows = common.Table(cols), []
     table.header()
     Hq, Hkv, D, bits = 32, 8, 128, 4
-    for L, N in (QUICK_PREFILL_SHAPES if args.quick else PREFILL_SHAPES):
+    for L, N in QUICK_PREFILL_SHAPES if args.quick else PREFILL_SHAPES:
         q, k, v, kq, vq = inputs(Hq, Hkv, D, L, N, bits)
         scale = D**-0.5
         f_mlxq = lambda: mlxq.sdpa(q, kq, vq, scale=scale, mask="causal")  # noqa: E731
         f_fast = lambda: mx.fast.scaled_dot_product_attention(  # noqa: E731
-            q, k, v, scale=scale, mask="causal")
+            q, k, v, scale=scale, mask="causal"
+        )
         r = dict(L=L, N=N)
         # The composition first: on MLX 0.32.4 CUDA its quantized matmul
         # kernel failed to load when it ran after the others in one process.
@@ -212,9 +272,13 @@ def cache_writes(args):
         from mlx_lm.models.cache import KVCache as LmKVCache
     except Exception:
         LmKVCache = None
-    cols = [("N", "N", "{}"), ("mlxq kv4 us", "mlxq_us", "{:.1f}"),
-            ("mlxq peak MiB", "mlxq_peak_mib", "{:.1f}"), ("mlx-lm bf16 us", "lm_us", "{:.1f}"),
-            ("mlx-lm peak MiB", "lm_peak_mib", "{:.1f}")]
+    cols = [
+        ("N", "N", "{}"),
+        ("mlxq kv4 us", "mlxq_us", "{:.1f}"),
+        ("mlxq peak MiB", "mlxq_peak_mib", "{:.1f}"),
+        ("mlx-lm bf16 us", "lm_us", "{:.1f}"),
+        ("mlx-lm peak MiB", "lm_peak_mib", "{:.1f}"),
+    ]
     table, rows = common.Table(cols), []
     table.header()
     H, D, steps = 8, 128, 64
@@ -245,7 +309,7 @@ def cache_writes(args):
         dt = (time.perf_counter() - t0) / (steps - 1) * 1e6
         return dt, (mx.get_peak_memory() - base) / 2**20
 
-    for N in ((4096, 16384) if args.quick else (4096, 32768, 131072)):
+    for N in (4096, 16384) if args.quick else (4096, 32768, 131072):
         r = dict(N=N)
         r["mlxq_us"], r["mlxq_peak_mib"] = pipelined(mlxq.QuantizedKVCache(64, 4), N)
         if LmKVCache is not None:
@@ -257,9 +321,13 @@ def cache_writes(args):
 
 
 def ring(args):
-    cols = [("N", "N", "{}"), ("ring us", "ring_us", "{:.1f}"),
-            ("qring us", "qring_us", "{:.1f}"), ("slice_update us", "slice_update_us", "{:.1f}"),
-            ("static slice us", "static_us", "{:.1f}")]
+    cols = [
+        ("N", "N", "{}"),
+        ("ring us", "ring_us", "{:.1f}"),
+        ("qring us", "qring_us", "{:.1f}"),
+        ("slice_update us", "slice_update_us", "{:.1f}"),
+        ("static slice us", "static_us", "{:.1f}"),
+    ]
     table, rows = common.Table(cols), []
     table.header()
     B, H, D, steps = 1, 8, 128, 50
@@ -279,6 +347,7 @@ def ring(args):
                 mx.eval(state)
                 mx.synchronize()
             import time
+
             t0 = time.perf_counter()
             for i in range(steps):
                 state = update(state, i % N)
@@ -287,21 +356,29 @@ def ring(args):
             return (time.perf_counter() - t0) / steps * 1e6
 
         buf = mx.zeros((B, H, N, D), dtype=mx.bfloat16)
-        r["ring_us"] = per_token(lambda s, i: mlxq.ring_update(s, row, mx.array(i, dtype=mx.int32)), buf)
+        r["ring_us"] = per_token(
+            lambda s, i: mlxq.ring_update(s, row, mx.array(i, dtype=mx.int32)), buf
+        )
         del buf
         qbuf = mx.quantize(mx.zeros((B, H, N, D), dtype=mx.bfloat16), group_size=GROUP, bits=4)
-        r["qring_us"] = per_token(lambda s, i: mlxq.quantized_ring_update(
-            s, row, mx.array(i, dtype=mx.int32), group_size=GROUP, bits=4), qbuf)
+        r["qring_us"] = per_token(
+            lambda s, i: mlxq.quantized_ring_update(
+                s, row, mx.array(i, dtype=mx.int32), group_size=GROUP, bits=4
+            ),
+            qbuf,
+        )
         del qbuf
         buf = mx.zeros((B, H, N, D), dtype=mx.bfloat16)
         r["slice_update_us"] = per_token(
-            lambda s, i: mx.slice_update(s, row, mx.array([i]), axes=(2,)), buf)
+            lambda s, i: mx.slice_update(s, row, mx.array([i]), axes=(2,)), buf
+        )
         del buf
         buf = mx.zeros((B, H, N, D), dtype=mx.bfloat16)
 
         def static(s, i):
-            s[..., i:i + 1, :] = row
+            s[..., i : i + 1, :] = row
             return s
+
         r["static_us"] = per_token(static, buf)
         del buf
         table.row(r)
@@ -310,12 +387,18 @@ def ring(args):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--out")
-    p.add_argument("--only", choices=["decode", "prefill", "ring", "cache"], action="append",
-                   help="run only these parts (repeatable)")
+    p.add_argument(
+        "--only",
+        choices=["decode", "prefill", "ring", "cache"],
+        action="append",
+        help="run only these parts (repeatable)",
+    )
     args = p.parse_args()
     if not mx.is_available(mx.gpu):
         sys.exit("bench/gpu.py needs an MLX GPU backend (CUDA or Metal).")

@@ -32,9 +32,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import common  # noqa: E402
 import mlx.core as mx  # noqa: E402
 
-import common  # noqa: E402
 import mlxq  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
@@ -48,21 +48,26 @@ MiB, GiB = 1 << 20, 1 << 30
 def composition():
     """mlx-lm's composition if mlx-lm imports, else mlxq's copy of it."""
     try:
-        from mlx_lm.models.base import quantized_scaled_dot_product_attention as f
         import mlx_lm
+        from mlx_lm.models.base import quantized_scaled_dot_product_attention as f
 
         def comp(q, k, v, scale):
             # mlx-lm scales its queries in place (`queries *= scale`), which
             # would overwrite the caller's array: hand it a fresh one every call.
-            return f(mx.array(q), k, v, scale=scale, mask="causal",
-                     group_size=GROUP_SIZE, bits=BITS)
+            return f(
+                mx.array(q), k, v, scale=scale, mask="causal", group_size=GROUP_SIZE, bits=BITS
+            )
 
-        return comp, ("mlx_lm.models.base.quantized_scaled_dot_product_attention "
-                      f"(mlx-lm {getattr(mlx_lm, '__version__', '?')})")
+        return comp, (
+            "mlx_lm.models.base.quantized_scaled_dot_product_attention "
+            f"(mlx-lm {getattr(mlx_lm, '__version__', '?')})"
+        )
     except Exception:  # not installed, or broken (missing deps)
+
         def comp(q, k, v, scale):
-            return mlxq.reference.quantized_sdpa(q, k, v, scale=scale, mask="causal",
-                                                 group_size=GROUP_SIZE, bits=BITS)
+            return mlxq.reference.quantized_sdpa(
+                q, k, v, scale=scale, mask="causal", group_size=GROUP_SIZE, bits=BITS
+            )
 
         return comp, "mlxq.reference.quantized_sdpa"
 
@@ -115,7 +120,8 @@ def measure(fn, *, warmup, repeats_fast, repeats_slow, slow_s):
     times_sorted = sorted(times)
     return {
         "status": "measured",
-        "median_ms": times_sorted[len(times) // 2] if len(times) % 2
+        "median_ms": times_sorted[len(times) // 2]
+        if len(times) % 2
         else 0.5 * (times_sorted[len(times) // 2 - 1] + times_sorted[len(times) // 2]),
         "min_ms": times_sorted[0],
         "times_ms": times,
@@ -138,19 +144,22 @@ def sample_error(q, kq, vq, out, scale, rows=64):
 
     def dequantize_f32(t):  # f32 scales and biases: no rounding to bf16
         w, s, b = t
-        return mx.dequantize(w, s.astype(mx.float32), b.astype(mx.float32),
-                             group_size=GROUP_SIZE, bits=BITS)
+        return mx.dequantize(
+            w, s.astype(mx.float32), b.astype(mx.float32), group_size=GROUP_SIZE, bits=BITS
+        )
 
     kd, vd = dequantize_f32(kq), dequantize_f32(vq)
     qf = q.astype(mx.float32)
     r = min(rows, L)
     # First r queries see keys [0, r) (L = N); the last r see everything.
     head = mx.fast.scaled_dot_product_attention(
-        qf[:, :, :r], kd[:, :, :r], vd[:, :, :r], scale=scale, mask="causal")
+        qf[:, :, :r], kd[:, :, :r], vd[:, :, :r], scale=scale, mask="causal"
+    )
     tail = mx.fast.scaled_dot_product_attention(
-        qf[:, :, L - r:], kd, vd, scale=scale, mask="causal")
+        qf[:, :, L - r :], kd, vd, scale=scale, mask="causal"
+    )
     ref = mx.concatenate([head, tail], axis=2)
-    got = mx.concatenate([out[:, :, :r], out[:, :, L - r:]], axis=2)
+    got = mx.concatenate([out[:, :, :r], out[:, :, L - r :]], axis=2)
     return rel_diff(got, ref)
 
 
@@ -191,10 +200,19 @@ def run_baseline(name, fn, elems, budget, args, calibrate):
         calibrate()
     reasons, est_s, est_b = budget.verdict(name, elems)
     if reasons:
-        return {"status": "skipped", "reason": "skipped (" + "; ".join(reasons) + ")",
-                "estimated_s": est_s, "estimated_peak_bytes": est_b}, None
-    res, out = measure(fn, warmup=args.baseline_warmup, repeats_fast=3,
-                       repeats_slow=args.baseline_repeats, slow_s=2.0)
+        return {
+            "status": "skipped",
+            "reason": "skipped (" + "; ".join(reasons) + ")",
+            "estimated_s": est_s,
+            "estimated_peak_bytes": est_b,
+        }, None
+    res, out = measure(
+        fn,
+        warmup=args.baseline_warmup,
+        repeats_fast=3,
+        repeats_slow=args.baseline_repeats,
+        slow_s=2.0,
+    )
     res["estimated_s_before_run"] = est_s
     budget.record(name, elems, res["median_ms"] / 1e3, res["peak_bytes"])
     return res, out
@@ -202,6 +220,7 @@ def run_baseline(name, fn, elems, budget, args, calibrate):
 
 def calibration(name, make_fn, budget, args, log):
     """Measures baseline ``name`` once at L=N=CALIBRATION_L to seed its estimates."""
+
     def run():
         L = CALIBRATION_L
         q, k, v, kq, vq = make_inputs(L, L)
@@ -210,8 +229,12 @@ def calibration(name, make_fn, budget, args, log):
         budget.record(name, HQ * L * L, res["median_ms"] / 1e3, res["peak_bytes"])
         res["L"] = res["N"] = L
         log[name] = res
-        print(f"  calibration {name} at L=N={L}: {res['median_ms'] / 1e3:.2f} s, "
-              f"peak {res['peak_bytes'] / MiB:.0f} MiB", flush=True)
+        print(
+            f"  calibration {name} at L=N={L}: {res['median_ms'] / 1e3:.2f} s, "
+            f"peak {res['peak_bytes'] / MiB:.0f} MiB",
+            flush=True,
+        )
+
     return run
 
 
@@ -247,8 +270,12 @@ def print_table(rows):
         ("mem fast/mlxq", lambda r: fmt_ratio(r["mem_ratio_fast"])),
         ("mem comp/mlxq", lambda r: fmt_ratio(r["mem_ratio_comp"])),
         ("err mlxq", lambda r: f"{r['mlxq_sample_err_vs_f32']:.1e}"),
-        ("mlxq vs comp", lambda r: "-" if r["mlxq_rel_diff_vs_comp"] is None
-         else f"{r['mlxq_rel_diff_vs_comp']:.1e}"),
+        (
+            "mlxq vs comp",
+            lambda r: (
+                "-" if r["mlxq_rel_diff_vs_comp"] is None else f"{r['mlxq_rel_diff_vs_comp']:.1e}"
+            ),
+        ),
     ]
     cells = [[h for h, _ in cols]] + [[f(r) for _, f in cols] for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
@@ -260,12 +287,19 @@ def print_table(rows):
 
 def bench_size(L, comp, budget, args, calibrations):
     N = L
-    scale = D ** -0.5
+    scale = D**-0.5
     elems = HQ * L * N
     q, k, v, kq, vq = make_inputs(L, N)
     row = {
-        "L": L, "N": N, "B": 1, "Hq": HQ, "Hkv": HKV, "D": D,
-        "bits": BITS, "group_size": GROUP_SIZE, "mask": "causal",
+        "L": L,
+        "N": N,
+        "B": 1,
+        "Hq": HQ,
+        "Hkv": HKV,
+        "D": D,
+        "bits": BITS,
+        "group_size": GROUP_SIZE,
+        "mask": "causal",
         "q_bytes": q.nbytes,
         "kv_quantized_bytes": sum(a.nbytes for a in kq + vq),
         "kv_bf16_bytes": k.nbytes + v.nbytes,
@@ -274,22 +308,29 @@ def bench_size(L, comp, budget, args, calibrations):
     }
     row["input_bytes"] = row["q_bytes"] + row["kv_quantized_bytes"]
 
-    res, out = measure(lambda: mlxq.sdpa(q, kq, vq, scale=scale, mask="causal"),
-                       warmup=1, repeats_fast=5, repeats_slow=3, slow_s=1.0)
+    res, out = measure(
+        lambda: mlxq.sdpa(q, kq, vq, scale=scale, mask="causal"),
+        warmup=1,
+        repeats_fast=5,
+        repeats_slow=3,
+        slow_s=1.0,
+    )
     row["mlxq"] = res
     row["mlxq_sample_err_vs_f32"] = sample_error(q, kq, vq, out, scale)
     print(f"L=N={L}: mlxq {fmt_ms(res)}, peak {fmt_peak(res)}", flush=True)
 
     def fast_fn(q, k, v, kq, vq):
-        return lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale,
-                                                            mask="causal")
+        return lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal")
 
     def comp_fn(q, k, v, kq, vq):
         return lambda: comp(q, kq, vq, scale)
 
     for name, make_fn in (("fast", fast_fn), ("comp", comp_fn)):
-        cal = (calibration(name, make_fn, budget, args, calibrations)
-               if L > 2 * CALIBRATION_L else None)
+        cal = (
+            calibration(name, make_fn, budget, args, calibrations)
+            if L > 2 * CALIBRATION_L
+            else None
+        )
         res_b, out_b = run_baseline(name, make_fn(q, k, v, kq, vq), elems, budget, args, cal)
         row[name] = res_b
         if name == "comp":
@@ -312,18 +353,34 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help=f"L in {QUICK_SIZES}")
     p.add_argument("--L", type=int, nargs="+", help=f"sizes, L = N (default {SIZES})")
-    p.add_argument("--max-seconds", type=float, default=300.0,
-                   help="skip a baseline whose estimated time per call exceeds this (default 300)")
-    p.add_argument("--mem-fraction", type=float, default=0.7,
-                   help="skip a baseline whose estimated peak exceeds this fraction of "
-                        "physical memory (default 0.7)")
-    p.add_argument("--baseline-warmup", type=int, default=1,
-                   help="untimed baseline calls first (default 1)")
-    p.add_argument("--baseline-repeats", type=int, default=1,
-                   help="timed calls of a baseline slower than 2 s (default 1; 3 when faster)")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=300.0,
+        help="skip a baseline whose estimated time per call exceeds this (default 300)",
+    )
+    p.add_argument(
+        "--mem-fraction",
+        type=float,
+        default=0.7,
+        help="skip a baseline whose estimated peak exceeds this fraction of "
+        "physical memory (default 0.7)",
+    )
+    p.add_argument(
+        "--baseline-warmup", type=int, default=1, help="untimed baseline calls first (default 1)"
+    )
+    p.add_argument(
+        "--baseline-repeats",
+        type=int,
+        default=1,
+        help="timed calls of a baseline slower than 2 s (default 1; 3 when faster)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", help="JSON path (default bench/results/prefill_cpu.json, "
-                                 "or prefill_cpu_quick.json with --quick)")
+    p.add_argument(
+        "--out",
+        help="JSON path (default bench/results/prefill_cpu.json, "
+        "or prefill_cpu_quick.json with --quick)",
+    )
     args = p.parse_args()
 
     if args.out is None:
@@ -338,13 +395,19 @@ def main():
     comp, comp_name = composition()
     info = common.machine_info()
     common.print_machine(info)
-    print(f"prefill : B=1, L=N, Hq={HQ} Hkv={HKV} D={D}, {BITS}-bit group {GROUP_SIZE}, "
-          "q/K/V bf16, causal")
+    print(
+        f"prefill : B=1, L=N, Hq={HQ} Hkv={HKV} D={D}, {BITS}-bit group {GROUP_SIZE}, "
+        "q/K/V bf16, causal"
+    )
     print(f"comp    : {comp_name}")
-    print("peak    : mx.get_peak_memory() - active memory before the call (its output "
-          "included, inputs not)")
-    print(f"budget  : baselines run when estimated <= {args.max_seconds:.0f} s per call and "
-          f"<= {args.mem_fraction:.0%} of {'?' if phys is None else f'{phys / GiB:.1f} GiB'}")
+    print(
+        "peak    : mx.get_peak_memory() - active memory before the call (its output "
+        "included, inputs not)"
+    )
+    print(
+        f"budget  : baselines run when estimated <= {args.max_seconds:.0f} s per call and "
+        f"<= {args.mem_fraction:.0%} of {'?' if phys is None else f'{phys / GiB:.1f} GiB'}"
+    )
     print("err     : mlxq vs f32 attention over the dequantized K/V, first and last 64 queries")
     print(flush=True)
 
@@ -357,31 +420,47 @@ def main():
     print_table(rows)
     print()
     for r in rows:
-        print(f"L=N={r['L']}: inputs q {r['q_bytes'] / MiB:.0f} MiB + 4-bit K/V "
-              f"{r['kv_quantized_bytes'] / MiB:.1f} MiB (bf16 K/V {r['kv_bf16_bytes'] / MiB:.0f}"
-              f" MiB), output {r['output_bytes'] / MiB:.0f} MiB; f32 score matrix "
-              f"Hq*L*N*4 = {r['score_matrix_f32_bytes'] / GiB:.2f} GiB")
+        print(
+            f"L=N={r['L']}: inputs q {r['q_bytes'] / MiB:.0f} MiB + 4-bit K/V "
+            f"{r['kv_quantized_bytes'] / MiB:.1f} MiB (bf16 K/V {r['kv_bf16_bytes'] / MiB:.0f}"
+            f" MiB), output {r['output_bytes'] / MiB:.0f} MiB; f32 score matrix "
+            f"Hq*L*N*4 = {r['score_matrix_f32_bytes'] / GiB:.2f} GiB"
+        )
 
-    common.save_json(args.out, {
-        "benchmark": "prefill",
-        "machine": info,
-        "mlx_version": info["mlx_version"],
-        "date": info["date"],
-        "composition": comp_name,
-        "settings": {
-            "B": 1, "Hq": HQ, "Hkv": HKV, "D": D, "bits": BITS, "group_size": GROUP_SIZE,
-            "dtype": "bfloat16", "mask": "causal", "L": sizes, "quick": args.quick,
-            "max_seconds": args.max_seconds, "mem_fraction": args.mem_fraction,
-            "physical_memory_bytes": phys, "baseline_warmup": args.baseline_warmup,
-            "baseline_repeats_when_slow": args.baseline_repeats, "seed": args.seed,
-            "peak": "mx.get_peak_memory() after mx.reset_peak_memory(), minus "
-                    "mx.get_active_memory() before the call; max over the timed calls",
-            "note": "mlxq's per-thread scratch (one row tile and one 32-key chunk, "
-                    "under 100 KiB per thread) is malloc'd outside MLX and not in its peak",
+    common.save_json(
+        args.out,
+        {
+            "benchmark": "prefill",
+            "machine": info,
+            "mlx_version": info["mlx_version"],
+            "date": info["date"],
+            "composition": comp_name,
+            "settings": {
+                "B": 1,
+                "Hq": HQ,
+                "Hkv": HKV,
+                "D": D,
+                "bits": BITS,
+                "group_size": GROUP_SIZE,
+                "dtype": "bfloat16",
+                "mask": "causal",
+                "L": sizes,
+                "quick": args.quick,
+                "max_seconds": args.max_seconds,
+                "mem_fraction": args.mem_fraction,
+                "physical_memory_bytes": phys,
+                "baseline_warmup": args.baseline_warmup,
+                "baseline_repeats_when_slow": args.baseline_repeats,
+                "seed": args.seed,
+                "peak": "mx.get_peak_memory() after mx.reset_peak_memory(), minus "
+                "mx.get_active_memory() before the call; max over the timed calls",
+                "note": "mlxq's per-thread scratch (one row tile and one 32-key chunk, "
+                "under 100 KiB per thread) is malloc'd outside MLX and not in its peak",
+            },
+            "calibrations": calibrations,
+            "rows": rows,
         },
-        "calibrations": calibrations,
-        "rows": rows,
-    })
+    )
 
 
 if __name__ == "__main__":

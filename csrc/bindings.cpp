@@ -90,9 +90,14 @@ NB_MODULE(_ext, m) {
 
   m.def(
       "quantized_ring_update",
-      [](const mx::array& packed, const mx::array& scales, const mx::array& biases,
-         const mx::array& update, const mlxq::Position& pos, int group_size,
-         int bits, mx::StreamOrDevice s) {
+      [](const mx::array& packed,
+         const mx::array& scales,
+         const mx::array& biases,
+         const mx::array& update,
+         const mlxq::Position& pos,
+         int group_size,
+         int bits,
+         mx::StreamOrDevice s) {
         auto out = translate_errors([&] {
           return mlxq::quantized_ring_update(
               packed, scales, biases, update, pos, group_size, bits, s);
@@ -112,10 +117,19 @@ NB_MODULE(_ext, m) {
 
   m.def(
       "quantized_kv_update",
-      [](const mx::array& kp, const mx::array& ks, const mx::array& kb,
-         const mx::array& vp, const mx::array& vs, const mx::array& vb,
-         const mx::array& k_update, const mx::array& v_update, const mlxq::Position& pos,
-         int group_size, int bits, int fetch, mx::StreamOrDevice s) {
+      [](const mx::array& kp,
+         const mx::array& ks,
+         const mx::array& kb,
+         const mx::array& vp,
+         const mx::array& vs,
+         const mx::array& vb,
+         const mx::array& k_update,
+         const mx::array& v_update,
+         const mlxq::Position& pos,
+         int group_size,
+         int bits,
+         int fetch,
+         mx::StreamOrDevice s) {
         auto out = translate_errors([&] {
           return mlxq::quantized_kv_update(
               {kp, ks, kb}, {vp, vs, vb}, k_update, v_update, pos, group_size, bits, fetch, s);
@@ -128,8 +142,8 @@ NB_MODULE(_ext, m) {
         // Also the caches' fetch, rows [0, fetch) of every array, as views
         // that the same primitive outputs: six Python slices cost more than
         // the write itself.
-        return nb::make_tuple(k, v, nb::make_tuple(out[6], out[7], out[8]),
-                              nb::make_tuple(out[9], out[10], out[11]));
+        return nb::make_tuple(
+            k, v, nb::make_tuple(out[6], out[7], out[8]), nb::make_tuple(out[9], out[10], out[11]));
       },
       "k_packed"_a,
       "k_scales"_a,

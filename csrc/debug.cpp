@@ -66,10 +66,18 @@ void poison_if_enabled(mx::array& out) {
   }
   const float nan = std::numeric_limits<float>::quiet_NaN();
   switch (out.dtype()) {
-    case mx::float32: fill<float>(out, nan); break;
-    case mx::float16: fill<mx::float16_t>(out, mx::float16_t(nan)); break;
-    case mx::bfloat16: fill<mx::bfloat16_t>(out, mx::bfloat16_t(nan)); break;
-    default: std::memset(out.data<void>(), 0xFF, out.nbytes()); break;
+    case mx::float32:
+      fill<float>(out, nan);
+      break;
+    case mx::float16:
+      fill<mx::float16_t>(out, mx::float16_t(nan));
+      break;
+    case mx::bfloat16:
+      fill<mx::bfloat16_t>(out, mx::bfloat16_t(nan));
+      break;
+    default:
+      std::memset(out.data<void>(), 0xFF, out.nbytes());
+      break;
   }
 }
 

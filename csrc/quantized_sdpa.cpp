@@ -21,35 +21,67 @@ struct Triple {
 // Checks one (packed, scales, biases) triple on its own and returns its
 // (elements per row, groups per row).
 void check_triple(const Triple& t) {
-  for (auto [part, a] : {std::pair<const char*, const mx::array*>{"packed", &t.packed},
-                         {"scales", &t.scales},
-                         {"biases", &t.biases}}) {
+  for (auto [part, a] :
+       {std::pair<const char*, const mx::array*>{"packed", &t.packed},
+        {"scales", &t.scales},
+        {"biases", &t.biases}}) {
     if (a->ndim() != 4) {
-      fail(kOp, t.name, " ", part, " must be 4-D [B, H_kv, N, ...], got shape ",
-           shape_str(a->shape()), ".");
+      fail(
+          kOp,
+          t.name,
+          " ",
+          part,
+          " must be 4-D [B, H_kv, N, ...], got shape ",
+          shape_str(a->shape()),
+          ".");
     }
   }
   if (t.packed.dtype() != mx::uint32) {
-    fail(kOp, t.name, " packed must be uint32 (as mx.quantize returns), got ",
-         dtype_str(t.packed.dtype()), ".");
+    fail(
+        kOp,
+        t.name,
+        " packed must be uint32 (as mx.quantize returns), got ",
+        dtype_str(t.packed.dtype()),
+        ".");
   }
   if (!is_float_dtype(t.scales.dtype())) {
-    fail(kOp, t.name, " scales must be float32, float16 or bfloat16, got ",
-         dtype_str(t.scales.dtype()), ".");
+    fail(
+        kOp,
+        t.name,
+        " scales must be float32, float16 or bfloat16, got ",
+        dtype_str(t.scales.dtype()),
+        ".");
   }
   if (t.biases.dtype() != t.scales.dtype()) {
-    fail(kOp, t.name, " biases dtype ", dtype_str(t.biases.dtype()),
-         " does not match its scales dtype ", dtype_str(t.scales.dtype()), ".");
+    fail(
+        kOp,
+        t.name,
+        " biases dtype ",
+        dtype_str(t.biases.dtype()),
+        " does not match its scales dtype ",
+        dtype_str(t.scales.dtype()),
+        ".");
   }
   if (t.scales.shape() != t.biases.shape()) {
-    fail(kOp, t.name, " scales shape ", shape_str(t.scales.shape()),
-         " does not match its biases shape ", shape_str(t.biases.shape()), ".");
+    fail(
+        kOp,
+        t.name,
+        " scales shape ",
+        shape_str(t.scales.shape()),
+        " does not match its biases shape ",
+        shape_str(t.biases.shape()),
+        ".");
   }
   for (int d = 0; d < 3; ++d) {
     if (t.packed.shape(d) != t.scales.shape(d)) {
-      fail(kOp, t.name, " packed shape ", shape_str(t.packed.shape()),
-           " and scales shape ", shape_str(t.scales.shape()),
-           " disagree on [B, H_kv, N].");
+      fail(
+          kOp,
+          t.name,
+          " packed shape ",
+          shape_str(t.packed.shape()),
+          " and scales shape ",
+          shape_str(t.scales.shape()),
+          " disagree on [B, H_kv, N].");
     }
   }
 }
@@ -64,27 +96,60 @@ std::pair<int, int> infer_quantization(
   int words = t.packed.shape(3);
   int groups = t.scales.shape(3);
   if (dim <= 0 || words <= 0 || groups <= 0) {
-    fail(kOp, t.name, " has an empty head dimension (packed ",
-         shape_str(t.packed.shape()), ", scales ", shape_str(t.scales.shape()),
-         ").");
+    fail(
+        kOp,
+        t.name,
+        " has an empty head dimension (packed ",
+        shape_str(t.packed.shape()),
+        ", scales ",
+        shape_str(t.scales.shape()),
+        ").");
   }
   int b = bits.value_or((words * 32) / dim);
   int g = group_size.value_or(dim / groups);
   if (!is_supported_bits(b)) {
-    fail(kOp, "bits must be ", supported_bits_text(), ", got ", b,
-         bits ? "." : " (inferred from the packed width).");
+    fail(
+        kOp,
+        "bits must be ",
+        supported_bits_text(),
+        ", got ",
+        b,
+        bits ? "." : " (inferred from the packed width).");
   }
   if (!is_supported_group_size(g)) {
-    fail(kOp, "group_size must be ", supported_group_sizes_text(), ", got ", g,
-         group_size ? "." : " (inferred from the scales width).");
+    fail(
+        kOp,
+        "group_size must be ",
+        supported_group_sizes_text(),
+        ", got ",
+        g,
+        group_size ? "." : " (inferred from the scales width).");
   }
   if (words * 32 != dim * b) {
-    fail(kOp, t.name, " packed width ", words, " does not hold ", dim,
-         " values of ", b, " bits (expected ", (dim * b) / 32.0, ").");
+    fail(
+        kOp,
+        t.name,
+        " packed width ",
+        words,
+        " does not hold ",
+        dim,
+        " values of ",
+        b,
+        " bits (expected ",
+        (dim * b) / 32.0,
+        ").");
   }
   if (groups * g != dim) {
-    fail(kOp, t.name, " scales width ", groups, " does not match ", dim,
-         " values in groups of ", g, ".");
+    fail(
+        kOp,
+        t.name,
+        " scales width ",
+        groups,
+        " does not match ",
+        dim,
+        " values in groups of ",
+        g,
+        ".");
   }
   return {b, g};
 }
@@ -107,36 +172,48 @@ mx::array quantized_sdpa(
     std::optional<int> group_size,
     mx::StreamOrDevice s) {
   if (q.ndim() != 4) {
-    fail(kOp, "queries must be 4-D [B, H_q, L, D], got shape ",
-         shape_str(q.shape()), ".");
+    fail(kOp, "queries must be 4-D [B, H_q, L, D], got shape ", shape_str(q.shape()), ".");
   }
   if (!is_float_dtype(q.dtype())) {
-    fail(kOp, "queries must be float32, float16 or bfloat16, got ",
-         dtype_str(q.dtype()), ".");
+    fail(kOp, "queries must be float32, float16 or bfloat16, got ", dtype_str(q.dtype()), ".");
   }
   Triple kt{"keys", k_packed, k_scales, k_biases};
   Triple vt{"values", v_packed, v_scales, v_biases};
   check_triple(kt);
   check_triple(vt);
   if (k_scales.dtype() != v_scales.dtype()) {
-    fail(kOp, "keys and values must be quantized with the same scales dtype, got ",
-         dtype_str(k_scales.dtype()), " and ", dtype_str(v_scales.dtype()), ".");
+    fail(
+        kOp,
+        "keys and values must be quantized with the same scales dtype, got ",
+        dtype_str(k_scales.dtype()),
+        " and ",
+        dtype_str(v_scales.dtype()),
+        ".");
   }
   for (int d = 0; d < 3; ++d) {
     if (k_packed.shape(d) != v_packed.shape(d)) {
-      fail(kOp, "keys ", shape_str(k_packed.shape()), " and values ",
-           shape_str(v_packed.shape()), " disagree on [B, H_kv, N].");
+      fail(
+          kOp,
+          "keys ",
+          shape_str(k_packed.shape()),
+          " and values ",
+          shape_str(v_packed.shape()),
+          " disagree on [B, H_kv, N].");
     }
   }
   int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), Dk = q.shape(3);
   int Hkv = k_packed.shape(1), N = k_packed.shape(2);
   if (k_packed.shape(0) != B) {
-    fail(kOp, "queries batch ", B, " does not match the keys batch ",
-         k_packed.shape(0), ".");
+    fail(kOp, "queries batch ", B, " does not match the keys batch ", k_packed.shape(0), ".");
   }
   if (Hkv < 1 || Hq % Hkv != 0) {
-    fail(kOp, "the number of query heads (", Hq,
-         ") must be a multiple of the number of KV heads (", Hkv, ").");
+    fail(
+        kOp,
+        "the number of query heads (",
+        Hq,
+        ") must be a multiple of the number of KV heads (",
+        Hkv,
+        ").");
   }
   if (Dk > kMaxHeadDim) {
     fail(kOp, "query head dimension ", Dk, " exceeds the maximum ", kMaxHeadDim, ".");
@@ -155,8 +232,7 @@ mx::array quantized_sdpa(
   }
 
   QuantizedSDPAParams params{scale, kb, kg, MaskKind::None, false};
-  std::vector<mx::array> inputs = {
-      q, k_packed, k_scales, k_biases, v_packed, v_scales, v_biases};
+  std::vector<mx::array> inputs = {q, k_packed, k_scales, k_biases, v_packed, v_scales, v_biases};
 
   if (!mask_mode.empty() && mask_mode != "causal") {
     fail(kOp, "mask must be None, \"causal\" or an array, got \"", mask_mode, "\".");
@@ -169,8 +245,11 @@ mx::array quantized_sdpa(
   } else if (mask) {
     const auto& m = *mask;
     if (m.dtype() != mx::bool_ && !is_float_dtype(m.dtype())) {
-      fail(kOp, "mask array must be bool or float32/float16/bfloat16, got ",
-           dtype_str(m.dtype()), ".");
+      fail(
+          kOp,
+          "mask array must be bool or float32/float16/bfloat16, got ",
+          dtype_str(m.dtype()),
+          ".");
     }
     mx::Shape target = {B, Hq, L, N};
     bool ok = m.ndim() <= 4;
@@ -179,8 +258,13 @@ mx::array quantized_sdpa(
       ok = dm == dt || dm == 1;
     }
     if (!ok) {
-      fail(kOp, "mask shape ", shape_str(m.shape()),
-           " cannot be broadcast to [B, H_q, L, N] = ", shape_str(target), ".");
+      fail(
+          kOp,
+          "mask shape ",
+          shape_str(m.shape()),
+          " cannot be broadcast to [B, H_q, L, N] = ",
+          shape_str(target),
+          ".");
     }
     params.mask = MaskKind::Array;
     // A broadcast view: the kernel reads it through its (zero) strides.
@@ -188,12 +272,10 @@ mx::array quantized_sdpa(
   }
   if (sinks) {
     if (sinks->ndim() != 1 || sinks->shape(0) != Hq) {
-      fail(kOp, "sinks must have shape (H_q,) = (", Hq, ",), got ",
-           shape_str(sinks->shape()), ".");
+      fail(kOp, "sinks must have shape (H_q,) = (", Hq, ",), got ", shape_str(sinks->shape()), ".");
     }
     if (!is_float_dtype(sinks->dtype())) {
-      fail(kOp, "sinks must be float32, float16 or bfloat16, got ",
-           dtype_str(sinks->dtype()), ".");
+      fail(kOp, "sinks must be float32, float16 or bfloat16, got ", dtype_str(sinks->dtype()), ".");
     }
     params.has_sinks = true;
     // The kernels read sinks[h] directly: a strided or broadcast float32 view
@@ -214,8 +296,7 @@ bool QuantizedSDPA::is_equivalent(const mx::Primitive& other) const {
   return params_ == o.params_;
 }
 
-std::vector<mx::Shape> QuantizedSDPA::output_shapes(
-    const std::vector<mx::array>& inputs) {
+std::vector<mx::Shape> QuantizedSDPA::output_shapes(const std::vector<mx::array>& inputs) {
   const auto& q = inputs[0];
   int Dv = (inputs[4].shape(3) * 32) / params_.bits;
   return {{q.shape(0), q.shape(1), q.shape(2), Dv}};

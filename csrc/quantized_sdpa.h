@@ -45,8 +45,7 @@ class QuantizedSDPA : public mx::UnaryPrimitive {
     return "QuantizedSDPA";
   }
   bool is_equivalent(const mx::Primitive& other) const override;
-  std::vector<mx::Shape> output_shapes(
-      const std::vector<mx::array>& inputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
 
   const QuantizedSDPAParams& params() const {
     return params_;

@@ -20,8 +20,11 @@ mx::array position_input(const char* op, const Position& pos, mx::StreamOrDevice
   }
   const auto& a = std::get<mx::array>(pos);
   if (a.size() != 1) {
-    fail(op, "pos must be an int or a one-element integer array, got shape ",
-         shape_str(a.shape()), ".");
+    fail(
+        op,
+        "pos must be an int or a one-element integer array, got shape ",
+        shape_str(a.shape()),
+        ".");
   }
   if (!mx::issubdtype(a.dtype(), mx::integer)) {
     fail(op, "pos array must have an integer dtype, got ", dtype_str(a.dtype()), ".");
@@ -31,11 +34,21 @@ mx::array position_input(const char* op, const Position& pos, mx::StreamOrDevice
   if (a.is_available()) {
     int64_t v = 0;
     switch (a.dtype()) {
-      case mx::int8: v = *a.data<int8_t>(); break;
-      case mx::int16: v = *a.data<int16_t>(); break;
-      case mx::int32: v = *a.data<int32_t>(); break;
-      case mx::int64: v = *a.data<int64_t>(); break;
-      default: v = 0; break; // unsigned: never negative
+      case mx::int8:
+        v = *a.data<int8_t>();
+        break;
+      case mx::int16:
+        v = *a.data<int16_t>();
+        break;
+      case mx::int32:
+        v = *a.data<int32_t>();
+        break;
+      case mx::int64:
+        v = *a.data<int64_t>();
+        break;
+      default:
+        v = 0;
+        break; // unsigned: never negative
     }
     if (v < 0) {
       fail(op, "pos must be >= 0, got ", v, ".");
@@ -53,14 +66,18 @@ void check_rows(const char* op, const mx::array& rows, const char* name) {
 void check_update_fits(const char* op, const mx::array& buffer, const mx::array& update) {
   for (int d : {0, 1}) {
     if (update.shape(d) != buffer.shape(d)) {
-      fail(op, "update shape ", shape_str(update.shape()),
-           " does not match the buffer shape ", shape_str(buffer.shape()),
-           " in [B, H].");
+      fail(
+          op,
+          "update shape ",
+          shape_str(update.shape()),
+          " does not match the buffer shape ",
+          shape_str(buffer.shape()),
+          " in [B, H].");
     }
   }
   if (update.shape(2) > buffer.shape(2)) {
-    fail(op, "update has ", update.shape(2), " rows but the ring holds only ",
-         buffer.shape(2), ".");
+    fail(
+        op, "update has ", update.shape(2), " rows but the ring holds only ", buffer.shape(2), ".");
   }
   if (buffer.shape(2) < 1) {
     fail(op, "the buffer has no rows.");
@@ -85,31 +102,65 @@ void check_triple(
     fail(op, what, "packed must be uint32, got ", dtype_str(packed.dtype()), ".");
   }
   if (!is_float_dtype(scales.dtype()) || biases.dtype() != scales.dtype()) {
-    fail(op, what, "scales and biases must share one float dtype, got ",
-         dtype_str(scales.dtype()), " and ", dtype_str(biases.dtype()), ".");
+    fail(
+        op,
+        what,
+        "scales and biases must share one float dtype, got ",
+        dtype_str(scales.dtype()),
+        " and ",
+        dtype_str(biases.dtype()),
+        ".");
   }
   if (scales.shape() != biases.shape()) {
-    fail(op, what, "scales shape ", shape_str(scales.shape()),
-         " does not match biases shape ", shape_str(biases.shape()), ".");
+    fail(
+        op,
+        what,
+        "scales shape ",
+        shape_str(scales.shape()),
+        " does not match biases shape ",
+        shape_str(biases.shape()),
+        ".");
   }
   for (int d = 0; d < 3; ++d) {
     if (packed.shape(d) != scales.shape(d)) {
-      fail(op, what, "packed shape ", shape_str(packed.shape()), " and scales shape ",
-           shape_str(scales.shape()), " disagree on [B, H, S].");
+      fail(
+          op,
+          what,
+          "packed shape ",
+          shape_str(packed.shape()),
+          " and scales shape ",
+          shape_str(scales.shape()),
+          " disagree on [B, H, S].");
     }
   }
   if (update.dtype() != scales.dtype()) {
-    fail(op, what, "update dtype ", dtype_str(update.dtype()),
-         " must match the scales dtype ", dtype_str(scales.dtype()),
-         " (mx.quantize keeps the input's dtype for scales and biases).");
+    fail(
+        op,
+        what,
+        "update dtype ",
+        dtype_str(update.dtype()),
+        " must match the scales dtype ",
+        dtype_str(scales.dtype()),
+        " (mx.quantize keeps the input's dtype for scales and biases).");
   }
   check_update_fits(op, packed, update);
   const int D = update.shape(3);
   if (D % group_size != 0 || scales.shape(3) * group_size != D ||
       packed.shape(3) * 32 != D * bits) {
-    fail(op, what, "update rows of ", D, " elements do not fit packed width ",
-         packed.shape(3), " and scales width ", scales.shape(3), " at ", bits,
-         " bits, group size ", group_size, ".");
+    fail(
+        op,
+        what,
+        "update rows of ",
+        D,
+        " elements do not fit packed width ",
+        packed.shape(3),
+        " and scales width ",
+        scales.shape(3),
+        " at ",
+        bits,
+        " bits, group size ",
+        group_size,
+        ".");
   }
 }
 
@@ -118,8 +169,7 @@ void check_quantization(const char* op, int group_size, int bits) {
     fail(op, "bits must be ", supported_bits_text(), ", got ", bits, ".");
   }
   if (!is_supported_group_size(group_size)) {
-    fail(op, "group_size must be ", supported_group_sizes_text(), ", got ",
-         group_size, ".");
+    fail(op, "group_size must be ", supported_group_sizes_text(), ", got ", group_size, ".");
   }
 }
 
@@ -135,14 +185,23 @@ mx::array ring_update(
   check_rows(op, buffer, "buffer");
   check_rows(op, update, "update");
   if (buffer.dtype() != update.dtype()) {
-    fail(op, "update dtype ", dtype_str(update.dtype()),
-         " does not match the buffer dtype ", dtype_str(buffer.dtype()), ".");
+    fail(
+        op,
+        "update dtype ",
+        dtype_str(update.dtype()),
+        " does not match the buffer dtype ",
+        dtype_str(buffer.dtype()),
+        ".");
   }
   check_update_fits(op, buffer, update);
   if (update.shape(3) != buffer.shape(3)) {
-    fail(op, "update shape ", shape_str(update.shape()),
-         " does not match the buffer shape ", shape_str(buffer.shape()),
-         " in the last dimension.");
+    fail(
+        op,
+        "update shape ",
+        shape_str(update.shape()),
+        " does not match the buffer shape ",
+        shape_str(buffer.shape()),
+        " in the last dimension.");
   }
   auto p = position_input(op, pos, s);
   return mx::array(
@@ -175,8 +234,7 @@ std::vector<mx::array> quantized_ring_update(
     out.emplace_back(
         b.shape(),
         b.dtype(),
-        std::make_shared<QuantizedRingUpdate>(
-            mx::to_stream(s), group_size, bits, parts[i]),
+        std::make_shared<QuantizedRingUpdate>(mx::to_stream(s), group_size, bits, parts[i]),
         std::vector<mx::array>{b, update, p});
   }
   return out;
@@ -201,9 +259,17 @@ std::vector<mx::array> quantized_kv_update(
   check_triple(op, "values: ", v_triple[0], v_triple[1], v_triple[2], v_update, group_size, bits);
   for (int d = 0; d < 3; ++d) {
     if (k_triple[0].shape(d) != v_triple[0].shape(d) || k_update.shape(d) != v_update.shape(d)) {
-      fail(op, "keys ", shape_str(k_triple[0].shape()), " / ", shape_str(k_update.shape()),
-           " and values ", shape_str(v_triple[0].shape()), " / ", shape_str(v_update.shape()),
-           " must agree on [B, H, S] and [B, H, T].");
+      fail(
+          op,
+          "keys ",
+          shape_str(k_triple[0].shape()),
+          " / ",
+          shape_str(k_update.shape()),
+          " and values ",
+          shape_str(v_triple[0].shape()),
+          " / ",
+          shape_str(v_update.shape()),
+          " must agree on [B, H, S] and [B, H, T].");
     }
   }
   const int S = k_triple[0].shape(2);
@@ -221,8 +287,11 @@ std::vector<mx::array> quantized_kv_update(
   // A fetch of every row is the buffers themselves.
   const int views = fetch >= 0 && fetch < S ? fetch : -1;
   auto primitive = std::make_shared<QuantizedKVUpdate>(
-      mx::to_stream(s), group_size, bits,
-      std::holds_alternative<int>(pos) ? std::get<int>(pos) : -1, views);
+      mx::to_stream(s),
+      group_size,
+      bits,
+      std::holds_alternative<int>(pos) ? std::get<int>(pos) : -1,
+      views);
   std::vector<mx::Dtype> dtypes;
   for (int i = 0; i < (views >= 0 ? 12 : 6); ++i) {
     dtypes.push_back(inputs[i % 6].dtype());

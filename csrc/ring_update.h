@@ -32,8 +32,7 @@ class RingUpdate : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     return owned_ == static_cast<const RingUpdate&>(other).owned_;
   }
-  std::vector<mx::Shape> output_shapes(
-      const std::vector<mx::array>& inputs) override {
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     return {inputs[0].shape()};
   }
   bool owned() const {
@@ -62,10 +61,7 @@ class QuantizedRingUpdate : public mx::UnaryPrimitive {
   enum class Part : int { Codes = 0, Scales = 1, Biases = 2 };
 
   QuantizedRingUpdate(mx::Stream stream, int group_size, int bits, Part part)
-      : mx::UnaryPrimitive(stream),
-        group_size_(group_size),
-        bits_(bits),
-        part_(part) {}
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), part_(part) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -74,8 +70,7 @@ class QuantizedRingUpdate : public mx::UnaryPrimitive {
     return "QuantizedRingUpdate";
   }
   bool is_equivalent(const mx::Primitive& other) const override;
-  std::vector<mx::Shape> output_shapes(
-      const std::vector<mx::array>& inputs) override {
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     return {inputs[0].shape()};
   }
   int group_size() const {
@@ -118,8 +113,12 @@ class QuantizedKVUpdate : public mx::Primitive {
   // `fetch` in [0, S): six more outputs, rows [0, fetch) of the six buffers
   // as views (a cache's fetch, without six Slice primitives per layer to
   // build and evaluate). -1: none.
-  QuantizedKVUpdate(mx::Stream stream, int group_size, int bits, int static_pos = -1,
-                    int fetch = -1)
+  QuantizedKVUpdate(
+      mx::Stream stream,
+      int group_size,
+      int bits,
+      int static_pos = -1,
+      int fetch = -1)
       : mx::Primitive(stream),
         group_size_(group_size),
         bits_(bits),

@@ -22,8 +22,15 @@ struct SdpaPlan {
 };
 
 inline SdpaPlan plan_sdpa(
-    int B, int Hkv, int rep, int L, int N, int max_rows, long want_tasks,
-    int min_split_keys, int key_multiple) {
+    int B,
+    int Hkv,
+    int rep,
+    int L,
+    int N,
+    int max_rows,
+    long want_tasks,
+    int min_split_keys,
+    int key_multiple) {
   SdpaPlan p{};
   p.rows = rep * L;
   const int tiles = (p.rows + max_rows - 1) / max_rows;

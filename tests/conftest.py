@@ -8,7 +8,6 @@ import pytest
 
 import mlxq
 
-
 # Every test runs on each available device: the CPU, and the GPU stream when
 # MLX has one (CUDA or Metal). Tests use the default device, so the same test
 # body checks every backend's kernels.

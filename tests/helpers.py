@@ -11,7 +11,8 @@ import mlxq
 
 DTYPES = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
 
-# DESIGN.md "Numerics": bound on ||out - ref|| / ||ref|| by query dtype.
+# The project's numerics contract (its design card's "Numerics", kept
+# outside this tree): bound on ||out - ref|| / ||ref|| by query dtype.
 TOL = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 1e-2}
 
 
@@ -56,7 +57,7 @@ def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
 
 
 def assert_close(out: mx.array, ref: np.ndarray, dtype=None, tol=None) -> float:
-    """Checks ``out`` against a float64 reference with DESIGN.md's tolerance.
+    """Checks ``out`` against a float64 reference with the tolerance TOL above.
 
     Rows that the reference sets to exactly zero are rows with no visible key;
     the kernel must give exactly 0 there too. Returns the relative error.
@@ -122,8 +123,9 @@ def stock_or_skip(fn, *args, **kwargs):
         if "No implementation" not in str(e):
             raise
         first = (str(e).strip().splitlines() or [""])[0]
-        pytest.skip(f"MLX's {backend_name()} quantized_matmul has no kernel for this shape: "
-                    f"{first}")
+        pytest.skip(
+            f"MLX's {backend_name()} quantized_matmul has no kernel for this shape: {first}"
+        )
     return out
 
 
@@ -136,19 +138,23 @@ def exact_or_skip(baseline: np.ndarray, ref: np.ndarray) -> np.ndarray:
     if on_cuda_gpu():
         err = rel_err(baseline, ref)
         if err > TOL[mx.float32]:
-            pytest.skip(f"MLX's CUDA quantized_matmul composition is {err:.2g} from float64 "
-                        f"in f32 (> {TOL[mx.float32]:g}; its f32 matmuls round like TF32): "
-                        "no exact baseline here")
+            pytest.skip(
+                f"MLX's CUDA quantized_matmul composition is {err:.2g} from float64 "
+                f"in f32 (> {TOL[mx.float32]:g}; its f32 matmuls round like TF32): "
+                "no exact baseline here"
+            )
     return baseline
 
 
 def skip_mx_fast_oracle_on_cuda():
     """Skips a check of MLX's own ``mx.fast.scaled_dot_product_attention``
     against the float64 oracle on a CUDA GPU, where MLX's kernel is not held to
-    DESIGN.md's f32 bound (its f32 matmuls round like TF32, and its masks and
+    TOL's f32 bound (its f32 matmuls round like TF32, and its masks and
     sinks handling differs). mlxq's own kernels are checked against the
     oracle on every device regardless."""
     if on_cuda_gpu():
-        pytest.skip("MLX's CUDA mx.fast.scaled_dot_product_attention is not float32-exact "
-                    "(TF32-like f32 matmuls; masks/sinks differ): it is not held to the "
-                    "oracle's f32 bound here")
+        pytest.skip(
+            "MLX's CUDA mx.fast.scaled_dot_product_attention is not float32-exact "
+            "(TF32-like f32 matmuls; masks/sinks differ): it is not held to the "
+            "oracle's f32 bound here"
+        )

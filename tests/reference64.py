@@ -8,7 +8,6 @@ the kernel's alone.
 
 import mlx.core as mx
 import numpy as np
-
 from helpers import to_f64
 
 

@@ -13,10 +13,10 @@ import itertools
 import mlx.core as mx
 import numpy as np
 import pytest
+from cache_helpers import assert_same, fresh, kv, quantize, random_op, random_script
 from mlx_lm.models import cache as lm
 
 import mlxq
-from cache_helpers import assert_same, fresh, kv, quantize, random_op, random_script
 
 QUANT = [(32, 4), (64, 8), (128, 3), (64, 6), (32, 2), (64, 5)]  # (group_size, bits)
 
@@ -105,7 +105,7 @@ ROTATING = [
     (16, 4, 20, 40, 20),
     (33, 0, 40, 50, 20),
     (64, 3, 70, 80, 20),
-    (5, 4, 6, 12, 20),   # keep = max_size - 1: a one-slot ring
+    (5, 4, 6, 12, 20),  # keep = max_size - 1: a one-slot ring
 ]
 
 
@@ -119,7 +119,9 @@ def test_rotating_matches_mlx_lm(rng, max_size, keep, chunk_max, decode_max, n_o
             mlxq.RotatingKVCache(max_size, keep),
             lm.RotatingKVCache(max_size, keep),
             mlxq.RotatingQuantizedKVCache(max_size, keep, group_size=gs, bits=bits),
-            dtype, gs, bits,
+            dtype,
+            gs,
+            bits,
         )
         # A trim while filling and, at the end, a wrap, a reorder and a refused
         # trim happen for sure; the random middle mixes everything.
@@ -132,11 +134,25 @@ def test_rotating_matches_mlx_lm(rng, max_size, keep, chunk_max, decode_max, n_o
 
 def test_rotating_grows_past_one_step(rng):
     """max_size > 256: the buffer grows 256 then 44 rows before the ring wraps."""
-    pair = Pair(mlxq.RotatingKVCache(300, 2), lm.RotatingKVCache(300, 2),
-                mlxq.RotatingQuantizedKVCache(300, 2, group_size=64, bits=4),
-                mx.float32, 64, 4)
-    pair.run(rng, [("prefill", 100), ("decode", 250), ("trim", 5), ("decode", 40),
-                   ("prefill", 9), ("decode", 10)])
+    pair = Pair(
+        mlxq.RotatingKVCache(300, 2),
+        lm.RotatingKVCache(300, 2),
+        mlxq.RotatingQuantizedKVCache(300, 2, group_size=64, bits=4),
+        mx.float32,
+        64,
+        4,
+    )
+    pair.run(
+        rng,
+        [
+            ("prefill", 100),
+            ("decode", 250),
+            ("trim", 5),
+            ("decode", 40),
+            ("prefill", 9),
+            ("decode", 10),
+        ],
+    )
 
 
 @pytest.mark.parametrize("gs,bits", QUANT[:3])
@@ -173,8 +189,12 @@ def test_kv_cache_grows_like_mlx_lm(rng):
 
 
 def test_empty_caches():
-    for cache in [mlxq.KVCache(), mlxq.QuantizedKVCache(), mlxq.RotatingKVCache(4),
-                  mlxq.RotatingQuantizedKVCache(4)]:
+    for cache in [
+        mlxq.KVCache(),
+        mlxq.QuantizedKVCache(),
+        mlxq.RotatingKVCache(4),
+        mlxq.RotatingQuantizedKVCache(4),
+    ]:
         assert cache.empty() and cache.offset == 0 and cache.nbytes == 0 and cache.size() == 0
         assert cache.make_mask(1) is None and cache.make_mask(3) == "causal"
         with pytest.raises(ValueError, match="empty"):
@@ -213,7 +233,11 @@ def test_to_quantized(rng):
     qring = ring.to_quantized(group_size=64, bits=4)
     assert isinstance(qring, mlxq.RotatingQuantizedKVCache)
     assert (qring.offset, qring.ring_index, qring.keep, qring.max_size) == (
-        ring.offset, ring.ring_index, 2, 16)
+        ring.offset,
+        ring.ring_index,
+        2,
+        16,
+    )
     for T in [1, 1, 3, 1]:  # keeps running in lockstep with the plain ring
         k, v = kv(rng, T)
         got = ring.update_and_fetch(k, v)
@@ -244,13 +268,14 @@ def test_temporal_order(rng, max_size, keep, quantized):
         cache = mlxq.RotatingKVCache(max_size, keep)
     history, counter = [], 0
     for _ in range(40):
-        op, n = random_op(rng, cache.offset, max_size, chunk_max=max_size + 3,
-                          decode_max=2 * max_size)
+        op, n = random_op(
+            rng, cache.offset, max_size, chunk_max=max_size + 3, decode_max=2 * max_size
+        )
         if op == "trim":
             if cache.is_trimmable():
-                del history[len(history) - cache.trim(n):]
+                del history[len(history) - cache.trim(n) :]
             continue
-        for T in ([n] if op == "prefill" else [1] * n):
+        for T in [n] if op == "prefill" else [1] * n:
             ids = mx.arange(counter, counter + T, dtype=mx.float32)  # token ids in the values
             v = mx.broadcast_to(ids[None, None, :, None], (1, 1, T, 32))
             cache.update_and_fetch(v, v)
@@ -263,7 +288,7 @@ def test_temporal_order(rng, max_size, keep, quantized):
             held = len(got)
             assert held >= min(len(history), max_size)
             kept = min(keep, held)
-            assert got == history[:kept] + history[len(history) - held + kept:]
+            assert got == history[:kept] + history[len(history) - held + kept :]
 
 
 @pytest.mark.parametrize("kind", ["kv", "quantized", "rotating", "rotating_quantized"])
@@ -278,6 +303,7 @@ def test_restore_from_persisted_state(rng, kind):
     for T in [7, 1, 1, 1, 1, 1, 1, 5, 1, 1]:
         cache.update_and_fetch(*kv(rng, T))
     ring = getattr(cache, "ring_index", None)
+
     def copy(t):  # what a persisted state reads back: fresh arrays
         return tuple(map(mx.array, t)) if isinstance(t, tuple) else mx.array(t)
 
@@ -350,13 +376,14 @@ def test_sdpa_takes_every_fetch(rng, kind):
         mask = cache.make_mask(T)  # as a model asks: before the update
         keys, values = cache.update_and_fetch(k, v)
         q = mx.array(rng.standard_normal((1, 4, T, 128), dtype=np.float32)).astype(mx.float16)
-        out = mlxq.sdpa(q, keys, values, scale=128 ** -0.5, mask=mask)
+        out = mlxq.sdpa(q, keys, values, scale=128**-0.5, mask=mask)
         if isinstance(keys, tuple):
-            ref = sdpa64(q, keys, values, scale=128 ** -0.5, mask=mask, group_size=64, bits=8)
+            ref = sdpa64(q, keys, values, scale=128**-0.5, mask=mask, group_size=64, bits=8)
             assert_close(out, ref, dtype=mx.float16)
         else:
             want = mx.fast.scaled_dot_product_attention(
-                q, mx.contiguous(keys), mx.contiguous(values), scale=128 ** -0.5, mask=mask)
+                q, mx.contiguous(keys), mx.contiguous(values), scale=128**-0.5, mask=mask
+            )
             assert mx.allclose(out, want, atol=1e-3).item()
 
 
@@ -373,7 +400,7 @@ def test_quantized_fetch_is_read_in_place(rng):
     mx.synchronize()
     mx.reset_peak_memory()
     before = mx.get_active_memory()
-    out = mlxq.sdpa(q, keys, values, scale=128 ** -0.5)
+    out = mlxq.sdpa(q, keys, values, scale=128**-0.5)
     mx.eval(out)
     extra = mx.get_peak_memory() - before
     assert extra < view_bytes // 16, f"{extra} bytes allocated for a {view_bytes}-byte view"
@@ -397,13 +424,21 @@ def test_bad_construction():
         mlxq.RotatingKVCache(8.5)
 
 
-@pytest.mark.parametrize("make", [mlxq.KVCache, lambda: mlxq.QuantizedKVCache(64, 4),
-                                  lambda: mlxq.RotatingKVCache(8),
-                                  lambda: mlxq.RotatingQuantizedKVCache(8, 0, 64, 4)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        mlxq.KVCache,
+        lambda: mlxq.QuantizedKVCache(64, 4),
+        lambda: mlxq.RotatingKVCache(8),
+        lambda: mlxq.RotatingQuantizedKVCache(8, 0, 64, 4),
+    ],
+)
 def test_bad_updates(rng, make):
     cache = make()
     k, v = kv(rng, 2)
-    with pytest.raises(ValueError, match=r"keys must be a 4-D array \[B, H, T, D\], got \(2, 2, 128"):
+    with pytest.raises(
+        ValueError, match=r"keys must be a 4-D array \[B, H, T, D\], got \(2, 2, 128"
+    ):
         cache.update_and_fetch(k[0], v)
     with pytest.raises(ValueError, match=r"values must be a 4-D array .* got list"):
         cache.update_and_fetch(k, [1, 2])
@@ -427,8 +462,9 @@ def test_quantized_needs_whole_groups(rng):
     with pytest.raises(ValueError, match="head dim 96 is not a multiple of group_size 64"):
         mlxq.QuantizedKVCache(64, 4).update_and_fetch(*kv(rng, 1, D=96))
     with pytest.raises(ValueError, match="floating point"):
-        mlxq.QuantizedKVCache(64, 4).update_and_fetch(mx.zeros((1, 1, 1, 64), mx.int32),
-                                                      mx.zeros((1, 1, 1, 64), mx.int32))
+        mlxq.QuantizedKVCache(64, 4).update_and_fetch(
+            mx.zeros((1, 1, 1, 64), mx.int32), mx.zeros((1, 1, 1, 64), mx.int32)
+        )
 
 
 def test_trim_refused_once_the_ring_is_full(rng):
@@ -437,7 +473,9 @@ def test_trim_refused_once_the_ring_is_full(rng):
     assert cache.trim(2) == 2 and cache.offset == 1
     cache.update_and_fetch(*kv(rng, 3))
     assert not cache.is_trimmable()
-    with pytest.raises(ValueError, match=r"cannot trim 1 tokens: the ring is full \(offset 4 >= max"):
+    with pytest.raises(
+        ValueError, match=r"cannot trim 1 tokens: the ring is full \(offset 4 >= max"
+    ):
         cache.trim(1)
     assert cache.trim(0) == 0 and cache.offset == 4
 
@@ -446,7 +484,9 @@ def test_bad_restore_and_state(rng):
     k, v = kv(rng, 8)
     with pytest.raises(ValueError, match=r"offset 9 is outside \[0, 8\]"):
         mlxq.KVCache().restore(k, v, 9)
-    with pytest.raises(ValueError, match=r"ring index 9 must lie in \[0, min\(buffer rows 8, offset 12"):
+    with pytest.raises(
+        ValueError, match=r"ring index 9 must lie in \[0, min\(buffer rows 8, offset 12"
+    ):
         mlxq.RotatingKVCache(8).restore(k, v, 12, 9)
     with pytest.raises(ValueError, match="both be given or both be None"):
         mlxq.KVCache().restore(k, None, 0)

@@ -9,11 +9,11 @@ giving what the eager cache gives.
 import mlx.core as mx
 import numpy as np
 import pytest
-
-import mlxq
 from cache_helpers import kv
 
-SCALE = 128 ** -0.5
+import mlxq
+
+SCALE = 128**-0.5
 
 
 def compiled_step(quantized, traces):

@@ -5,11 +5,11 @@ import itertools
 import mlx.core as mx
 import numpy as np
 import pytest
+from cache_helpers import assert_same
 from mlx_lm.models import base as lm_base
 from mlx_lm.models import cache as lm_cache
 
 import mlxq
-from cache_helpers import assert_same
 
 
 @pytest.mark.parametrize(

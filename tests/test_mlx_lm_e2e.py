@@ -50,14 +50,14 @@ import types
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import assert_close, stock_or_skip
 from mlx_lm.models import base as lm_base
 from mlx_lm.models import cache as lm_cache
+from reference64 import sdpa64
 
 import mlxq
 import mlxq.mlx_lm as mlxq_lm
-from helpers import assert_close, stock_or_skip
 from mlxq.random_models import random_model
-from reference64 import sdpa64
 
 lm_generate = importlib.import_module("mlx_lm.generate")
 
@@ -76,8 +76,9 @@ def tokens(seed: int, n: int, vocab: int = 256):
     return np.random.default_rng(seed).integers(0, vocab, n).tolist()
 
 
-def teacher_forced(model, prompt, continuation, kv_bits=None, cache=None, step=PREFILL_STEP,
-                   logprobs=False):
+def teacher_forced(
+    model, prompt, continuation, kv_bits=None, cache=None, step=PREFILL_STEP, logprobs=False
+):
     """Per-step logits [steps, vocab] (float64), as generate_step would feed it
     (``logprobs``: generate_step's log-probabilities, in the model's dtype)."""
     if cache is None:
@@ -161,8 +162,7 @@ def runs(arch):
         res["counts"] = mlxq_lm.counters()
         kernel, mlxq_lm._attend = mlxq_lm._attend, composition
         try:
-            res["comp"] = deferred_baseline(
-                lambda: teacher_forced(model, prompt, cont, BITS)[0])
+            res["comp"] = deferred_baseline(lambda: teacher_forced(model, prompt, cont, BITS)[0])
         finally:
             mlxq_lm._attend = kernel
     _RUNS[key] = res
@@ -201,8 +201,9 @@ def test_kv8_logits_agree_with_mlx_lm_kv8(arch):
 def test_stock_kv_bits_crashes(arch):
     model, tokenizer = random_model(arch)
     with pytest.raises((NotImplementedError, ValueError)):
-        lm_generate.generate(model, tokenizer, tokens(3, 40), max_tokens=4,
-                             kv_bits=BITS, quantized_kv_start=0)
+        lm_generate.generate(
+            model, tokenizer, tokens(3, 40), max_tokens=4, kv_bits=BITS, quantized_kv_start=0
+        )
 
 
 @pytest.mark.parametrize("arch", STOCK_CRASHES)
@@ -228,13 +229,22 @@ def test_greedy_generation_returns_64_tokens(arch):
     prompt = tokens(4, 70)
     with mlxq_lm.enabled():
         mlxq_lm.reset_counters()
-        responses = list(lm_generate.stream_generate(
-            model, tokenizer, prompt, max_tokens=64, kv_bits=BITS,
-            kv_group_size=GROUP, quantized_kv_start=0, prefill_step_size=32,
-        ))
+        responses = list(
+            lm_generate.stream_generate(
+                model,
+                tokenizer,
+                prompt,
+                max_tokens=64,
+                kv_bits=BITS,
+                kv_group_size=GROUP,
+                quantized_kv_start=0,
+                prefill_step_size=32,
+            )
+        )
         assert mlxq_lm.counters()["mlxq"] > 0
-        text = lm_generate.generate(model, tokenizer, prompt, max_tokens=8, kv_bits=4,
-                                    quantized_kv_start=0)
+        text = lm_generate.generate(
+            model, tokenizer, prompt, max_tokens=8, kv_bits=4, quantized_kv_start=0
+        )
     assert len(responses) == 64 and responses[-1].generation_tokens == 64
     assert responses[-1].finish_reason == "length"
     assert isinstance(text, str)
@@ -243,8 +253,9 @@ def test_greedy_generation_returns_64_tokens(arch):
     generated = [r.token for r in responses]
     with mlxq_lm.enabled():
         cache = lm_cache.make_prompt_cache(model, kv_bits=BITS, kv_group_size=GROUP)
-        logprobs, _ = teacher_forced(model, prompt, generated, BITS, cache=cache, step=32,
-                                     logprobs=True)
+        logprobs, _ = teacher_forced(
+            model, prompt, generated, BITS, cache=cache, step=32, logprobs=True
+        )
     np.testing.assert_array_equal(logprobs.argmax(axis=1), generated)
 
 
@@ -252,13 +263,15 @@ def test_nothing_changes_without_kv_bits():
     model, tokenizer = random_model("gemma3")
     prompt, cont = tokens(5, 60), tokens(6, 16)
     stock, _ = teacher_forced(model, prompt, cont)
-    stock_tokens = [r.token for r in lm_generate.stream_generate(
-        model, tokenizer, prompt, max_tokens=16)]
+    stock_tokens = [
+        r.token for r in lm_generate.stream_generate(model, tokenizer, prompt, max_tokens=16)
+    ]
     with mlxq_lm.enabled():
         mlxq_lm.reset_counters()
         ours, cache = teacher_forced(model, prompt, cont)
-        ours_tokens = [r.token for r in lm_generate.stream_generate(
-            model, tokenizer, prompt, max_tokens=16)]
+        ours_tokens = [
+            r.token for r in lm_generate.stream_generate(model, tokenizer, prompt, max_tokens=16)
+        ]
         assert mlxq_lm.counters().get("mlxq", 0) == 0
     assert all(type(c).__module__ == "mlx_lm.models.cache" for c in cache)
     np.testing.assert_array_equal(ours, stock)
@@ -272,8 +285,7 @@ def test_make_prompt_cache_with_kv_bits():
         quantized = lm_cache.make_prompt_cache(model, kv_bits=4, kv_group_size=32)
     assert [type(c) for c in plain] == [type(c) for c in model.make_cache()]
     assert [type(c).__name__ for c in quantized] == [
-        "Rotating" * (type(c).__name__ == "RotatingKVCache") + "QuantizedKVCache"
-        for c in plain
+        "Rotating" * (type(c).__name__ == "RotatingKVCache") + "QuantizedKVCache" for c in plain
     ]
     assert all(c.bits == 4 and c.group_size == 32 and c.empty() for c in quantized)
     # Quantized from the first token: prefill runs on the fused kernel throughout.
@@ -295,17 +307,34 @@ def test_generate_step_quantizes_from_the_first_chunk(arch):
     with mlxq_lm.enabled():
         mlxq_lm.reset_counters()
         mlxq._ext._take_ring_copies()
-        out = [t for t, _ in lm_generate.generate_step(
-            prompt, model, max_tokens=4, kv_bits=4, kv_group_size=GROUP,
-            quantized_kv_start=0, prefill_step_size=32)]
+        out = [
+            t
+            for t, _ in lm_generate.generate_step(
+                prompt,
+                model,
+                max_tokens=4,
+                kv_bits=4,
+                kv_group_size=GROUP,
+                quantized_kv_start=0,
+                prefill_step_size=32,
+            )
+        ]
         first = mlxq_lm.counters()
         # mlx-lm reads every cache's state after each chunk to evaluate it;
         # the caches are generate_step's own, so the writes stay in place.
         copies = mlxq._ext._take_ring_copies()
         mlxq_lm.reset_counters()
-        list(lm_generate.generate_step(
-            prompt, model, max_tokens=4, kv_bits=4, kv_group_size=GROUP,
-            quantized_kv_start=64, prefill_step_size=32))
+        list(
+            lm_generate.generate_step(
+                prompt,
+                model,
+                max_tokens=4,
+                kv_bits=4,
+                kv_group_size=GROUP,
+                quantized_kv_start=64,
+                prefill_step_size=32,
+            )
+        )
         later = mlxq_lm.counters()
     assert len(out) == 4
     # 99 prompt tokens in 4 chunks, then the last prompt token's step and 4
@@ -333,10 +362,9 @@ def test_sinks_over_quantized_kv_go_to_mlxq():
     expected = sdpa64(q, keys, values, scale=0.125, sinks=sinks, group_size=GROUP, bits=BITS)
     with mlxq_lm.enabled():
         mlxq_lm.reset_counters()
-        got = lm_base.scaled_dot_product_attention(q, keys, values, cache, 0.125, None,
-                                                   sinks=sinks)
+        got = lm_base.scaled_dot_product_attention(q, keys, values, cache, 0.125, None, sinks=sinks)
         assert mlxq_lm.counters() == {"mlxq": 1}
-    assert_close(got, expected)  # DESIGN.md's bound vs the float64 oracle
+    assert_close(got, expected)  # TOL's bound vs the float64 oracle
 
 
 def test_shared_quantized_kv_without_cache_goes_to_mlxq():
@@ -356,12 +384,14 @@ def test_unsupported_shapes_fall_back_to_mlx_lm():
     k = tuple(mx.quantize(mx.random.normal((1, 2, 9, 576)).astype(mx.bfloat16), 64, 8))
     v = tuple(mx.quantize(mx.random.normal((1, 2, 9, 576)).astype(mx.bfloat16), 64, 8))
     # (fresh copies of q: mlx-lm's composition scales its queries in place)
-    expected = stock_or_skip(lm_base.quantized_scaled_dot_product_attention,
-                             mx.array(q), k, v, 0.1, "causal", 64, 8)
+    expected = stock_or_skip(
+        lm_base.quantized_scaled_dot_product_attention, mx.array(q), k, v, 0.1, "causal", 64, 8
+    )
     with mlxq_lm.enabled():
         mlxq_lm.reset_counters()
         got = lm_base.quantized_scaled_dot_product_attention(
-            mx.array(q), k, v, 0.1, "causal", 64, 8)
+            mx.array(q), k, v, 0.1, "causal", 64, 8
+        )
         assert mlxq_lm.counters() == {"mlx_lm": 1}
     assert mx.array_equal(got, expected)
 
@@ -391,9 +421,21 @@ def test_saved_prompt_cache_loads_and_continues_identically(arch, tmp_path):
         np.testing.assert_array_equal(again, first)
         np.testing.assert_array_equal(third, first)
         # And through mlx-lm's generate, from a freshly loaded copy each time.
-        gen = [[r.token for r in lm_generate.stream_generate(
-            model, tokenizer, cont[:3], max_tokens=12, kv_bits=4, quantized_kv_start=0,
-            prompt_cache=lm_cache.load_prompt_cache(path))] for _ in range(2)]
+        gen = [
+            [
+                r.token
+                for r in lm_generate.stream_generate(
+                    model,
+                    tokenizer,
+                    cont[:3],
+                    max_tokens=12,
+                    kv_bits=4,
+                    quantized_kv_start=0,
+                    prompt_cache=lm_cache.load_prompt_cache(path),
+                )
+            ]
+            for _ in range(2)
+        ]
         assert gen[0] == gen[1] and len(gen[0]) == 12
     if arch == "gemma3":  # mlx-lm knows the class only while mlxq is enabled
         with pytest.raises(KeyError):
@@ -405,7 +447,8 @@ def _snapshot():
     import sys
 
     return {
-        name: dict(vars(m)) for name, m in list(sys.modules.items())
+        name: dict(vars(m))
+        for name, m in list(sys.modules.items())
         if m is not None and (name == "mlx_lm" or name.startswith("mlx_lm."))
     }
 
@@ -417,23 +460,31 @@ def test_enable_disable_restores_mlx_lm_exactly():
 
     mlxq_lm.disable()
     before = _snapshot()
-    originals = (lm_base.scaled_dot_product_attention,
-                 lm_base.quantized_scaled_dot_product_attention,
-                 lm_cache.make_prompt_cache, lm_generate.maybe_quantize_kv_cache)
+    originals = (
+        lm_base.scaled_dot_product_attention,
+        lm_base.quantized_scaled_dot_product_attention,
+        lm_cache.make_prompt_cache,
+        lm_generate.maybe_quantize_kv_cache,
+    )
     handle = mlxq_lm.enable()
     assert mlxq_lm.is_enabled()
     assert mlxq_lm.enable()._owns is False  # idempotent
     assert lm_base.scaled_dot_product_attention is mlxq_lm.scaled_dot_product_attention
     assert lm_llama.scaled_dot_product_attention is mlxq_lm.scaled_dot_product_attention
-    assert (lm_base.quantized_scaled_dot_product_attention
-            is mlxq_lm.quantized_scaled_dot_product_attention)
+    assert (
+        lm_base.quantized_scaled_dot_product_attention
+        is mlxq_lm.quantized_scaled_dot_product_attention
+    )
     assert lm_cache.make_prompt_cache is mlxq_lm.make_prompt_cache
     assert lm_generate.make_prompt_cache is mlxq_lm.make_prompt_cache
     assert lm_generate.maybe_quantize_kv_cache is mlxq_lm.maybe_quantize_kv_cache
     assert lm_cache.RotatingQuantizedKVCache is mlxq.RotatingQuantizedKVCache
     # A model module first imported while enabled binds mlxq's dispatch ...
-    fresh_name = next(n for n in ("mlx_lm.models.olmo2", "mlx_lm.models.starcoder2",
-                                  "mlx_lm.models.stablelm") if n not in sys.modules)
+    fresh_name = next(
+        n
+        for n in ("mlx_lm.models.olmo2", "mlx_lm.models.starcoder2", "mlx_lm.models.stablelm")
+        if n not in sys.modules
+    )
     fresh = importlib.import_module(fresh_name)
     assert fresh.scaled_dot_product_attention is mlxq_lm.scaled_dot_product_attention
     with handle:
@@ -445,17 +496,28 @@ def test_enable_disable_restores_mlx_lm_exactly():
     for name, attrs in before.items():
         now = after[name]
         missing = attrs.keys() - now.keys()
-        added = [a for a in now.keys() - attrs.keys()
-                 if not isinstance(now[a], types.ModuleType)]  # (the fresh import)
+        added = [
+            a for a in now.keys() - attrs.keys() if not isinstance(now[a], types.ModuleType)
+        ]  # (the fresh import)
         changed = [a for a in attrs if a in now and now[a] is not attrs[a]]
         assert not (missing or added or changed), f"{name}: {missing} {added} {changed}"
-    ours = {id(f) for f in (mlxq_lm.scaled_dot_product_attention,
-                            mlxq_lm.quantized_scaled_dot_product_attention,
-                            mlxq_lm.make_prompt_cache, mlxq_lm.maybe_quantize_kv_cache)}
+    ours = {
+        id(f)
+        for f in (
+            mlxq_lm.scaled_dot_product_attention,
+            mlxq_lm.quantized_scaled_dot_product_attention,
+            mlxq_lm.make_prompt_cache,
+            mlxq_lm.maybe_quantize_kv_cache,
+        )
+    }
     leftovers = [(n, a) for n, attrs in after.items() for a, v in attrs.items() if id(v) in ours]
     assert not leftovers
-    assert (lm_base.scaled_dot_product_attention, lm_base.quantized_scaled_dot_product_attention,
-            lm_cache.make_prompt_cache, lm_generate.maybe_quantize_kv_cache) == originals
+    assert (
+        lm_base.scaled_dot_product_attention,
+        lm_base.quantized_scaled_dot_product_attention,
+        lm_cache.make_prompt_cache,
+        lm_generate.maybe_quantize_kv_cache,
+    ) == originals
     # The context-manager forms.
     with mlxq_lm.enabled():
         assert mlxq_lm.is_enabled()
@@ -471,8 +533,22 @@ def test_enable_disable_restores_mlx_lm_exactly():
 def test_cli_random_model_quantized(capsys):
     from mlxq.generate import main
 
-    main(["--random-model", "gemma3", "--kv-bits", "4", "--max-tokens", "8",
-          "--prompt", "abc", "--prompt-tokens", "300", "--prefill-step-size", "128"])
+    main(
+        [
+            "--random-model",
+            "gemma3",
+            "--kv-bits",
+            "4",
+            "--max-tokens",
+            "8",
+            "--prompt",
+            "abc",
+            "--prompt-tokens",
+            "300",
+            "--prefill-step-size",
+            "128",
+        ]
+    )
     out, err = capsys.readouterr()
     assert "Generation: 8 tokens" in out and "Prompt: 300 tokens" in out
     assert "Peak memory:" in out
@@ -488,8 +564,24 @@ def test_cli_local_model_directory_and_prompt_cache(tmp_path, capsys):
     path = save_random_model(str(tmp_path / "model"), "qwen3")
     # qwen3 has no make_cache: --max-kv-size gives mlx-lm's RotatingKVCache,
     # which kv_bits turns into mlxq's RotatingQuantizedKVCache.
-    main(["--model", path, "--kv-bits", "8", "--max-kv-size", "64", "--max-tokens", "6",
-          "--prompt", "hello", "--prompt-tokens", "100", "--quantized-kv-start", "20"])
+    main(
+        [
+            "--model",
+            path,
+            "--kv-bits",
+            "8",
+            "--max-kv-size",
+            "64",
+            "--max-tokens",
+            "6",
+            "--prompt",
+            "hello",
+            "--prompt-tokens",
+            "100",
+            "--quantized-kv-start",
+            "20",
+        ]
+    )
     out, _ = capsys.readouterr()
     assert "Generation: 6 tokens" in out
     assert "RotatingQuantizedKVCache(8-bit, group 64)" in out
@@ -502,7 +594,17 @@ def test_cli_local_model_directory_and_prompt_cache(tmp_path, capsys):
         cache = lm_cache.make_prompt_cache(model, 64, kv_bits=8)
         model(mx.array([tokens(10, 80)]), cache=cache)
         lm_cache.save_prompt_cache(cache_file, cache, {"model": path})
-    main(["--prompt-cache-file", cache_file, "--kv-bits", "8", "--max-tokens", "5",
-          "--prompt", "more"])
+    main(
+        [
+            "--prompt-cache-file",
+            cache_file,
+            "--kv-bits",
+            "8",
+            "--max-tokens",
+            "5",
+            "--prompt",
+            "more",
+        ]
+    )
     out, _ = capsys.readouterr()
     assert "Generation: 5 tokens" in out and "Prompt: 4 tokens" in out

@@ -14,10 +14,10 @@ memory beyond the step's own small arrays.
 import mlx.core as mx
 import numpy as np
 import pytest
-
-import mlxq
 from helpers import assert_close
 from reference64 import sdpa64
+
+import mlxq
 
 H, D, GS, BITS = 4, 128, 64, 4
 
@@ -50,7 +50,7 @@ def _decode(cache, steps, q):
         k = (h * 0.5).astype(mx.bfloat16)
         v = (h * 0.25 + 1.0).astype(mx.bfloat16)
         keys, values = cache.update_and_fetch(k, v)
-        h = mlxq.sdpa(q + h * 1e-3, keys, values, scale=D ** -0.5)
+        h = mlxq.sdpa(q + h * 1e-3, keys, values, scale=D**-0.5)
         mx.async_eval(h)
         if pending is not None:
             mx.eval(pending)
@@ -93,13 +93,15 @@ def test_pipelined_quantized_decode_is_exact(device):
         v = (h * 0.25 + 1.0).astype(mx.bfloat16)
         keys, values = b.update_and_fetch(k, v)
         mx.eval(keys, values)
-        ref = sdpa64(q + h * 1e-3, keys, values, scale=D ** -0.5, group_size=GS, bits=BITS)
-        h = mlxq.sdpa(q + h * 1e-3, keys, values, scale=D ** -0.5)
+        ref = sdpa64(q + h * 1e-3, keys, values, scale=D**-0.5, group_size=GS, bits=BITS)
+        h = mlxq.sdpa(q + h * 1e-3, keys, values, scale=D**-0.5)
         mx.eval(h)
         assert_close(h, ref, mx.bfloat16)
         want.append(h)
     for x, y in zip(got, want):
-        np.testing.assert_array_equal(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)))
+        np.testing.assert_array_equal(
+            np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32))
+        )
 
 
 def test_adopted_buffers_are_copied_while_their_owner_holds_them(device):
@@ -109,6 +111,7 @@ def test_adopted_buffers_are_copied_while_their_owner_holds_them(device):
     triple_k = tuple(mx.quantize(x, group_size=GS, bits=BITS))
     triple_v = tuple(mx.quantize(x * 2, group_size=GS, bits=BITS))
     mx.eval(triple_k, triple_v)
+
     def raw(a):
         return np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
 
@@ -139,8 +142,10 @@ def test_copies_and_states_never_change_under_their_holder(device, kind):
         mx.eval(a.update_and_fetch(x, x))
     b = copy.deepcopy(a)
     held = a.state[:2]
-    flat = lambda t: [np.array(x.astype(mx.float32) if x.dtype == mx.bfloat16 else x)  # noqa: E731
-                      for x in (t if isinstance(t, (tuple, list)) else [t])]
+    flat = lambda t: [
+        np.array(x.astype(mx.float32) if x.dtype == mx.bfloat16 else x)  # noqa: E731
+        for x in (t if isinstance(t, (tuple, list)) else [t])
+    ]
     snapshot = [flat(t) for t in held]
     before_b = [flat(t) for t in (b.keys, b.values)]
     rows = [mx.random.normal((1, H, 1, D)).astype(mx.bfloat16) for _ in range(12)]

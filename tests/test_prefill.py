@@ -24,17 +24,18 @@ speculative decoding) needs on top of tests/test_quantized_sdpa.py:
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import DTYPES, assert_close, assert_cuda_kernel, random_inputs
+from reference64 import sdpa64
 
 import mlxq
 from mlxq import routing
-from helpers import DTYPES, assert_close, assert_cuda_kernel, random_inputs
-from reference64 import sdpa64
 
 BITS, GROUP_SIZE = 4, 64
 MiB = 1 << 20
 
 
 # --- inputs ----------------------------------------------------------------------------
+
 
 def poison_rows(triple, start):
     """The triple with the scales and biases of rows >= ``start`` (sequence axis)
@@ -57,13 +58,23 @@ def capacity_for(N):
     return (N // 256 + 2) * 256
 
 
-def make_inputs(rng, *, B, Hq, Hkv, L, N, D, strided, q_dtype=mx.float32,
-                kv_dtype=mx.float32):
+def make_inputs(rng, *, B, Hq, Hkv, L, N, D, strided, q_dtype=mx.float32, kv_dtype=mx.float32):
     """Queries and K/V triples; with ``strided`` the K/V are views of the first N
     rows of a larger buffer whose remaining rows are NaN garbage."""
     cap = capacity_for(N) if strided else N
-    q, kbuf, vbuf = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=cap, Dk=D, bits=BITS,
-                                  group_size=GROUP_SIZE, q_dtype=q_dtype, kv_dtype=kv_dtype)
+    q, kbuf, vbuf = random_inputs(
+        rng,
+        B=B,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=cap,
+        Dk=D,
+        bits=BITS,
+        group_size=GROUP_SIZE,
+        q_dtype=q_dtype,
+        kv_dtype=kv_dtype,
+    )
     if not strided:
         return q, kbuf, vbuf
     k = prefix_view(poison_rows(kbuf, N), N)
@@ -73,6 +84,7 @@ def make_inputs(rng, *, B, Hq, Hkv, L, N, D, strided, q_dtype=mx.float32,
 
 
 # --- masks, [L, N] bool, True = attend ------------------------------------------------
+
 
 def window_size(L):
     return 37 + L // 3
@@ -124,6 +136,7 @@ def run_and_check(q, k, v, mask):
 
 # --- equivalence with the float64 oracle ------------------------------------------------
 
+
 @pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
 @pytest.mark.parametrize("offset", [0, 941])
 @pytest.mark.parametrize("kind", MASK_KINDS)
@@ -155,8 +168,9 @@ def test_prefill_2048_matches_float64(rng, kind, offset, strided, dtype):
     L = 2048
     N = L + offset
     dt = {"f32": mx.float32, "bf16": mx.bfloat16}[dtype]
-    q, k, v = make_inputs(rng, B=1, Hq=4, Hkv=2, L=L, N=N, D=64, strided=strided,
-                          q_dtype=dt, kv_dtype=dt)
+    q, k, v = make_inputs(
+        rng, B=1, Hq=4, Hkv=2, L=L, N=N, D=64, strided=strided, q_dtype=dt, kv_dtype=dt
+    )
     run_and_check(q, k, v, make_mask(kind, L, N))
 
 
@@ -166,7 +180,7 @@ def test_causal_string_matches_causal_bool(rng, L, offset):
     # array reads every chunk and masks per key. Same attention either way.
     N = L + offset
     q, k, v = make_inputs(rng, B=1, Hq=4, Hkv=2, L=L, N=N, D=64, strided=True)
-    scale = 64 ** -0.5
+    scale = 64**-0.5
     a = mlxq.sdpa(q, k, v, scale=scale, mask="causal")
     b = mlxq.sdpa(q, k, v, scale=scale, mask=mx.array(bool_mask("causal_bool", L, N)))
     np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-6)
@@ -188,8 +202,19 @@ def test_prefill_batch_and_per_head_window(rng):
 
 # Every (head dim, group size) the tiled kernel has an instance for, each with
 # both query dtypes; bits cycle so that every width meets several shapes.
-TILED_SHAPES = [(64, 32), (64, 64), (128, 32), (128, 64), (128, 128), (256, 32), (256, 64),
-                (256, 128), (512, 32), (512, 64), (512, 128)]
+TILED_SHAPES = [
+    (64, 32),
+    (64, 64),
+    (128, 32),
+    (128, 64),
+    (128, 128),
+    (256, 32),
+    (256, 64),
+    (256, 128),
+    (512, 32),
+    (512, 64),
+    (512, 128),
+]
 # (B, Hq, Hkv, L, offset, mask): ragged row tiles (rows = Hq / Hkv * L), GQA 1
 # to 8, key splits (few rows over many keys, with and without causal),
 # offsets, bool and additive masks.
@@ -202,8 +227,16 @@ TILED_ROWS = [
     (1, 16, 2, 9, 1200, "causal"),
 ]
 TILED_CASES = [
-    (D, gs, [2, 3, 4, 5, 6, 8][(2 * i + j) % 6], q_dtype, *TILED_ROWS[(i + 3 * j) % len(TILED_ROWS)],
-     (i + j) % 2 == 1, (i + j) % 3 == 0, ["bf16", "f16", "f32"][(i + 2 * j) % 3])
+    (
+        D,
+        gs,
+        [2, 3, 4, 5, 6, 8][(2 * i + j) % 6],
+        q_dtype,
+        *TILED_ROWS[(i + 3 * j) % len(TILED_ROWS)],
+        (i + j) % 2 == 1,
+        (i + j) % 3 == 0,
+        ["bf16", "f16", "f32"][(i + 2 * j) % 3],
+    )
     for i, (D, gs) in enumerate(TILED_SHAPES)
     for j, q_dtype in enumerate(["bf16", "f16"])
 ] + [
@@ -230,22 +263,35 @@ def kernels_only():
 
 
 @pytest.mark.parametrize(
-    "D,group_size,bits,q_dtype,B,Hq,Hkv,L,offset,mask,with_sinks,strided,kv_dtype", TILED_CASES)
-def test_half_precision_many_rows(rng, D, group_size, bits, q_dtype, B, Hq, Hkv, L, offset,
-                                  mask, with_sinks, strided, kv_dtype):
+    "D,group_size,bits,q_dtype,B,Hq,Hkv,L,offset,mask,with_sinks,strided,kv_dtype", TILED_CASES
+)
+def test_half_precision_many_rows(
+    rng, D, group_size, bits, q_dtype, B, Hq, Hkv, L, offset, mask, with_sinks, strided, kv_dtype
+):
     N = L + offset
     qd, kd = DTYPES[q_dtype], DTYPES[kv_dtype]
     cap = capacity_for(N) if strided else N
-    q, k, v = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=cap, Dk=D, bits=bits,
-                            group_size=group_size, q_dtype=qd, kv_dtype=kd)
+    q, k, v = random_inputs(
+        rng,
+        B=B,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=cap,
+        Dk=D,
+        bits=bits,
+        group_size=group_size,
+        q_dtype=qd,
+        kv_dtype=kd,
+    )
     if strided:  # views of a larger buffer whose rows past N are NaN garbage
         k, v = prefix_view(poison_rows(k, N), N), prefix_view(poison_rows(v, N), N)
     if mask == "window":
         mask = mx.array(bool_mask("window", L, N))
     elif mask == "additive":
         mask = additive_mask(rng, L, N, qd)
-    sinks = (mx.array(rng.normal(0.5, 1.5, Hq).astype(np.float32)) if with_sinks else None)
-    scale = D ** -0.5
+    sinks = mx.array(rng.normal(0.5, 1.5, Hq).astype(np.float32)) if with_sinks else None
+    scale = D**-0.5
     mlxq._ext._take_last_sdpa_kernel()
     out = mlxq.sdpa(q, k, v, scale=scale, mask=mask, sinks=sinks)
     ref = sdpa64(q, k, v, scale=scale, mask=mask, sinks=sinks, group_size=group_size, bits=bits)
@@ -260,9 +306,12 @@ def test_half_precision_many_rows(rng, D, group_size, bits, q_dtype, B, Hq, Hkv,
 
 # --- hidden keys are not read -----------------------------------------------------------
 
+
 @pytest.mark.parametrize("mask_kind", ["causal", "causal_bool"])
-@pytest.mark.parametrize("L,offset,q_dtype", [(300, 0, "f32"), (300, 700, "f32"), (2048, 0, "f32"),
-                                              (300, 0, "bf16"), (300, 700, "f16")])
+@pytest.mark.parametrize(
+    "L,offset,q_dtype",
+    [(300, 0, "f32"), (300, 700, "f32"), (2048, 0, "f32"), (300, 0, "bf16"), (300, 700, "f16")],
+)
 def test_causal_result_ignores_hidden_keys(rng, L, offset, q_dtype, mask_kind):
     """A causal call's result does not depend on the K/V rows the mask hides.
 
@@ -280,15 +329,31 @@ def test_causal_result_ignores_hidden_keys(rng, L, offset, q_dtype, mask_kind):
     """
     N = L + offset
     Hq, Hkv, D = 8, 2, 64
-    q, kbuf, vbuf = random_inputs(rng, Hq=Hq, Hkv=Hkv, L=L, N=capacity_for(N), Dk=D,
-                                  bits=BITS, group_size=GROUP_SIZE, q_dtype=DTYPES[q_dtype],
-                                  kv_dtype=mx.bfloat16)
+    q, kbuf, vbuf = random_inputs(
+        rng,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=capacity_for(N),
+        Dk=D,
+        bits=BITS,
+        group_size=GROUP_SIZE,
+        q_dtype=DTYPES[q_dtype],
+        kv_dtype=mx.bfloat16,
+    )
     kbuf, vbuf = poison_rows(kbuf, N), poison_rows(vbuf, N)
     mask = make_mask(mask_kind, L, N)
-    scale = D ** -0.5
+    scale = D**-0.5
     clean = mlxq.sdpa(q, prefix_view(kbuf, N), prefix_view(vbuf, N), scale=scale, mask=mask)
-    ref = sdpa64(q, prefix_view(kbuf, N), prefix_view(vbuf, N), scale=scale, mask=mask,
-                 group_size=GROUP_SIZE, bits=BITS)
+    ref = sdpa64(
+        q,
+        prefix_view(kbuf, N),
+        prefix_view(vbuf, N),
+        scale=scale,
+        mask=mask,
+        group_size=GROUP_SIZE,
+        bits=BITS,
+    )
     clean = np.array(clean.astype(mx.float32))
     assert_close(mx.array(clean).astype(q.dtype), ref)
 
@@ -302,7 +367,7 @@ def test_causal_result_ignores_hidden_keys(rng, L, offset, q_dtype, mask_kind):
     assert np.array_equal(got[:, :, :safe], clean[:, :, :safe])
     # Sanity: the queries that do see the poisoned keys turn NaN, so the
     # garbage is garbage and the check above has teeth.
-    assert np.isnan(got[:, :, P - offset:]).all()
+    assert np.isnan(got[:, :, P - offset :]).all()
 
 
 def test_causal_skips_hidden_chunks(rng):
@@ -316,14 +381,15 @@ def test_causal_skips_hidden_chunks(rng):
     import time
 
     L, D = 2048, 128
-    q, k, v = random_inputs(rng, Hq=8, Hkv=2, L=L, N=L, Dk=D, bits=BITS,
-                            group_size=GROUP_SIZE, kv_dtype=mx.bfloat16)
+    q, k, v = random_inputs(
+        rng, Hq=8, Hkv=2, L=L, N=L, Dk=D, bits=BITS, group_size=GROUP_SIZE, kv_dtype=mx.bfloat16
+    )
 
     def best(mask):
         times = []
         for _ in range(3):
             t0 = time.perf_counter()
-            mx.eval(mlxq.sdpa(q, k, v, scale=D ** -0.5, mask=mask))
+            mx.eval(mlxq.sdpa(q, k, v, scale=D**-0.5, mask=mask))
             times.append(time.perf_counter() - t0)
         return min(times)
 
@@ -334,9 +400,11 @@ def test_causal_skips_hidden_chunks(rng):
 
 # --- peak memory --------------------------------------------------------------------------
 
+
 def _rss_tracking():
     """(reset, current, peak) for this process's resident memory, or None where
     /proc/self/clear_refs cannot reset the high-water mark (not Linux, no access)."""
+
     def field(name):
         with open("/proc/self/status") as f:
             for line in f:
@@ -366,9 +434,19 @@ def test_prefill_peak_memory_is_bounded(rng):
     per-thread scratch of one row tile and one 32-key chunk (~100 KiB).
     """
     B, Hq, Hkv, L, D = 1, 8, 2, 4096, 128
-    q, k, v = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=L, Dk=D, bits=BITS,
-                            group_size=GROUP_SIZE, kv_dtype=mx.bfloat16)
-    scale = D ** -0.5
+    q, k, v = random_inputs(
+        rng,
+        B=B,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=L,
+        Dk=D,
+        bits=BITS,
+        group_size=GROUP_SIZE,
+        kv_dtype=mx.bfloat16,
+    )
+    scale = D**-0.5
     # Warm up on a small problem: the worker pool and its stacks exist before
     # the measurement (the big call's own output is still counted).
     mx.eval(mlxq.sdpa(q[:, :, :64], k, v, scale=scale, mask="causal"))
@@ -388,19 +466,23 @@ def test_prefill_peak_memory_is_bounded(rng):
     mx.eval(out)
     extra = mx.get_peak_memory() - before
     rss_extra = rss[2]() - rss_before if rss else None
-    print(f"peak memory: MLX +{extra / MiB:.2f} MiB, RSS +{(rss_extra or 0) / MiB:.2f} MiB, "
-          f"output {out_bytes / MiB:.0f} MiB, score matrix {score_bytes / MiB:.0f} MiB")
+    print(
+        f"peak memory: MLX +{extra / MiB:.2f} MiB, RSS +{(rss_extra or 0) / MiB:.2f} MiB, "
+        f"output {out_bytes / MiB:.0f} MiB, score matrix {score_bytes / MiB:.0f} MiB"
+    )
 
     assert extra <= bound, (
         f"MLX peak grew by {extra / MiB:.1f} MiB; bound {bound / MiB:.1f} MiB "
         f"(output {out_bytes / MiB:.0f} MiB; the score matrix alone is "
-        f"{score_bytes / MiB:.0f} MiB)")
+        f"{score_bytes / MiB:.0f} MiB)"
+    )
     # MLX's counter does not see memory the kernel mallocs itself (its scratch).
     # New resident pages do: a freed-and-reused heap can hide a small buffer,
     # but not one anywhere near the size of the score matrix.
     if rss_extra is not None:
         assert rss_extra <= bound, (
-            f"resident memory grew by {rss_extra / MiB:.1f} MiB; bound {bound / MiB:.1f} MiB")
+            f"resident memory grew by {rss_extra / MiB:.1f} MiB; bound {bound / MiB:.1f} MiB"
+        )
     assert score_bytes >= 16 * bound  # the bound is far below what the composition needs
     got = np.array(out[:, :, :: L // 16])
     assert np.isfinite(got).all()

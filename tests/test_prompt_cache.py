@@ -6,19 +6,25 @@ running in lockstep with the original.
 
 import mlx.core as mx
 import pytest
+from cache_helpers import assert_same, fresh, kv
 from mlx.utils import tree_map
 from mlx_lm.models import cache as lm
 
 import mlxq
-from cache_helpers import assert_same, fresh, kv
 
 # (mlxq factory, mlx-lm factory, script of update sizes that fills/wraps)
 KINDS = {
     "kv": (mlxq.KVCache, lm.KVCache, [40, 1, 1, 300, 1]),
-    "quantized": (lambda: mlxq.QuantizedKVCache(32, 4), lambda: lm.QuantizedKVCache(32, 4),
-                  [7, 1, 1, 3]),
-    "rotating": (lambda: mlxq.RotatingKVCache(12, keep=2), lambda: lm.RotatingKVCache(12, keep=2),
-                 [9, 1, 1, 1, 1, 1, 5, 1, 1]),
+    "quantized": (
+        lambda: mlxq.QuantizedKVCache(32, 4),
+        lambda: lm.QuantizedKVCache(32, 4),
+        [7, 1, 1, 3],
+    ),
+    "rotating": (
+        lambda: mlxq.RotatingKVCache(12, keep=2),
+        lambda: lm.RotatingKVCache(12, keep=2),
+        [9, 1, 1, 1, 1, 1, 5, 1, 1],
+    ),
 }
 
 

@@ -1,7 +1,7 @@
 """QuantizedSDPA (mlxq.sdpa / mlxq.quantized_sdpa) on the CPU.
 
 Every kernel output is checked against the float64 oracle in reference64.py
-with DESIGN.md's tolerances; outputs are NaN-poisoned first (conftest.py), so
+with tests/helpers.py's tolerances (TOL); outputs are NaN-poisoned first (conftest.py), so
 an element the kernel never writes fails. Shapes are a deliberate sample:
 each bits value, group size, head dim pairing, GQA ratio, batch, query length,
 mask kind, dtype and the split-K path appear, without a Cartesian product.
@@ -13,18 +13,28 @@ import tempfile
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import (
+    DTYPES,
+    assert_close,
+    assert_cuda_kernel,
+    exact_or_skip,
+    random_inputs,
+    rel_err,
+    skip_mx_fast_oracle_on_cuda,
+    stock_or_skip,
+    to_f64,
+)
+from reference64 import sdpa64
 
 import mlxq
-from helpers import (DTYPES, assert_close, assert_cuda_kernel, random_inputs, rel_err,
-                     exact_or_skip, skip_mx_fast_oracle_on_cuda, stock_or_skip, to_f64)
-from reference64 import sdpa64
 
 BITS = [2, 3, 4, 5, 6, 8]
 GROUP_SIZES = [32, 64, 128]
 
 
-def run_and_check(q, k, v, *, bits, group_size, scale=None, mask=None, sinks=None,
-                  cuda_kernel=None):
+def run_and_check(
+    q, k, v, *, bits, group_size, scale=None, mask=None, sinks=None, cuda_kernel=None
+):
     """Runs the kernel (bits/group size inferred) and checks it against float64.
 
     cuda_kernel: on a CUDA GPU, the kernel family the call must reach
@@ -53,8 +63,10 @@ RAGGED_N = [1, 7, 33, 257, 1000]
 
 @pytest.mark.parametrize(
     "bits,group_size,N",
-    [(b, g, RAGGED_N[i % len(RAGGED_N)])
-     for i, (b, g) in enumerate(itertools.product(BITS, GROUP_SIZES))],
+    [
+        (b, g, RAGGED_N[i % len(RAGGED_N)])
+        for i, (b, g) in enumerate(itertools.product(BITS, GROUP_SIZES))
+    ],
 )
 def test_bits_and_group_sizes(rng, bits, group_size, N):
     q, k, v = random_inputs(rng, Hq=4, Hkv=1, L=2, N=N, Dk=128, bits=bits, group_size=group_size)
@@ -65,13 +77,15 @@ def test_bits_and_group_sizes(rng, bits, group_size, N):
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16", "bf16"])
 def test_bits_and_scale_dtypes(rng, bits, kv_dtype):
     # The kernel is templated on (bits, scales dtype): reach every instance.
-    q, k, v = random_inputs(rng, Hq=4, Hkv=2, L=3, N=97, Dk=64, bits=bits, group_size=64,
-                            kv_dtype=DTYPES[kv_dtype])
+    q, k, v = random_inputs(
+        rng, Hq=4, Hkv=2, L=3, N=97, Dk=64, bits=bits, group_size=64, kv_dtype=DTYPES[kv_dtype]
+    )
     assert k[1].dtype == DTYPES[kv_dtype]
     run_and_check(q, k, v, bits=bits, group_size=64, mask="causal")
 
 
 # --- head dims -----------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "Dk,Dv,group_size,bits",
@@ -83,25 +97,38 @@ def test_bits_and_scale_dtypes(rng, bits, kv_dtype):
         (256, 256, 64, 6),
         (512, 512, 128, 4),
         (512, 512, 32, 2),
-        (192, 128, 64, 4),   # Dk != Dv (DeepSeek-style)
+        (192, 128, 64, 4),  # Dk != Dv (DeepSeek-style)
         (128, 256, 32, 8),
         (64, 512, 64, 3),
         (512, 64, 64, 6),
     ],
 )
 def test_head_dims(rng, Dk, Dv, group_size, bits):
-    q, k, v = random_inputs(rng, Hq=4, Hkv=2, L=3, N=75, Dk=Dk, Dv=Dv, bits=bits,
-                            group_size=group_size)
+    q, k, v = random_inputs(
+        rng, Hq=4, Hkv=2, L=3, N=75, Dk=Dk, Dv=Dv, bits=bits, group_size=group_size
+    )
     out = run_and_check(q, k, v, bits=bits, group_size=group_size, mask="causal")
     assert out.shape == (1, 4, 3, Dv)
 
 
 # --- GQA / MQA, batch, query length --------------------------------------------
 
+
 @pytest.mark.parametrize(
     "Hq,Hkv,L",
-    [(1, 1, 1), (4, 4, 5), (8, 4, 1), (8, 2, 5), (16, 2, 1), (32, 4, 3),
-     (12, 4, 2), (40, 8, 8), (8, 1, 1), (8, 1, 9), (32, 1, 2)],
+    [
+        (1, 1, 1),
+        (4, 4, 5),
+        (8, 4, 1),
+        (8, 2, 5),
+        (16, 2, 1),
+        (32, 4, 3),
+        (12, 4, 2),
+        (40, 8, 8),
+        (8, 1, 1),
+        (8, 1, 9),
+        (32, 1, 2),
+    ],
 )
 def test_gqa_ratios(rng, Hq, Hkv, L):
     # Rep*L rows share one K/V read; 40x8 rows with ratio 5 need two row tiles.
@@ -115,7 +142,7 @@ def test_gqa_ratios(rng, Hq, Hkv, L):
         (1, 1, 1000, None),
         (2, 2, 257, "causal"),
         (3, 4, 33, None),
-        (1, 8, 7, "causal"),      # L > N: the first query sees no key
+        (1, 8, 7, "causal"),  # L > N: the first query sees no key
         (2, 31, 129, "causal"),
         (3, 64, 100, None),
         (1, 300, 400, "causal"),
@@ -128,25 +155,37 @@ def test_batch_and_query_length(rng, B, L, N, mask):
     run_and_check(q, k, v, bits=8, group_size=32, mask=mask)
 
 
-@pytest.mark.parametrize("L,N,q_dtype", [(8, 5, "f32"), (31, 7, "f32"), (64, 1, "f32"),
-                                         (300, 257, "f32"), (31, 7, "bf16"), (300, 257, "f16")])
+@pytest.mark.parametrize(
+    "L,N,q_dtype",
+    [
+        (8, 5, "f32"),
+        (31, 7, "f32"),
+        (64, 1, "f32"),
+        (300, 257, "f32"),
+        (31, 7, "bf16"),
+        (300, 257, "f16"),
+    ],
+)
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_causal_queries_longer_than_keys(rng, L, N, q_dtype, with_sinks):
     """Bottom-right causal alignment: rows l < L - N see no key and output 0."""
-    q, k, v = random_inputs(rng, Hq=4, Hkv=2, L=L, N=N, Dk=64, bits=4, group_size=64,
-                            q_dtype=DTYPES[q_dtype])
+    q, k, v = random_inputs(
+        rng, Hq=4, Hkv=2, L=L, N=N, Dk=64, bits=4, group_size=64, q_dtype=DTYPES[q_dtype]
+    )
     sinks = random_sinks(rng, 4) if with_sinks else None
     out = run_and_check(q, k, v, bits=4, group_size=64, mask="causal", sinks=sinks)
     out = np.array(out.astype(mx.float32))
     dead = out[:, :, : L - N]
     assert dead.size and (dead == 0).all()
-    assert (np.abs(out[:, :, L - N:]).max(axis=-1) > 0).all()
+    assert (np.abs(out[:, :, L - N :]).max(axis=-1) > 0).all()
 
 
 # --- masks and sinks --------------------------------------------------------------
 
+
 def make_mask(kind, rng, B, Hq, L, N):
     """A mask of the given kind for [B, Hq, L, N] scores; a few rows fully hidden."""
+
     def with_neg_inf(shape, dtype):
         a = rng.normal(0, 2, shape).astype(np.float32)
         a[rng.random(shape) < 0.2] = -np.inf
@@ -169,8 +208,8 @@ def make_mask(kind, rng, B, Hq, L, N):
         lengths = rng.integers(1, N + 1, B)
         return mx.array(np.arange(N)[None, None, None, :] < lengths[:, None, None, None])
     if kind == "bool_window":  # sliding window of 16 keys, bottom-right causal
-        n, l = np.arange(N)[None, :], np.arange(L)[:, None] + N - L
-        return mx.array((n <= l) & (n > l - 16))
+        key, pos = np.arange(N)[None, :], np.arange(L)[:, None] + N - L
+        return mx.array((key <= pos) & (key > pos - 16))
     if kind == "bool_transposed":  # a non-contiguous view
         return mx.array(rng.random((N, L)) < 0.6).T
     if kind == "add_f32":
@@ -193,9 +232,23 @@ def make_mask(kind, rng, B, Hq, L, N):
     raise AssertionError(kind)
 
 
-MASK_KINDS = ["none", "causal", "bool_LN", "bool_B1LN", "bool_BHLN", "bool_keypad",
-              "bool_window", "bool_transposed", "add_f32", "add_bf16", "add_f16",
-              "add_row_const", "add_finfo_min", "all_hidden", "all_neg_inf"]
+MASK_KINDS = [
+    "none",
+    "causal",
+    "bool_LN",
+    "bool_B1LN",
+    "bool_BHLN",
+    "bool_keypad",
+    "bool_window",
+    "bool_transposed",
+    "add_f32",
+    "add_bf16",
+    "add_f16",
+    "add_row_const",
+    "add_finfo_min",
+    "all_hidden",
+    "all_neg_inf",
+]
 
 
 @pytest.mark.parametrize("kind", MASK_KINDS)
@@ -217,27 +270,52 @@ def test_masks_half_precision_many_rows(rng, kind):
     i = MASK_KINDS.index(kind)
     q_dtype = [mx.bfloat16, mx.float16][i % 2]
     B, Hq, Hkv, L, N = 2, 8, 2, 12, 90
-    q, k, v = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=N, bits=[4, 8, 3][i % 3],
-                            group_size=64, q_dtype=q_dtype, kv_dtype=mx.bfloat16)
+    q, k, v = random_inputs(
+        rng,
+        B=B,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=N,
+        bits=[4, 8, 3][i % 3],
+        group_size=64,
+        q_dtype=q_dtype,
+        kv_dtype=mx.bfloat16,
+    )
     mask = make_mask(kind, rng, B, Hq, L, N)
     sinks = random_sinks(rng, Hq) if i % 3 != 1 else None
-    out = run_and_check(q, k, v, bits=[4, 8, 3][i % 3], group_size=64, mask=mask, sinks=sinks,
-                        cuda_kernel="cuda_tiled")
+    out = run_and_check(
+        q,
+        k,
+        v,
+        bits=[4, 8, 3][i % 3],
+        group_size=64,
+        mask=mask,
+        sinks=sinks,
+        cuda_kernel="cuda_tiled",
+    )
     if kind.startswith("all_"):
         assert (np.array(out.astype(mx.float32)) == 0).all()
 
 
 @pytest.mark.parametrize(
     "kind,q_dtype",
-    [("causal", "f32"), ("bool_window", "f32"), ("bool_BHLN", "bf16"), ("add_f32", "f16"),
-     ("all_hidden", "f32"), ("add_row_const", "f32")],
+    [
+        ("causal", "f32"),
+        ("bool_window", "f32"),
+        ("bool_BHLN", "bf16"),
+        ("add_f32", "f16"),
+        ("all_hidden", "f32"),
+        ("add_row_const", "f32"),
+    ],
 )
 def test_masks_with_split_keys(rng, kind, q_dtype):
     # One KV head and few queries: the keys are split across tasks and merged
     # by log-sum-exp; a window leaves most splits fully hidden.
     B, Hq, L, N = 1, 4, 3, 3000
-    q, k, v = random_inputs(rng, B=B, Hq=Hq, Hkv=1, L=L, N=N, bits=6, group_size=32,
-                            q_dtype=DTYPES[q_dtype])
+    q, k, v = random_inputs(
+        rng, B=B, Hq=Hq, Hkv=1, L=L, N=N, bits=6, group_size=32, q_dtype=DTYPES[q_dtype]
+    )
     mask = make_mask(kind, rng, B, Hq, L, N)
     run_and_check(q, k, v, bits=6, group_size=32, mask=mask, sinks=random_sinks(rng, Hq))
 
@@ -247,12 +325,15 @@ def test_masks_with_split_keys(rng, kind, q_dtype):
 def test_sinks(rng, sink_dtype, level):
     Hq = 8
     q, k, v = random_inputs(rng, B=2, Hq=Hq, Hkv=2, L=4, N=50, bits=5, group_size=32)
-    values = {"mixed": rng.normal(0, 2, Hq), "dominant": np.full(Hq, 12.0),
-              "neg_inf": np.full(Hq, -np.inf)}[level]
+    values = {
+        "mixed": rng.normal(0, 2, Hq),
+        "dominant": np.full(Hq, 12.0),
+        "neg_inf": np.full(Hq, -np.inf),
+    }[level]
     sinks = mx.array(values.astype(np.float32)).astype(DTYPES[sink_dtype])
     out = run_and_check(q, k, v, bits=5, group_size=32, mask="causal", sinks=sinks)
     if level == "neg_inf":  # a sink of weight exp(-inf) = 0 changes nothing
-        plain = mlxq.sdpa(q, k, v, scale=128 ** -0.5, mask="causal")
+        plain = mlxq.sdpa(q, k, v, scale=128**-0.5, mask="causal")
         np.testing.assert_allclose(np.array(out), np.array(plain), rtol=1e-6, atol=1e-7)
 
 
@@ -262,24 +343,45 @@ def test_sinks_views(rng, view):
     Hq = 8
     q, k, v = random_inputs(rng, B=1, Hq=Hq, Hkv=2, L=3, N=70, bits=4, group_size=64)
     base = mx.array(rng.normal(0.5, 1.5, 2 * Hq).astype(np.float32))
-    sinks = {"strided": base[::2], "broadcast": mx.broadcast_to(base[3], (Hq,)),
-             "reversed": base[:Hq][::-1]}[view]
+    sinks = {
+        "strided": base[::2],
+        "broadcast": mx.broadcast_to(base[3], (Hq,)),
+        "reversed": base[:Hq][::-1],
+    }[view]
     dense = mx.array(np.array(sinks))
     out = run_and_check(q, k, v, bits=4, group_size=64, mask="causal", sinks=sinks)
-    same = mlxq.sdpa(q, k, v, scale=128 ** -0.5, mask="causal", sinks=dense)
+    same = mlxq.sdpa(q, k, v, scale=128**-0.5, mask="causal", sinks=dense)
     np.testing.assert_array_equal(np.array(out), np.array(same))
 
 
 # --- dtypes ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("q_dtype", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16", "bf16"])
 def test_query_and_scale_dtypes(rng, q_dtype, kv_dtype):
     bits = {"f32": 4, "f16": 8, "bf16": 3}[kv_dtype]
-    q, k, v = random_inputs(rng, B=2, Hq=8, Hkv=2, L=4, N=300, bits=bits, group_size=64,
-                            q_dtype=DTYPES[q_dtype], kv_dtype=DTYPES[kv_dtype])
-    run_and_check(q, k, v, bits=bits, group_size=64, mask="causal",
-                  sinks=random_sinks(rng, 8, DTYPES[q_dtype]))
+    q, k, v = random_inputs(
+        rng,
+        B=2,
+        Hq=8,
+        Hkv=2,
+        L=4,
+        N=300,
+        bits=bits,
+        group_size=64,
+        q_dtype=DTYPES[q_dtype],
+        kv_dtype=DTYPES[kv_dtype],
+    )
+    run_and_check(
+        q,
+        k,
+        v,
+        bits=bits,
+        group_size=64,
+        mask="causal",
+        sinks=random_sinks(rng, 8, DTYPES[q_dtype]),
+    )
 
 
 @pytest.mark.parametrize("scale", [0.0, -0.09, 3 / 8])
@@ -292,6 +394,7 @@ def test_scale_values(rng, scale):
 
 # --- strided views -----------------------------------------------------------------
 
+
 def prefix_view(triple, n, start=0):
     """``buf[..., start:n, :]`` of each array of a quantized cache buffer."""
     return tuple(x[..., start:n, :] for x in triple)
@@ -299,17 +402,24 @@ def prefix_view(triple, n, start=0):
 
 @pytest.mark.parametrize(
     "capacity,start,n,Hkv,L,mask",
-    [(512, 0, 1, 2, 1, None), (512, 0, 100, 2, 3, "causal"), (512, 37, 300, 2, 1, None),
-     (8192, 0, 5000, 1, 2, "causal"), (64, 0, 64, 2, 2, None)],
+    [
+        (512, 0, 1, 2, 1, None),
+        (512, 0, 100, 2, 3, "causal"),
+        (512, 37, 300, 2, 1, None),
+        (8192, 0, 5000, 1, 2, "causal"),
+        (64, 0, 64, 2, 2, None),
+    ],
 )
 def test_kv_cache_views(rng, capacity, start, n, Hkv, L, mask):
     """K/V as slices of a larger quantized buffer, as a cache hands them out."""
-    q, kbuf, vbuf = random_inputs(rng, B=2, Hq=8, Hkv=Hkv, L=L, N=capacity, bits=4,
-                                  group_size=64, kv_dtype=mx.bfloat16)
+    q, kbuf, vbuf = random_inputs(
+        rng, B=2, Hq=8, Hkv=Hkv, L=L, N=capacity, bits=4, group_size=64, kv_dtype=mx.bfloat16
+    )
     k, v = prefix_view(kbuf, n, start), prefix_view(vbuf, n, start)
     out = run_and_check(q, k, v, bits=4, group_size=64, mask=mask)
-    copied = mlxq.sdpa(q, tuple(map(mx.contiguous, k)), tuple(map(mx.contiguous, v)),
-                       scale=128 ** -0.5, mask=mask)
+    copied = mlxq.sdpa(
+        q, tuple(map(mx.contiguous, k)), tuple(map(mx.contiguous, v)), scale=128**-0.5, mask=mask
+    )
     assert np.array_equal(np.array(out), np.array(copied))
 
 
@@ -321,7 +431,7 @@ def test_kv_cache_view_is_read_in_place(rng):
     mx.synchronize()
     mx.reset_peak_memory()
     before = mx.get_active_memory()
-    out = mlxq.sdpa(q, k, v, scale=128 ** -0.5, mask="causal")
+    out = mlxq.sdpa(q, k, v, scale=128**-0.5, mask="causal")
     mx.eval(out)
     extra = mx.get_peak_memory() - before
     assert extra < view_bytes // 16, f"{extra} bytes allocated for a {view_bytes}-byte view"
@@ -338,7 +448,7 @@ def test_query_views(rng, layout):
     q = q.astype(mx.float16)
     _, k, v = random_inputs(rng, B=B, Hkv=2, N=90, Dk=D, bits=2, group_size=32)
     out = run_and_check(q, k, v, bits=2, group_size=32, mask="causal")
-    dense = mlxq.sdpa(mx.contiguous(q), k, v, scale=D ** -0.5, mask="causal")
+    dense = mlxq.sdpa(mx.contiguous(q), k, v, scale=D**-0.5, mask="causal")
     assert np.array_equal(np.array(out), np.array(dense))
 
 
@@ -350,46 +460,99 @@ def test_query_views(rng, layout):
 # both query dtypes, its row layouts (1 to 8 rows per KV head), ragged key
 # counts (partial warp steps and splits), causal drafts, sinks and batches. On
 # other devices they are more cases of the same kernel.
-MMA_SHAPES = [(4, 64, 32), (4, 64, 64), (4, 128, 32), (4, 128, 64), (4, 128, 128), (4, 256, 32), (4, 256, 64),
-              (4, 256, 128), (8, 64, 32), (8, 64, 64), (8, 128, 32), (8, 128, 64),
-              (8, 128, 128), (8, 256, 32), (8, 256, 64), (8, 256, 128),
-              (4, 512, 32), (4, 512, 64), (4, 512, 128)]
-MMA_ROWS = [(1, 32, 8, 1, None), (2, 8, 8, 1, None), (1, 16, 4, 1, None),
-            (1, 8, 2, 2, "causal"), (2, 4, 1, 1, None), (1, 12, 3, 2, "causal")]
+MMA_SHAPES = [
+    (4, 64, 32),
+    (4, 64, 64),
+    (4, 128, 32),
+    (4, 128, 64),
+    (4, 128, 128),
+    (4, 256, 32),
+    (4, 256, 64),
+    (4, 256, 128),
+    (8, 64, 32),
+    (8, 64, 64),
+    (8, 128, 32),
+    (8, 128, 64),
+    (8, 128, 128),
+    (8, 256, 32),
+    (8, 256, 64),
+    (8, 256, 128),
+    (4, 512, 32),
+    (4, 512, 64),
+    (4, 512, 128),
+]
+MMA_ROWS = [
+    (1, 32, 8, 1, None),
+    (2, 8, 8, 1, None),
+    (1, 16, 4, 1, None),
+    (1, 8, 2, 2, "causal"),
+    (2, 4, 1, 1, None),
+    (1, 12, 3, 2, "causal"),
+]
 MMA_N = [1, 17, 300, 1000, 4099, 70]
 MMA_CASES = [
-    (bits, D, gs, q_dtype, *MMA_ROWS[(2 * i + j) % len(MMA_ROWS)],
-     MMA_N[(i + j) % len(MMA_N)], (i + j) % 2 == 1, ["bf16", "f16", "f32"][(i + j) % 3])
+    (
+        bits,
+        D,
+        gs,
+        q_dtype,
+        *MMA_ROWS[(2 * i + j) % len(MMA_ROWS)],
+        MMA_N[(i + j) % len(MMA_N)],
+        (i + j) % 2 == 1,
+        ["bf16", "f16", "f32"][(i + j) % 3],
+    )
     for i, (bits, D, gs) in enumerate(MMA_SHAPES)
     for j, q_dtype in enumerate(["bf16", "f16"])
 ]
 
 
 @pytest.mark.parametrize(
-    "bits,D,group_size,q_dtype,B,Hq,Hkv,L,mask,N,with_sinks,kv_dtype", MMA_CASES)
-def test_half_precision_decode(rng, bits, D, group_size, q_dtype, B, Hq, Hkv, L, mask, N,
-                               with_sinks, kv_dtype):
-    q, k, v = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=N, Dk=D, bits=bits,
-                            group_size=group_size, q_dtype=DTYPES[q_dtype],
-                            kv_dtype=DTYPES[kv_dtype])
+    "bits,D,group_size,q_dtype,B,Hq,Hkv,L,mask,N,with_sinks,kv_dtype", MMA_CASES
+)
+def test_half_precision_decode(
+    rng, bits, D, group_size, q_dtype, B, Hq, Hkv, L, mask, N, with_sinks, kv_dtype
+):
+    q, k, v = random_inputs(
+        rng,
+        B=B,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=N,
+        Dk=D,
+        bits=bits,
+        group_size=group_size,
+        q_dtype=DTYPES[q_dtype],
+        kv_dtype=DTYPES[kv_dtype],
+    )
     sinks = random_sinks(rng, Hq) if with_sinks else None
     # 8-bit codes at head dim 256 need 105-127 KB of shared memory per block,
     # 4-bit at 512 (Gemma 4's global layers) ~110 KB: GPUs that allow 99 KB
     # (sm_86/89/120) take the generic kernel there; sm_90/100 have 227 KB.
     big_smem = mx.device_info().get("compute_capability_major", 0) in (9, 10)
     kernel = None if (bits, D) == (8, 256) or (D == 512 and not big_smem) else "cuda_decode"
-    run_and_check(q, k, v, bits=bits, group_size=group_size, mask=mask, sinks=sinks,
-                  cuda_kernel=kernel)
+    run_and_check(
+        q, k, v, bits=bits, group_size=group_size, mask=mask, sinks=sinks, cuda_kernel=kernel
+    )
 
 
-@pytest.mark.parametrize("bits,group_size,n,q_dtype", [
-    (4, 64, 1000, "bf16"), (8, 128, 333, "f16"), (4, 32, 47, "f16"), (8, 64, 2049, "bf16")])
+@pytest.mark.parametrize(
+    "bits,group_size,n,q_dtype",
+    [(4, 64, 1000, "bf16"), (8, 128, 333, "f16"), (4, 32, 47, "f16"), (8, 64, 2049, "bf16")],
+)
 def test_half_precision_decode_cache_views(rng, bits, group_size, n, q_dtype):
     """Views of a cache whose rows past the view hold NaN scales and biases:
     nothing beyond the view may be read into the result."""
-    q, kbuf, vbuf = random_inputs(rng, Hq=16, Hkv=4, N=n + 100, bits=bits,
-                                  group_size=group_size, q_dtype=DTYPES[q_dtype],
-                                  kv_dtype=mx.bfloat16)
+    q, kbuf, vbuf = random_inputs(
+        rng,
+        Hq=16,
+        Hkv=4,
+        N=n + 100,
+        bits=bits,
+        group_size=group_size,
+        q_dtype=DTYPES[q_dtype],
+        kv_dtype=mx.bfloat16,
+    )
     past = mx.arange(n + 100)[:, None] >= n
 
     def poison_past(triple):
@@ -402,6 +565,7 @@ def test_half_precision_decode_cache_views(rng, bits, group_size, n, q_dtype):
 
 # --- long contexts (split-K decode) ------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "B,Hq,Hkv,L,N,bits,group_size,q_dtype,mask,with_sinks",
     [
@@ -413,13 +577,23 @@ def test_half_precision_decode_cache_views(rng, bits, group_size, n, q_dtype):
     ],
 )
 def test_long_context(rng, B, Hq, Hkv, L, N, bits, group_size, q_dtype, mask, with_sinks):
-    q, k, v = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=N, bits=bits,
-                            group_size=group_size, q_dtype=DTYPES[q_dtype])
+    q, k, v = random_inputs(
+        rng,
+        B=B,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=N,
+        bits=bits,
+        group_size=group_size,
+        q_dtype=DTYPES[q_dtype],
+    )
     sinks = random_sinks(rng, Hq) if with_sinks else None
     run_and_check(q, k, v, bits=bits, group_size=group_size, mask=mask, sinks=sinks)
 
 
 # --- random combinations ------------------------------------------------------------
+
 
 def random_config(seed):
     """A random mix of every option, to catch interactions the tables above miss."""
@@ -429,14 +603,22 @@ def random_config(seed):
     Hkv = int(r.choice([1, 2, 3, 4]))
     L = int(r.choice([1, 1, 2, 4, 8, 17, 31, 64]))
     return dict(
-        bits=int(r.choice(BITS)), group_size=gs,
-        Dk=int(r.choice(dims)), Dv=int(r.choice(dims)),
-        B=int(r.integers(1, 4)), Hkv=Hkv, Hq=Hkv * int(r.choice([1, 2, 3, 4, 8])),
-        L=L, N=int(r.choice([1, 5, 32, 33, 100, 511, 777, 2100])),
-        q_dtype=str(r.choice(list(DTYPES))), kv_dtype=str(r.choice(list(DTYPES))),
-        mask=str(r.choice(["none", "causal", "bool_BHLN", "bool_keypad", "add_bf16",
-                           "bool_window"])),
-        sinks=bool(r.random() < 0.5), view=bool(r.random() < 0.4),
+        bits=int(r.choice(BITS)),
+        group_size=gs,
+        Dk=int(r.choice(dims)),
+        Dv=int(r.choice(dims)),
+        B=int(r.integers(1, 4)),
+        Hkv=Hkv,
+        Hq=Hkv * int(r.choice([1, 2, 3, 4, 8])),
+        L=L,
+        N=int(r.choice([1, 5, 32, 33, 100, 511, 777, 2100])),
+        q_dtype=str(r.choice(list(DTYPES))),
+        kv_dtype=str(r.choice(list(DTYPES))),
+        mask=str(
+            r.choice(["none", "causal", "bool_BHLN", "bool_keypad", "add_bf16", "bool_window"])
+        ),
+        sinks=bool(r.random() < 0.5),
+        view=bool(r.random() < 0.4),
         q_transposed=bool(r.random() < 0.3),
     )
 
@@ -447,9 +629,20 @@ def test_random_configurations(rng, seed):
     B, Hq, Hkv, L, N = c["B"], c["Hq"], c["Hkv"], c["L"], c["N"]
     # A cache buffer larger than N when testing views, sliced back to N keys.
     capacity = N + 13 if c["view"] else N
-    q, k, v = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=capacity, Dk=c["Dk"], Dv=c["Dv"],
-                            bits=c["bits"], group_size=c["group_size"],
-                            q_dtype=DTYPES[c["q_dtype"]], kv_dtype=DTYPES[c["kv_dtype"]])
+    q, k, v = random_inputs(
+        rng,
+        B=B,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=capacity,
+        Dk=c["Dk"],
+        Dv=c["Dv"],
+        bits=c["bits"],
+        group_size=c["group_size"],
+        q_dtype=DTYPES[c["q_dtype"]],
+        kv_dtype=DTYPES[c["kv_dtype"]],
+    )
     k, v = prefix_view(k, N), prefix_view(v, N)
     if c["q_transposed"]:
         q = mx.contiguous(q.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
@@ -460,21 +653,36 @@ def test_random_configurations(rng, seed):
 
 # --- bits / group size inference --------------------------------------------------
 
-@pytest.mark.parametrize("bits,group_size,Dk,Dv",
-                         [(2, 32, 64, 64), (3, 128, 256, 128), (4, 64, 128, 128),
-                          (5, 64, 192, 128), (6, 32, 96, 96), (8, 128, 128, 512)])
+
+@pytest.mark.parametrize(
+    "bits,group_size,Dk,Dv",
+    [
+        (2, 32, 64, 64),
+        (3, 128, 256, 128),
+        (4, 64, 128, 128),
+        (5, 64, 192, 128),
+        (6, 32, 96, 96),
+        (8, 128, 128, 512),
+    ],
+)
 def test_explicit_bits_and_group_size_match_inferred(rng, bits, group_size, Dk, Dv):
-    q, k, v = random_inputs(rng, Hq=4, Hkv=2, L=2, N=40, Dk=Dk, Dv=Dv, bits=bits,
-                            group_size=group_size)
+    q, k, v = random_inputs(
+        rng, Hq=4, Hkv=2, L=2, N=40, Dk=Dk, Dv=Dv, bits=bits, group_size=group_size
+    )
     inferred = run_and_check(q, k, v, bits=bits, group_size=group_size)
-    for kwargs in ({"bits": bits}, {"group_size": group_size},
-                   {"bits": bits, "group_size": group_size}):
-        explicit = mlxq.quantized_sdpa(q, k, v, scale=Dk ** -0.5, mask=None, sinks=None,
-                                       stream=None, **kwargs)
+    for kwargs in (
+        {"bits": bits},
+        {"group_size": group_size},
+        {"bits": bits, "group_size": group_size},
+    ):
+        explicit = mlxq.quantized_sdpa(
+            q, k, v, scale=Dk**-0.5, mask=None, sinks=None, stream=None, **kwargs
+        )
         assert np.array_equal(np.array(explicit), np.array(inferred)), kwargs
 
 
 # --- routing and the reference compositions ---------------------------------------
+
 
 def graph_text(out: mx.array) -> str:
     with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
@@ -557,7 +765,7 @@ def check_against_composition(out, composition, q, k, v, **kwargs):
     In f32 the composition runs on exactly the kernel's inputs. In f16/bf16 it
     computes scores, probabilities and outputs in half precision, which alone
     puts it 3e-3..6e-3 (f16) and 2e-2..4e-2 (bf16) from float64, beyond
-    DESIGN.md's bounds, while the kernel (f32 accumulation) is ~10x closer. So
+    TOL's bounds, while the kernel (f32 accumulation) is ~10x closer. So
     for half dtypes the composition gets the same values upcast to f32 (exact),
     and the half-precision kernel must match it within its dtype's bound; the
     native half run must not beat the kernel against float64.
@@ -579,27 +787,52 @@ def check_against_composition(out, composition, q, k, v, **kwargs):
     assert_close(out, exact, dtype=out.dtype)
 
 
-@pytest.mark.parametrize("q_dtype,kv_dtype,bits,group_size,Hq,Hkv,L,N,mask,with_sinks",
-                         REFERENCE_CASES)
-def test_agrees_with_reference_composition(rng, q_dtype, kv_dtype, bits, group_size, Hq, Hkv,
-                                           L, N, mask, with_sinks):
+@pytest.mark.parametrize(
+    "q_dtype,kv_dtype,bits,group_size,Hq,Hkv,L,N,mask,with_sinks", REFERENCE_CASES
+)
+def test_agrees_with_reference_composition(
+    rng, q_dtype, kv_dtype, bits, group_size, Hq, Hkv, L, N, mask, with_sinks
+):
     B = 2
-    q, k, v = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=N, bits=bits,
-                            group_size=group_size, q_dtype=DTYPES[q_dtype],
-                            kv_dtype=DTYPES[kv_dtype])
+    q, k, v = random_inputs(
+        rng,
+        B=B,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=N,
+        bits=bits,
+        group_size=group_size,
+        q_dtype=DTYPES[q_dtype],
+        kv_dtype=DTYPES[kv_dtype],
+    )
     mask = reference_mask(mask, rng, B, Hq, L, N)
     sinks = random_sinks(rng, Hq) if with_sinks else None
-    scale = 128 ** -0.5
+    scale = 128**-0.5
     out = mlxq.sdpa(q, k, v, scale=scale, mask=mask, sinks=sinks)
-    check_against_composition(out, mlxq.reference.quantized_sdpa, q, k, v, scale=scale,
-                              mask=mask, sinks=sinks, group_size=group_size, bits=bits)
+    check_against_composition(
+        out,
+        mlxq.reference.quantized_sdpa,
+        q,
+        k,
+        v,
+        scale=scale,
+        mask=mask,
+        sinks=sinks,
+        group_size=group_size,
+        bits=bits,
+    )
 
 
 @pytest.mark.parametrize(
     "q_dtype,bits,group_size,Hq,Hkv,L,N,mask",
-    [("f32", 4, 64, 8, 2, 1, 500, None), ("f32", 8, 64, 8, 8, 6, 100, "causal"),
-     ("f16", 4, 32, 4, 1, 3, 200, "bool"), ("bf16", 8, 128, 16, 4, 2, 64, "causal"),
-     ("f32", 2, 128, 8, 2, 9, 40, "bool")],
+    [
+        ("f32", 4, 64, 8, 2, 1, 500, None),
+        ("f32", 8, 64, 8, 8, 6, 100, "causal"),
+        ("f16", 4, 32, 4, 1, 3, 200, "bool"),
+        ("bf16", 8, 128, 16, 4, 2, 64, "causal"),
+        ("f32", 2, 128, 8, 2, 9, 40, "bool"),
+    ],
 )
 def test_agrees_with_mlx_lm(rng, q_dtype, bits, group_size, Hq, Hkv, L, N, mask):
     # mlx-lm is a test dependency (pyproject's "test" extra): a missing install
@@ -612,16 +845,28 @@ def test_agrees_with_mlx_lm(rng, q_dtype, bits, group_size, Hq, Hkv, L, N, mask)
         return quantized_scaled_dot_product_attention(mx.array(q), k, v, **kwargs)
 
     dtype = DTYPES[q_dtype]
-    q, k, v = random_inputs(rng, B=2, Hq=Hq, Hkv=Hkv, L=L, N=N, bits=bits,
-                            group_size=group_size, q_dtype=dtype, kv_dtype=dtype)
+    q, k, v = random_inputs(
+        rng,
+        B=2,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=N,
+        bits=bits,
+        group_size=group_size,
+        q_dtype=dtype,
+        kv_dtype=dtype,
+    )
     mask = reference_mask(mask, rng, 2, Hq, L, N)
-    scale = 128 ** -0.5
+    scale = 128**-0.5
     out = mlxq.sdpa(q, k, v, scale=scale, mask=mask)
-    check_against_composition(out, mlx_lm_sdpa, q, k, v, scale=scale, mask=mask,
-                              group_size=group_size, bits=bits)
+    check_against_composition(
+        out, mlx_lm_sdpa, q, k, v, scale=scale, mask=mask, group_size=group_size, bits=bits
+    )
 
 
 # --- the oracle itself ------------------------------------------------------------
+
 
 @pytest.mark.parametrize("mask", ["none", "causal", "bool_B1LN", "add_f32", "bool_window"])
 @pytest.mark.parametrize("with_sinks", [False, True])

@@ -22,7 +22,9 @@ def ring_rows(S, pos, T):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("S,T,pos", [(8, 1, 0), (8, 3, 6), (8, 8, 5), (5, 5, 0), (7, 2, 13), (16, 0, 3)])
+@pytest.mark.parametrize(
+    "S,T,pos", [(8, 1, 0), (8, 3, 6), (8, 8, 5), (5, 5, 0), (7, 2, 13), (16, 0, 3)]
+)
 def test_ring_update_matches_numpy(dtype, S, T, pos):
     B, H, D = 2, 3, 24
     buf = mx.random.normal((B, H, S, D)).astype(dtype)
@@ -115,7 +117,9 @@ def test_quantized_ring_update_bit_identical_to_mx_quantize(dtype, bits, group_s
     x = x.astype(dtype)
     x[0, 0, 0, :group_size] = 0.0
     x[1, 1, 1, :group_size] = 2.5
-    buf = mx.quantize(mx.random.normal((B, H, S, D)).astype(dtype), group_size=group_size, bits=bits)
+    buf = mx.quantize(
+        mx.random.normal((B, H, S, D)).astype(dtype), group_size=group_size, bits=bits
+    )
     mx.eval(buf)
     before = [np_of(a).copy() for a in buf]
     out = mlxq.quantized_ring_update(buf, x, pos, group_size=group_size, bits=bits)
@@ -237,19 +241,41 @@ def test_quantized_ring_update_compiled_step_does_not_retrace():
 
 # ---------------------------------------------------------------- bad input
 
+
 def test_ring_update_rejects_bad_input():
     buf, upd = mx.zeros((1, 2, 4, 8)), mx.zeros((1, 2, 1, 8))
     cases = [
-        (lambda: mlxq.ring_update(mx.zeros((2, 4, 8)), upd, 0), r"buffer must be 4-D .* got shape \(2, 4, 8\)"),
+        (
+            lambda: mlxq.ring_update(mx.zeros((2, 4, 8)), upd, 0),
+            r"buffer must be 4-D .* got shape \(2, 4, 8\)",
+        ),
         (lambda: mlxq.ring_update(buf, mx.zeros((2, 1, 8)), 0), r"update must be 4-D"),
-        (lambda: mlxq.ring_update(buf, upd.astype(mx.float16), 0), r"update dtype float16 does not match the buffer dtype float32"),
-        (lambda: mlxq.ring_update(buf, mx.zeros((1, 3, 1, 8)), 0), r"update shape \(1, 3, 1, 8\) does not match the buffer shape \(1, 2, 4, 8\) in \[B, H\]"),
-        (lambda: mlxq.ring_update(buf, mx.zeros((1, 2, 1, 9)), 0), r"update shape \(1, 2, 1, 9\) does not match the buffer shape \(1, 2, 4, 8\) in the last dimension"),
-        (lambda: mlxq.ring_update(buf, mx.zeros((1, 2, 5, 8)), 0), r"update has 5 rows but the ring holds only 4"),
+        (
+            lambda: mlxq.ring_update(buf, upd.astype(mx.float16), 0),
+            r"update dtype float16 does not match the buffer dtype float32",
+        ),
+        (
+            lambda: mlxq.ring_update(buf, mx.zeros((1, 3, 1, 8)), 0),
+            r"update shape \(1, 3, 1, 8\) does not match the buffer shape \(1, 2, 4, 8\) in \[B, H\]",
+        ),
+        (
+            lambda: mlxq.ring_update(buf, mx.zeros((1, 2, 1, 9)), 0),
+            r"update shape \(1, 2, 1, 9\) does not match the buffer shape \(1, 2, 4, 8\) in the last dimension",
+        ),
+        (
+            lambda: mlxq.ring_update(buf, mx.zeros((1, 2, 5, 8)), 0),
+            r"update has 5 rows but the ring holds only 4",
+        ),
         (lambda: mlxq.ring_update(buf, upd, -1), r"pos must be >= 0, got -1"),
         (lambda: mlxq.ring_update(buf, upd, mx.array([-2])), r"pos must be >= 0, got -2"),
-        (lambda: mlxq.ring_update(buf, upd, mx.array([1, 2])), r"pos must be an int or a one-element integer array, got shape \(2,\)"),
-        (lambda: mlxq.ring_update(buf, upd, mx.array(1.0)), r"pos array must have an integer dtype, got float32"),
+        (
+            lambda: mlxq.ring_update(buf, upd, mx.array([1, 2])),
+            r"pos must be an int or a one-element integer array, got shape \(2,\)",
+        ),
+        (
+            lambda: mlxq.ring_update(buf, upd, mx.array(1.0)),
+            r"pos array must have an integer dtype, got float32",
+        ),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=r"^\[mlxq\.ring_update\] " + message):
@@ -268,13 +294,34 @@ def test_quantized_ring_update_rejects_bad_input():
         (lambda: call(bits=7), r"bits must be 2, 3, 4, 5, 6 or 8, got 7"),
         (lambda: call(group_size=16), r"group_size must be 32, 64 or 128, got 16"),
         (lambda: call(buffer=(p.astype(mx.int32), s, b)), r"packed must be uint32, got int32"),
-        (lambda: call(buffer=(p, s, b.astype(mx.float16))), r"scales and biases must share one float dtype, got float32 and float16"),
-        (lambda: call(buffer=(p, s, b[..., :1])), r"scales shape \(1, 2, 4, 2\) does not match biases shape \(1, 2, 4, 1\)"),
-        (lambda: call(buffer=(p[:, :, :3], s, b)), r"packed shape \(1, 2, 3, 8\) and scales shape \(1, 2, 4, 2\) disagree on \[B, H, S\]"),
-        (lambda: call(update=upd.astype(mx.bfloat16)), r"update dtype bfloat16 must match the scales dtype float32"),
-        (lambda: call(update=mx.zeros((1, 2, 5, 64))), r"update has 5 rows but the ring holds only 4"),
-        (lambda: call(update=mx.zeros((1, 2, 1, 128))), r"update rows of 128 elements do not fit packed width 8"),
-        (lambda: call(bits=8), r"update rows of 64 elements do not fit packed width 8 and scales width 2 at 8 bits, group size 32"),
+        (
+            lambda: call(buffer=(p, s, b.astype(mx.float16))),
+            r"scales and biases must share one float dtype, got float32 and float16",
+        ),
+        (
+            lambda: call(buffer=(p, s, b[..., :1])),
+            r"scales shape \(1, 2, 4, 2\) does not match biases shape \(1, 2, 4, 1\)",
+        ),
+        (
+            lambda: call(buffer=(p[:, :, :3], s, b)),
+            r"packed shape \(1, 2, 3, 8\) and scales shape \(1, 2, 4, 2\) disagree on \[B, H, S\]",
+        ),
+        (
+            lambda: call(update=upd.astype(mx.bfloat16)),
+            r"update dtype bfloat16 must match the scales dtype float32",
+        ),
+        (
+            lambda: call(update=mx.zeros((1, 2, 5, 64))),
+            r"update has 5 rows but the ring holds only 4",
+        ),
+        (
+            lambda: call(update=mx.zeros((1, 2, 1, 128))),
+            r"update rows of 128 elements do not fit packed width 8",
+        ),
+        (
+            lambda: call(bits=8),
+            r"update rows of 64 elements do not fit packed width 8 and scales width 2 at 8 bits, group size 32",
+        ),
         (lambda: call(pos=-3), r"pos must be >= 0, got -3"),
         (lambda: call(update=mx.zeros((1, 2, 64))), r"update must be 4-D"),
     ]
@@ -291,15 +338,20 @@ def test_quantized_kv_update_writes_both_triples_and_fetches_views(fetch):
     exactly as quantized_ring_update does, and (fetch >= 0) rows [0, fetch)
     of all six arrays as views that the same primitive outputs."""
     B, H, S, D, T, pos, gs, bits = 2, 3, 9, 64, 2, 4, 32, 4
-    k_buf = tuple(mx.array(a) for a in mx.quantize(mx.random.normal((B, H, S, D)), group_size=gs, bits=bits))
-    v_buf = tuple(mx.array(a) for a in mx.quantize(mx.random.normal((B, H, S, D)), group_size=gs, bits=bits))
+    k_buf = tuple(
+        mx.array(a) for a in mx.quantize(mx.random.normal((B, H, S, D)), group_size=gs, bits=bits)
+    )
+    v_buf = tuple(
+        mx.array(a) for a in mx.quantize(mx.random.normal((B, H, S, D)), group_size=gs, bits=bits)
+    )
     k_new, v_new = mx.random.normal((B, H, T, D)), mx.random.normal((B, H, T, D))
     mx.eval(k_buf, v_buf, k_new, v_new)
     want_k = mlxq.quantized_ring_update(k_buf, k_new, pos, group_size=gs, bits=bits)
     want_v = mlxq.quantized_ring_update(v_buf, v_new, pos, group_size=gs, bits=bits)
     mx.eval(want_k, want_v)
-    out = mlxq._ext.quantized_kv_update(*k_buf, *v_buf, k_new, v_new, pos,
-                                        group_size=gs, bits=bits, fetch=fetch)
+    out = mlxq._ext.quantized_kv_update(
+        *k_buf, *v_buf, k_new, v_new, pos, group_size=gs, bits=bits, fetch=fetch
+    )
     assert len(out) == (2 if fetch < 0 else 4)
     for got, want in zip(out[0] + out[1], want_k + want_v):
         np.testing.assert_array_equal(np_of(got), np_of(want))
@@ -311,5 +363,6 @@ def test_quantized_kv_update_writes_both_triples_and_fetches_views(fetch):
         # A view computes like the slice it stands for (strided reads).
         np.testing.assert_array_equal(np_of(view + 0), np_of(want[:, :, :fetch] + 0))
     with pytest.raises(ValueError, match=r"fetch rows \[0, 10\) do not fit the buffers' 9 rows"):
-        mlxq._ext.quantized_kv_update(*k_buf, *v_buf, k_new, v_new, pos,
-                                      group_size=gs, bits=bits, fetch=10)
+        mlxq._ext.quantized_kv_update(
+            *k_buf, *v_buf, k_new, v_new, pos, group_size=gs, bits=bits, fetch=10
+        )

@@ -8,21 +8,41 @@ nothing is routed.
 
 import mlx.core as mx
 import pytest
+from helpers import assert_close, random_inputs
+from reference64 import sdpa64
 
 import mlxq
-from helpers import assert_close, random_inputs
 from mlxq import routing
-from reference64 import sdpa64
 
 BF16, F16, F32 = mx.bfloat16, mx.float16, mx.float32
 
 
-def route(backend, L=2048, N=4096, Hq=32, Hkv=8, Dk=128, Dv=None, dtype=BF16,
-          scales_dtype=None, mask_kind="causal", sinks_dtype=None):
+def route(
+    backend,
+    L=2048,
+    N=4096,
+    Hq=32,
+    Hkv=8,
+    Dk=128,
+    Dv=None,
+    dtype=BF16,
+    scales_dtype=None,
+    mask_kind="causal",
+    sinks_dtype=None,
+):
     return routing.route_through_mx_fast(
-        backend, L=L, N=N, Hq=Hq, Hkv=Hkv, Dk=Dk, Dv=Dk if Dv is None else Dv,
-        dtype=dtype, scales_dtype=dtype if scales_dtype is None else scales_dtype,
-        mask_kind=mask_kind, sinks_dtype=sinks_dtype)
+        backend,
+        L=L,
+        N=N,
+        Hq=Hq,
+        Hkv=Hkv,
+        Dk=Dk,
+        Dv=Dk if Dv is None else Dv,
+        dtype=dtype,
+        scales_dtype=dtype if scales_dtype is None else scales_dtype,
+        mask_kind=mask_kind,
+        sinks_dtype=sinks_dtype,
+    )
 
 
 @pytest.mark.parametrize("backend", ["cuda", "metal"])
@@ -71,24 +91,25 @@ def test_switch_turns_the_route_off():
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
 @pytest.mark.parametrize("mask", [None, "causal"])
-@pytest.mark.parametrize("L,N,sinks_dtype", [(64, 200, None), (130, 130, None), (40, 1000, "q"),
-                                             (40, 1000, "f32")])
+@pytest.mark.parametrize(
+    "L,N,sinks_dtype", [(64, 200, None), (130, 130, None), (40, 1000, "q"), (40, 1000, "f32")]
+)
 def test_many_rows_match_the_oracle(rng, device, dtype, mask, L, N, sinks_dtype):
-    q, k, v = random_inputs(rng, Hq=8, Hkv=2, L=L, N=N, Dk=128, bits=4, group_size=64,
-                            q_dtype=dtype, kv_dtype=dtype)
+    q, k, v = random_inputs(
+        rng, Hq=8, Hkv=2, L=L, N=N, Dk=128, bits=4, group_size=64, q_dtype=dtype, kv_dtype=dtype
+    )
     sinks = None
     if sinks_dtype is not None:
         sinks = mx.array(rng.standard_normal(8).astype("float32"))
         sinks = sinks.astype(dtype) if sinks_dtype == "q" else sinks
     routing.take_route_counts()
-    out = mlxq.sdpa(q, k, v, scale=128 ** -0.5, mask=mask, sinks=sinks)
+    out = mlxq.sdpa(q, k, v, scale=128**-0.5, mask=mask, sinks=sinks)
     mx.eval(out)
     routed = routing.take_route_counts().get("mx_fast", 0)
     # f32 sinks with half-precision queries stay on mlxq (MLX refuses them).
-    expected = (routing.gpu_backend() is not None and device == mx.gpu
-                and sinks_dtype != "f32")
+    expected = routing.gpu_backend() is not None and device == mx.gpu and sinks_dtype != "f32"
     assert routed == int(expected), f"routed {routed} calls on {device}"
-    ref = sdpa64(q, k, v, scale=128 ** -0.5, mask=mask, sinks=sinks, group_size=64, bits=4)
+    ref = sdpa64(q, k, v, scale=128**-0.5, mask=mask, sinks=sinks, group_size=64, bits=4)
     assert out.dtype == dtype and out.shape == (1, 8, L, 128)
     assert_close(out, ref, dtype)
 

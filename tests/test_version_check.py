@@ -13,5 +13,7 @@ def test_extension_was_built_against_the_installed_mlx():
 
 def test_other_mlx_version_is_refused(monkeypatch):
     monkeypatch.setattr(mx, "__version__", "0.0.1")
-    with pytest.raises(ImportError, match=r"mlxq was built against MLX .* but MLX 0\.0\.1 is installed"):
+    with pytest.raises(
+        ImportError, match=r"mlxq was built against MLX .* but MLX 0\.0\.1 is installed"
+    ):
         check_mlx_version()

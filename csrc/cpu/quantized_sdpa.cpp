@@ -39,7 +39,7 @@ namespace {
 using mx::bfloat16_t;
 using mx::float16_t;
 
-constexpr int kChunk = 32;      // keys per softmax update
+constexpr int kChunk = 32; // keys per softmax update
 // Rows sharing one unpacked K/V row. 64 measured 7-10% faster than 32 for
 // L >= 16 (speculative steps, prefill) and the same for decode.
 constexpr int kMaxRowTile = 64;
@@ -83,7 +83,7 @@ struct Problem {
   mx::Dtype scale_dtype = mx::float32;
   View q, kw, ks, kb, vw, vs, vb, m;
   const float* sinks; // [Hq] or null
-  int rows;           // rep * L rows per (batch, KV head)
+  int rows; // rep * L rows per (batch, KV head)
   int row_tile;
   int row_tiles;
   int splits;
@@ -92,9 +92,12 @@ struct Problem {
 
 inline float load_float(const void* p, mx::Dtype dt) {
   switch (dt) {
-    case mx::float16: return static_cast<float>(*static_cast<const float16_t*>(p));
-    case mx::bfloat16: return static_cast<float>(*static_cast<const bfloat16_t*>(p));
-    default: return *static_cast<const float*>(p);
+    case mx::float16:
+      return static_cast<float>(*static_cast<const float16_t*>(p));
+    case mx::bfloat16:
+      return static_cast<float>(*static_cast<const bfloat16_t*>(p));
+    default:
+      return *static_cast<const float*>(p);
   }
 }
 
@@ -108,9 +111,15 @@ inline void store_row(void* dst, const float* src, int n) {
 
 inline void store_output(mx::Dtype dt, void* dst, const float* src, int n) {
   switch (dt) {
-    case mx::float16: store_row<float16_t>(dst, src, n); break;
-    case mx::bfloat16: store_row<bfloat16_t>(dst, src, n); break;
-    default: store_row<float>(dst, src, n); break;
+    case mx::float16:
+      store_row<float16_t>(dst, src, n);
+      break;
+    case mx::bfloat16:
+      store_row<bfloat16_t>(dst, src, n);
+      break;
+    default:
+      store_row<float>(dst, src, n);
+      break;
   }
 }
 
@@ -129,20 +138,45 @@ inline void scale_inplace(float* __restrict y, float a, int n) {
 // Per-worker scratch, sized for the largest tile it has seen.
 struct Scratch {
   std::vector<float> buf;
-  float *qf, *qsum, *s, *o, *obias, *m, *l, *kbuf, *vbuf, *kbias, *vbias,
-      *wscale, *gscale, *onat, *pc;
+  float *qf, *qsum, *s, *o, *obias, *m, *l, *kbuf, *vbuf, *kbias, *vbias, *wscale, *gscale, *onat,
+      *pc;
   int act[kChunk];
   uint32_t words[kMaxHeadDim * 8 / 32 + 1];
 
   void prepare(const Problem& P) {
     const size_t RT = P.row_tile, Gk = P.Dk / P.gs, Gv = P.Dv / P.gs;
     const size_t sizes[] = {
-        RT * P.Dk, RT * Gk, RT * kChunk, RT * P.Dv, RT * Gv, RT, RT,
-        kChunk * size_t(P.Dk), kChunk * size_t(P.Dv), kChunk * Gk,
-        kChunk * Gv, size_t(std::max(P.Dk, P.Dv)), std::max(Gk, Gv),
-        size_t(P.Dv), kChunk};
-    float** slots[] = {&qf, &qsum, &s, &o, &obias, &m, &l, &kbuf, &vbuf,
-                       &kbias, &vbias, &wscale, &gscale, &onat, &pc};
+        RT * P.Dk,
+        RT * Gk,
+        RT * kChunk,
+        RT * P.Dv,
+        RT * Gv,
+        RT,
+        RT,
+        kChunk * size_t(P.Dk),
+        kChunk * size_t(P.Dv),
+        kChunk * Gk,
+        kChunk * Gv,
+        size_t(std::max(P.Dk, P.Dv)),
+        std::max(Gk, Gv),
+        size_t(P.Dv),
+        kChunk};
+    float** slots[] = {
+        &qf,
+        &qsum,
+        &s,
+        &o,
+        &obias,
+        &m,
+        &l,
+        &kbuf,
+        &vbuf,
+        &kbias,
+        &vbias,
+        &wscale,
+        &gscale,
+        &onat,
+        &pc};
     constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
     static_assert(n == sizeof(slots) / sizeof(slots[0]));
     size_t total = 16;
@@ -165,8 +199,16 @@ struct Scratch {
 // (the kernels keep biases transposed: [group][key], so that the bias terms of
 // a whole chunk of keys are one vector FMA per group).
 inline void load_group_params(
-    const View& sv, const View& bv, mx::Dtype dt, int b, int h, int n, int G,
-    float* scale, float* bias, int bias_stride) {
+    const View& sv,
+    const View& bv,
+    mx::Dtype dt,
+    int b,
+    int h,
+    int n,
+    int G,
+    float* scale,
+    float* bias,
+    int bias_stride) {
   const char* sp = sv.data + (b * sv.stride[0] + h * sv.stride[1] + n * sv.stride[2]) * sv.itemsize;
   const char* bp = bv.data + (b * bv.stride[0] + h * bv.stride[1] + n * bv.stride[2]) * bv.itemsize;
   const int64_t ss = sv.stride[3] * sv.itemsize, bs = bv.stride[3] * bv.itemsize;
@@ -198,12 +240,8 @@ inline void accumulate_weighted(
 
 // s[j] = q . k[j*d .. j*d+d), for j < n.
 template <int D>
-inline void dot_rows(
-    float* __restrict s,
-    const float* __restrict q,
-    const float* __restrict k,
-    int n,
-    int d) {
+inline void
+dot_rows(float* __restrict s, const float* __restrict q, const float* __restrict k, int n, int d) {
   const int dim = D ? D : d;
   for (int j = 0; j < n; ++j) {
     const float* __restrict kj = k + size_t(j) * dim;
@@ -265,8 +303,7 @@ class TileKernel {
     for (int rr = 0; rr < R; ++rr) {
       const int r = r0 + rr, l = r / P_.rep, h = kvh * P_.rep + r % P_.rep;
       const char* qrow = P_.q.data +
-          (b * P_.q.stride[0] + h * P_.q.stride[1] + l * P_.q.stride[2]) *
-              P_.q.itemsize;
+          (b * P_.q.stride[0] + h * P_.q.stride[1] + l * P_.q.stride[2]) * P_.q.itemsize;
       float* qf = S_.qf + size_t(rr) * Dk_;
       float* qs = S_.qsum + size_t(rr) * Gk;
       for (int g = 0; g < Gk; ++g) {
@@ -285,11 +322,15 @@ class TileKernel {
   void scores(int b, int kvh, int R, int c0, int cn) {
     const int Dk = Dk_, Gk = Dk / P_.gs;
     for (int j = 0; j < cn; ++j) {
-      load_group_params(P_.ks, P_.kb, P_.scale_dtype, b, kvh, c0 + j, Gk,
-                        S_.gscale, S_.kbias + j, kChunk);
+      load_group_params(
+          P_.ks, P_.kb, P_.scale_dtype, b, kvh, c0 + j, Gk, S_.gscale, S_.kbias + j, kChunk);
       C::unpack_scaled(
           P_.kw.row<uint32_t>(b, kvh, c0 + j, Dk * BITS / 32, S_.words),
-          S_.gscale, Dk, P_.gs, S_.kbuf + size_t(j) * Dk, S_.wscale);
+          S_.gscale,
+          Dk,
+          P_.gs,
+          S_.kbuf + size_t(j) * Dk,
+          S_.wscale);
     }
     for (int rr = 0; rr < R; ++rr) {
       float* sr = S_.s + rr * kChunk;
@@ -316,8 +357,7 @@ class TileKernel {
       for (int rr = 0; rr < R; ++rr) {
         const int r = r0 + rr, l = r / P_.rep, h = kvh * P_.rep + r % P_.rep;
         const char* row = mv.data +
-            (b * mv.stride[0] + h * mv.stride[1] + l * mv.stride[2] +
-             c0 * mv.stride[3]) *
+            (b * mv.stride[0] + h * mv.stride[1] + l * mv.stride[2] + c0 * mv.stride[3]) *
                 mv.itemsize;
         const int64_t step = mv.stride[3] * mv.itemsize;
         float* s = S_.s + rr * kChunk;
@@ -381,11 +421,15 @@ class TileKernel {
       if (!any) {
         continue;
       }
-      load_group_params(P_.vs, P_.vb, P_.scale_dtype, b, kvh, c0 + j, Gv,
-                        S_.gscale, S_.vbias + na, kChunk);
+      load_group_params(
+          P_.vs, P_.vb, P_.scale_dtype, b, kvh, c0 + j, Gv, S_.gscale, S_.vbias + na, kChunk);
       C::unpack_scaled(
           P_.vw.row<uint32_t>(b, kvh, c0 + j, Dv * BITS / 32, S_.words),
-          S_.gscale, Dv, P_.gs, S_.vbuf + size_t(na) * Dv, S_.wscale);
+          S_.gscale,
+          Dv,
+          P_.gs,
+          S_.vbuf + size_t(na) * Dv,
+          S_.wscale);
       S_.act[na++] = j;
     }
     for (int rr = 0; rr < R; ++rr) {
@@ -420,8 +464,8 @@ inline float inverse_denominator(float m, float l, const float* sink) {
   float denom = l;
   if (sink) {
     const float mm = std::max(m, *sink);
-    denom = (m == kNegInf ? 0.0f : l * cpu::exp_nonpositive(m - mm)) +
-        cpu::exp_nonpositive(*sink - mm);
+    denom =
+        (m == kNegInf ? 0.0f : l * cpu::exp_nonpositive(m - mm)) + cpu::exp_nonpositive(*sink - mm);
     // Output terms carry exp(-m); rescale them to exp(-mm).
     const float carried = m == kNegInf ? 0.0f : cpu::exp_nonpositive(m - mm);
     return denom > 0.0f ? carried / denom : 0.0f;
@@ -434,8 +478,7 @@ void run_problem(const Problem& P, void* out_data) {
   const int n_tasks = P.B * P.Hkv * P.row_tiles * P.splits;
   const size_t out_row = size_t(P.Dv) * mx::size_of(P.q_dtype);
   auto out_ptr = [&](int b, int h, int l) {
-    return static_cast<char*>(out_data) +
-        ((size_t(b) * P.Hq + h) * P.L + l) * out_row;
+    return static_cast<char*>(out_data) + ((size_t(b) * P.Hq + h) * P.L + l) * out_row;
   };
   const int threads = cpu::num_threads();
   std::vector<Scratch> scratch(threads);
@@ -473,8 +516,7 @@ void run_problem(const Problem& P, void* out_data) {
         part_l[slot] = S.l[rr];
       } else {
         float* y = &normalised[size_t(worker) * P.Dv];
-        const float inv = inverse_denominator(
-            S.m[rr], S.l[rr], P.sinks ? P.sinks + h : nullptr);
+        const float inv = inverse_denominator(S.m[rr], S.l[rr], P.sinks ? P.sinks + h : nullptr);
         for (int i = 0; i < P.Dv; ++i) {
           y[i] = o[i] * inv;
         }
@@ -515,8 +557,7 @@ void run_problem(const Problem& P, void* out_data) {
         axpy(y, w, &part_o[s * P.Dv], P.Dv);
       }
     }
-    const float inv =
-        inverse_denominator(m, lsum, P.sinks ? P.sinks + h : nullptr);
+    const float inv = inverse_denominator(m, lsum, P.sinks ? P.sinks + h : nullptr);
     scale_inplace(y, inv, P.Dv);
     store_output(P.q_dtype, out_ptr(b, h, l), y, P.Dv);
   });
@@ -528,10 +569,14 @@ void dispatch_dims(const Problem& P, void* out) {
   if constexpr (32 % BITS == 0) {
     if (P.Dk == P.Dv) {
       switch (P.Dk) {
-        case 64: return run_problem<BITS, 64, 64>(P, out);
-        case 128: return run_problem<BITS, 128, 128>(P, out);
-        case 256: return run_problem<BITS, 256, 256>(P, out);
-        default: break;
+        case 64:
+          return run_problem<BITS, 64, 64>(P, out);
+        case 128:
+          return run_problem<BITS, 128, 128>(P, out);
+        case 256:
+          return run_problem<BITS, 256, 256>(P, out);
+        default:
+          break;
       }
     }
   }
@@ -540,12 +585,18 @@ void dispatch_dims(const Problem& P, void* out) {
 
 void dispatch(const Problem& P, void* out) {
   switch (P.bits) {
-    case 2: return dispatch_dims<2>(P, out);
-    case 3: return dispatch_dims<3>(P, out);
-    case 4: return dispatch_dims<4>(P, out);
-    case 5: return dispatch_dims<5>(P, out);
-    case 6: return dispatch_dims<6>(P, out);
-    default: return dispatch_dims<8>(P, out);
+    case 2:
+      return dispatch_dims<2>(P, out);
+    case 3:
+      return dispatch_dims<3>(P, out);
+    case 4:
+      return dispatch_dims<4>(P, out);
+    case 5:
+      return dispatch_dims<5>(P, out);
+    case 6:
+      return dispatch_dims<6>(P, out);
+    default:
+      return dispatch_dims<8>(P, out);
   }
 }
 
@@ -581,8 +632,15 @@ int split_tasks_per_thread() {
 
 void plan(Problem& P) {
   const auto p = plan_sdpa(
-      P.B, P.Hkv, P.rep, P.L, P.N, kMaxRowTile,
-      long(split_tasks_per_thread()) * cpu::num_threads(), kMinSplitKeys, 1);
+      P.B,
+      P.Hkv,
+      P.rep,
+      P.L,
+      P.N,
+      kMaxRowTile,
+      long(split_tasks_per_thread()) * cpu::num_threads(),
+      kMinSplitKeys,
+      1);
   P.rows = p.rows;
   P.row_tile = p.row_tile;
   P.row_tiles = p.row_tiles;

@@ -96,8 +96,7 @@ void quantize_rows(
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < H; ++h) {
       for (int t = 0; t < T; ++t) {
-        copy_row(update, row_ptr(update, b, h, t),
-                 reinterpret_cast<char*>(raw.data()), D);
+        copy_row(update, row_ptr(update, b, h, t), reinterpret_cast<char*>(raw.data()), D);
         for (int i = 0; i < D; ++i) {
           row[i] = static_cast<float>(raw[i]);
         }
@@ -141,13 +140,20 @@ void quantize_rows_any(
     QuantizedRows<Scalar> dst{
         codes ? codes->data<uint32_t>() : nullptr,
         scales ? scales->data<Scalar>() : nullptr,
-        biases ? biases->data<Scalar>() : nullptr, S};
+        biases ? biases->data<Scalar>() : nullptr,
+        S};
     quantize_rows<Scalar>(update, dst, start, group_size, bits);
   };
   switch (update.dtype()) {
-    case mx::float16: run(mx::float16_t{}); break;
-    case mx::bfloat16: run(mx::bfloat16_t{}); break;
-    default: run(float{}); break;
+    case mx::float16:
+      run(mx::float16_t{});
+      break;
+    case mx::bfloat16:
+      run(mx::bfloat16_t{});
+      break;
+    default:
+      run(float{});
+      break;
   }
 }
 
@@ -183,9 +189,7 @@ void RingUpdate::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   });
 }
 
-void QuantizedRingUpdate::eval_cpu(
-    const std::vector<mx::array>& inputs,
-    mx::array& out) {
+void QuantizedRingUpdate::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& buffer = inputs[0];
   const auto& update = inputs[1];
   const auto& pos = inputs[2];
@@ -195,16 +199,27 @@ void QuantizedRingUpdate::eval_cpu(
     enc.set_input_array(a);
   }
   enc.set_output_array(out);
-  enc.dispatch([buffer, update, pos, out = mx::array::unsafe_weak_copy(out), copy,
-                part = part_, gs = group_size_, bits = bits_]() mutable {
+  enc.dispatch([buffer,
+                update,
+                pos,
+                out = mx::array::unsafe_weak_copy(out),
+                copy,
+                part = part_,
+                gs = group_size_,
+                bits = bits_]() mutable {
     if (copy) {
       copy_all(buffer, out.data<char>());
     }
     using Part = QuantizedRingUpdate::Part;
-    quantize_rows_any(update, part == Part::Codes ? &out : nullptr,
-                      part == Part::Scales ? &out : nullptr,
-                      part == Part::Biases ? &out : nullptr, out.shape(2),
-                      ring_start(pos, out.shape(2)), gs, bits);
+    quantize_rows_any(
+        update,
+        part == Part::Codes ? &out : nullptr,
+        part == Part::Scales ? &out : nullptr,
+        part == Part::Biases ? &out : nullptr,
+        out.shape(2),
+        ring_start(pos, out.shape(2)),
+        gs,
+        bits);
   });
 }
 
@@ -236,8 +251,8 @@ void QuantizedKVUpdate::eval_cpu(
     const int S = outs[0].shape(2);
     const int start = ring_start(inputs[8], S);
     for (int kv = 0; kv < 2; ++kv) {
-      quantize_rows_any(inputs[6 + kv], &outs[3 * kv], &outs[3 * kv + 1], &outs[3 * kv + 2], S,
-                        start, gs, bits);
+      quantize_rows_any(
+          inputs[6 + kv], &outs[3 * kv], &outs[3 * kv + 1], &outs[3 * kv + 2], S, start, gs, bits);
     }
   });
 }

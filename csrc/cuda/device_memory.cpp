@@ -65,8 +65,8 @@ void check(CUresult r, const char* what) {
   if (r != CUDA_SUCCESS) {
     const char* msg = nullptr;
     cuGetErrorString(r, &msg);
-    throw std::runtime_error(std::string("[mlxq] ") + what + " failed: " +
-                             (msg ? msg : "unknown CUDA error"));
+    throw std::runtime_error(
+        std::string("[mlxq] ") + what + " failed: " + (msg ? msg : "unknown CUDA error"));
   }
 }
 

@@ -31,8 +31,8 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 // d += a . b on m16n8k16 tiles, T = __half or __nv_bfloat16 operands.
 template <typename T>
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
+__device__ __forceinline__ void
+mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same_v<T, __half>) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -58,7 +58,6 @@ __device__ __forceinline__ uint32_t pack2(float x, float y) {
     return *reinterpret_cast<const uint32_t*>(&v);
   }
 }
-
 
 // x - bf16(x) for a pair packed by pack2<bf16>: the low term of a split.
 __device__ __forceinline__ uint32_t bf16_rest(float x, float y, uint32_t hi) {
@@ -91,11 +90,10 @@ template <int BYTES>
 __device__ __forceinline__ void cp_async_zfill(uint32_t dst, const void* src, int bytes) {
   static_assert(BYTES == 16 || BYTES == 4, "cp.async copies 16 or 4 bytes here");
   if constexpr (BYTES == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(bytes));
+    asm volatile(
+        "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
   } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(bytes));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
   }
 }
 
@@ -132,18 +130,28 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
 
 __device__ __forceinline__ float load_float(const void* base, int64_t i, int dtype) {
   switch (dtype) {
-    case kF16: return __half2float(static_cast<const __half*>(base)[i]);
-    case kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-    case kBool: return static_cast<const bool*>(base)[i] ? 1.0f : 0.0f;
-    default: return static_cast<const float*>(base)[i];
+    case kF16:
+      return __half2float(static_cast<const __half*>(base)[i]);
+    case kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    case kBool:
+      return static_cast<const bool*>(base)[i] ? 1.0f : 0.0f;
+    default:
+      return static_cast<const float*>(base)[i];
   }
 }
 
 __device__ __forceinline__ void store_float(void* base, int64_t i, int dtype, float v) {
   switch (dtype) {
-    case kF16: static_cast<__half*>(base)[i] = __float2half(v); break;
-    case kBF16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16(v); break;
-    default: static_cast<float*>(base)[i] = v; break;
+    case kF16:
+      static_cast<__half*>(base)[i] = __float2half(v);
+      break;
+    case kBF16:
+      static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16(v);
+      break;
+    default:
+      static_cast<float*>(base)[i] = v;
+      break;
   }
 }
 

@@ -34,8 +34,7 @@ struct SdpaArgs {
   // last block of each merges the splits itself. Null: merge_kernel does.
   unsigned* counters;
   // Strides in elements of the 4-D inputs (mask: broadcast to [B, Hq, L, N]).
-  int64_t q_st[4], kw_st[4], ks_st[4], kb_st[4], vw_st[4], vs_st[4], vb_st[4],
-      m_st[4];
+  int64_t q_st[4], kw_st[4], ks_st[4], kb_st[4], vw_st[4], vs_st[4], vb_st[4], m_st[4];
   int B, Hq, Hkv, L, N, Dk, Dv, rep, gs, bits;
   int q_dtype, s_dtype, mask_dtype;
   int mask_kind; // 0 none, 1 causal, 2 array

@@ -9,10 +9,14 @@ namespace mlxq::cuda {
 
 DType dtype_code(mx::Dtype dtype) {
   switch (dtype) {
-    case mx::float16: return kF16;
-    case mx::bfloat16: return kBF16;
-    case mx::bool_: return kBool;
-    default: return kF32;
+    case mx::float16:
+      return kF16;
+    case mx::bfloat16:
+      return kBF16;
+    case mx::bool_:
+      return kBool;
+    default:
+      return kF32;
   }
 }
 
@@ -44,10 +48,18 @@ void poison(mx::array& a, mx::cu::CommandEncoder& enc) {
   args.dst = mx::gpu_ptr<void>(a);
   args.n_words = static_cast<int64_t>(a.nbytes() / 4);
   switch (a.dtype()) {
-    case mx::float32: args.value = 0x7FC00000u; break;
-    case mx::float16: args.value = 0x7E007E00u; break;
-    case mx::bfloat16: args.value = 0x7FC07FC0u; break;
-    default: args.value = 0xFFFFFFFFu; break;
+    case mx::float32:
+      args.value = 0x7FC00000u;
+      break;
+    case mx::float16:
+      args.value = 0x7E007E00u;
+      break;
+    case mx::bfloat16:
+      args.value = 0x7FC07FC0u;
+      break;
+    default:
+      args.value = 0xFFFFFFFFu;
+      break;
   }
   const int threads = 256;
   const unsigned blocks = static_cast<unsigned>((args.n_words + threads - 1) / threads);

@@ -37,8 +37,8 @@ bool aligned16(const mx::array& a) {
 // Enough blocks for a few per SM at any N (decode splits keys), in whole
 // tiles of at least 4 x kTileKeys keys per split.
 void plan(SdpaArgs& a) {
-  const auto p = plan_sdpa(a.B, a.Hkv, a.rep, a.L, a.N, kMaxTileRows,
-                           4L * sm_count(), 4 * kTileKeys, kTileKeys);
+  const auto p = plan_sdpa(
+      a.B, a.Hkv, a.rep, a.L, a.N, kMaxTileRows, 4L * sm_count(), 4 * kTileKeys, kTileKeys);
   a.rows = p.rows;
   a.row_tile = p.row_tile;
   a.row_tiles = p.row_tiles;
@@ -60,8 +60,7 @@ struct Partials {
 };
 
 // Log-sum-exp merge of the splits' partials into `out` (normalised, sinks).
-void merge(mx::cu::CommandEncoder& enc, const SdpaArgs& a, const Partials& parts,
-           mx::array& out) {
+void merge(mx::cu::CommandEncoder& enc, const SdpaArgs& a, const Partials& parts, mx::array& out) {
   MergeArgs m{};
   m.part_o = a.part_o;
   m.part_ml = a.part_ml;
@@ -78,14 +77,27 @@ void merge(mx::cu::CommandEncoder& enc, const SdpaArgs& a, const Partials& parts
   m.row_tiles = a.row_tiles;
   m.splits = a.splits;
   m.out_dtype = a.q_dtype;
-  launch(enc, merge_kernel(), dim3(a.B * a.Hkv * a.rows, (a.Dv + 31) / 32),
-         dim3(kMergeThreads), 0, m, {&parts.scratch, &out}, {&out});
+  launch(
+      enc,
+      merge_kernel(),
+      dim3(a.B * a.Hkv * a.rows, (a.Dv + 31) / 32),
+      dim3(kMergeThreads),
+      0,
+      m,
+      {&parts.scratch, &out},
+      {&out});
 }
 
 // Launches a kernel that writes `out` itself (one split) or, with several
 // splits, per-split partials that merge() then combines into `out`.
-void launch_split(mx::cu::CommandEncoder& enc, void* kernel, dim3 grid, int threads, int smem,
-                  SdpaArgs& a, mx::array& out) {
+void launch_split(
+    mx::cu::CommandEncoder& enc,
+    void* kernel,
+    dim3 grid,
+    int threads,
+    int smem,
+    SdpaArgs& a,
+    mx::array& out) {
   if (a.splits == 1) {
     // `out` is read too: the kernel must run after the poisoning fill.
     launch(enc, kernel, grid, dim3(threads), smem, a, {&out}, {&out});
@@ -153,8 +165,8 @@ bool dense_kv(const std::vector<mx::array>& in, const SdpaArgs& a) {
 
 MmaKernel mma_kernel_for(const std::vector<mx::array>& in, const SdpaArgs& a) {
   const bool half_q = a.q_dtype == kF16 || a.q_dtype == kBF16;
-  if (!mma_allowed() || !half_q || a.Dk != a.Dv || a.mask_kind == 2 || !a.vec_loads ||
-      a.N < 1 || !head_fits_32bit(a) || !dense_kv(in, a)) {
+  if (!mma_allowed() || !half_q || a.Dk != a.Dv || a.mask_kind == 2 || !a.vec_loads || a.N < 1 ||
+      !head_fits_32bit(a) || !dense_kv(in, a)) {
     return {};
   }
   const MmaKernel k = sdpa_mma_kernel(a.bits, a.Dk, a.gs, a.s_dtype, a.q_dtype);
@@ -247,8 +259,15 @@ mx::array merge_counters(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaAr
     mx::array counters({std::max(needed, 256)}, mx::uint32, nullptr, {});
     allocate(counters, enc);
     FillArgs zero{mx::gpu_ptr<void>(counters), int64_t(counters.size()), 0u};
-    launch(enc, fill_kernel(), dim3(unsigned(counters.size() + 255) / 256), dim3(256), 0, zero, {},
-           {&counters});
+    launch(
+        enc,
+        fill_kernel(),
+        dim3(unsigned(counters.size() + 255) / 256),
+        dim3(256),
+        0,
+        zero,
+        {},
+        {&counters});
     it = per_stream->insert_or_assign(&enc, counters).first;
   }
   enc.add_temporary(it->second); // a replaced array outlives its last kernel
@@ -256,16 +275,27 @@ mx::array merge_counters(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaAr
   return it->second;
 }
 
-void eval_mma(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaArgs& a,
-              const mx::array& counters, mx::array& out) {
+void eval_mma(
+    mx::cu::CommandEncoder& enc,
+    const MmaKernel& k,
+    SdpaArgs& a,
+    const mx::array& counters,
+    mx::array& out) {
   Partials parts(a, enc);
   if (a.counters) {
-    launch(enc, k.fn, dim3(a.splits, a.Hkv, a.B), dim3(kMmaWarps * 32), k.smem, a,
-           {&counters, &out}, {&parts.scratch, &out, &counters});
+    launch(
+        enc,
+        k.fn,
+        dim3(a.splits, a.Hkv, a.B),
+        dim3(kMmaWarps * 32),
+        k.smem,
+        a,
+        {&counters, &out},
+        {&parts.scratch, &out, &counters});
     return;
   }
-  launch(enc, k.fn, dim3(a.splits, a.Hkv, a.B), dim3(kMmaWarps * 32), k.smem, a, {},
-         {&parts.scratch});
+  launch(
+      enc, k.fn, dim3(a.splits, a.Hkv, a.B), dim3(kMmaWarps * 32), k.smem, a, {}, {&parts.scratch});
   merge(enc, a, parts, out);
 }
 
@@ -278,8 +308,8 @@ void eval_tc(mx::cu::CommandEncoder& enc, const TcKernel& k, SdpaArgs& a, mx::ar
   a.row_tiles = p.row_tiles;
   a.splits = p.splits;
   a.split_keys = p.split_keys;
-  launch_split(enc, k.fn, dim3(a.Hkv * a.row_tiles, a.splits * k.parts, a.B), k.threads, k.smem,
-               a, out);
+  launch_split(
+      enc, k.fn, dim3(a.Hkv * a.row_tiles, a.splits * k.parts, a.B), k.threads, k.smem, a, out);
 }
 
 } // namespace
@@ -364,10 +394,9 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   note_sdpa_kernel("cuda_generic");
   void* kernel = sdpa_kernel(a.bits);
   const int smem = sdpa_smem_bytes(a.Dk, a.Dv, a.bits);
-  cuFuncSetAttribute(static_cast<CUfunction>(kernel),
-                     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
-  launch_split(enc, kernel, dim3(a.Hkv * a.row_tiles, a.splits, a.B), kBlockThreads, smem, a,
-               out);
+  cuFuncSetAttribute(
+      static_cast<CUfunction>(kernel), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
+  launch_split(enc, kernel, dim3(a.Hkv * a.row_tiles, a.splits, a.B), kBlockThreads, smem, a, out);
 }
 
 } // namespace mlxq

@@ -51,26 +51,57 @@ __host__ __device__ inline int round4(int x) {
 
 __host__ __device__ inline int smem_floats(int Dk, int Dv, int bits, Smem* out, void* base) {
   const int Wk = Dk * bits / 32, Wv = Dv * bits / 32;
-  const int sizes[] = {RT * Dk, TK * (Dk + 4), TK * Dv, round4(TK * Wk), round4(TK * Wv),
-                       round4(TK * (Dk / 32) * 2), round4(TK * (Dv / 32) * 2), RT * TK,
-                       RT, RT, RT};
+  const int sizes[] = {
+      RT * Dk,
+      TK * (Dk + 4),
+      TK * Dv,
+      round4(TK * Wk),
+      round4(TK * Wv),
+      round4(TK * (Dk / 32) * 2),
+      round4(TK * (Dv / 32) * 2),
+      RT * TK,
+      RT,
+      RT,
+      RT};
   int total = 0;
   float* p = static_cast<float*>(base);
   for (int i = 0; i < 11; ++i) {
     if (out) {
       float* at = p + total;
       switch (i) {
-        case 0: out->q = at; break;
-        case 1: out->k = at; break;
-        case 2: out->v = at; break;
-        case 3: out->kraw = reinterpret_cast<uint32_t*>(at); break;
-        case 4: out->vraw = reinterpret_cast<uint32_t*>(at); break;
-        case 5: out->ksb = at; break;
-        case 6: out->vsb = at; break;
-        case 7: out->s = at; break;
-        case 8: out->m = at; break;
-        case 9: out->l = at; break;
-        default: out->corr = at; break;
+        case 0:
+          out->q = at;
+          break;
+        case 1:
+          out->k = at;
+          break;
+        case 2:
+          out->v = at;
+          break;
+        case 3:
+          out->kraw = reinterpret_cast<uint32_t*>(at);
+          break;
+        case 4:
+          out->vraw = reinterpret_cast<uint32_t*>(at);
+          break;
+        case 5:
+          out->ksb = at;
+          break;
+        case 6:
+          out->vsb = at;
+          break;
+        case 7:
+          out->s = at;
+          break;
+        case 8:
+          out->m = at;
+          break;
+        case 9:
+          out->l = at;
+          break;
+        default:
+          out->corr = at;
+          break;
       }
     }
     total += round4(sizes[i]);
@@ -85,9 +116,22 @@ __device__ inline int64_t off3(const int64_t* st, int64_t a, int64_t b, int64_t 
 // Copies the packed rows and group parameters of keys [c0, c0 + TK) (those
 // below n1) of one KV head into shared memory.
 __device__ void load_tile_raw(
-    const uint32_t* w, const int64_t* wst, const void* sc, const int64_t* sst,
-    const void* bi, const int64_t* bst, int s_dtype, int b, int h, int c0,
-    int n1, int W, int G, int vec, uint32_t* raw, float* sb) {
+    const uint32_t* w,
+    const int64_t* wst,
+    const void* sc,
+    const int64_t* sst,
+    const void* bi,
+    const int64_t* bst,
+    int s_dtype,
+    int b,
+    int h,
+    int c0,
+    int n1,
+    int W,
+    int G,
+    int vec,
+    uint32_t* raw,
+    float* sb) {
   const int t = threadIdx.x;
   if (vec) {
     const int W4 = W / 4;
@@ -124,8 +168,14 @@ __device__ void load_tile_raw(
 // past n1 become 0, so they add nothing to the outputs).
 template <int BITS>
 __device__ void dequant_tile(
-    const uint32_t* raw, const float* sb, int D, int W, int G, int gs,
-    float* dst, int stride) {
+    const uint32_t* raw,
+    const float* sb,
+    int D,
+    int W,
+    int G,
+    int gs,
+    float* dst,
+    int stride) {
   for (int idx = threadIdx.x; idx < TK * D; idx += NT) {
     const int j = idx / D, i = idx % D;
     const float* p = sb + 2 * (j * G + i / gs);
@@ -177,10 +227,40 @@ __global__ void __launch_bounds__(NT) qsdpa_kernel(SdpaArgs a) {
   __syncthreads();
 
   for (int c0 = n0; c0 < n1; c0 += TK) {
-    load_tile_raw(a.kw, a.kw_st, a.ks, a.ks_st, a.kb, a.kb_st, a.s_dtype, b, kvh,
-                  c0, n1, Wk, Gk, a.vec_loads, sm.kraw, sm.ksb);
-    load_tile_raw(a.vw, a.vw_st, a.vs, a.vs_st, a.vb, a.vb_st, a.s_dtype, b, kvh,
-                  c0, n1, Wv, Gv, a.vec_loads, sm.vraw, sm.vsb);
+    load_tile_raw(
+        a.kw,
+        a.kw_st,
+        a.ks,
+        a.ks_st,
+        a.kb,
+        a.kb_st,
+        a.s_dtype,
+        b,
+        kvh,
+        c0,
+        n1,
+        Wk,
+        Gk,
+        a.vec_loads,
+        sm.kraw,
+        sm.ksb);
+    load_tile_raw(
+        a.vw,
+        a.vw_st,
+        a.vs,
+        a.vs_st,
+        a.vb,
+        a.vb_st,
+        a.s_dtype,
+        b,
+        kvh,
+        c0,
+        n1,
+        Wv,
+        Gv,
+        a.vec_loads,
+        sm.vraw,
+        sm.vsb);
     __syncthreads();
     dequant_tile<BITS>(sm.kraw, sm.ksb, Dk, Wk, Gk, a.gs, sm.k, Dk + 4);
     dequant_tile<BITS>(sm.vraw, sm.vsb, Dv, Wv, Gv, a.gs, sm.v, Dv);
@@ -282,8 +362,7 @@ __global__ void __launch_bounds__(NT) qsdpa_kernel(SdpaArgs a) {
   }
 
   // Write the output (one split) or this split's partial.
-  const int64_t blk =
-      ((int64_t(b) * a.Hkv + kvh) * a.row_tiles + tile) * a.splits + split;
+  const int64_t blk = ((int64_t(b) * a.Hkv + kvh) * a.row_tiles + tile) * a.splits + split;
 #pragma unroll
   for (int r = 0; r < RT; ++r) {
     if (r >= R) {
@@ -356,7 +435,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel_impl(MergeArgs 
   __syncthreads();
   if (warp == 0 && col) {
     float mb = -INFINITY;
-    for (int w = 0; w < kMergeWarps; ++w) mb = fmaxf(mb, red_m[w]);
+    for (int w = 0; w < kMergeWarps; ++w)
+      mb = fmaxf(mb, red_m[w]);
     float lb = 0.0f, ob = 0.0f;
     if (mb != -INFINITY) {
       for (int w = 0; w < kMergeWarps; ++w) {
@@ -388,12 +468,18 @@ int sdpa_smem_bytes(int Dk, int Dv, int bits) {
 
 void* sdpa_kernel(int bits) {
   switch (bits) {
-    case 2: return handle<qsdpa_kernel<2>>();
-    case 3: return handle<qsdpa_kernel<3>>();
-    case 4: return handle<qsdpa_kernel<4>>();
-    case 5: return handle<qsdpa_kernel<5>>();
-    case 6: return handle<qsdpa_kernel<6>>();
-    default: return handle<qsdpa_kernel<8>>();
+    case 2:
+      return handle<qsdpa_kernel<2>>();
+    case 3:
+      return handle<qsdpa_kernel<3>>();
+    case 4:
+      return handle<qsdpa_kernel<4>>();
+    case 5:
+      return handle<qsdpa_kernel<5>>();
+    case 6:
+      return handle<qsdpa_kernel<6>>();
+    default:
+      return handle<qsdpa_kernel<8>>();
   }
 }
 

@@ -27,10 +27,10 @@
 // A warp owns 16 or 32 keys per step and streams its steps through a ring
 // of cp.async stages, several steps ahead: the codes and, raw as stored, the
 // step's scales and biases (read per key from shared memory; as far ahead as
-// the codes, since under full HBM load a one-step lookahead stalled). Four warps per block merge their online softmax states into one
-// partial per block; the last block of a KV head to finish combines the key
-// splits by log-sum-exp and applies sinks (fused_merge.cuh), or merge_kernel
-// does when the host gives no counters.
+// the codes, since under full HBM load a one-step lookahead stalled). Four warps per block merge
+// their online softmax states into one partial per block; the last block of a KV head to finish
+// combines the key splits by log-sum-exp and applies sinks (fused_merge.cuh), or merge_kernel does
+// when the host gives no counters.
 #pragma once
 
 #include <cfloat>
@@ -98,8 +98,8 @@ __device__ __forceinline__ uint32_t v_code_pair(uint32_t x) {
     return lo;
   } else {
     const uint32_t hi = and_or(x >> 1, 0x00780078u, 0x43804380u);
-    return bf2_bits(__hadd2(__hsub2(bf2(lo), bf2(0x43004300u)),
-                            __hsub2(bf2(hi), bf2(0x43804380u))));
+    return bf2_bits(
+        __hadd2(__hsub2(bf2(lo), bf2(0x43004300u)), __hsub2(bf2(hi), bf2(0x43804380u))));
   }
 }
 
@@ -165,7 +165,9 @@ struct Shape {
       return 4 * (4 * J + t) + kOff[e];
     }
   }
-  __device__ static constexpr bool high_nibble(int e) { return BITS == 4 && e >= 2; }
+  __device__ static constexpr bool high_nibble(int e) {
+    return BITS == 4 && e >= 2;
+  }
   // 16-byte slot of chunk c of row r of a step in shared memory: XOR-swizzled
   // so the 8 rows an ldmatrix reads at one chunk hit distinct banks.
   static constexpr int kRowsPerSwz = kChunks >= 8 ? 1 : 8 / kChunks;
@@ -248,8 +250,8 @@ struct Views {
 // aligned ones (16-bit scales, odd per-head counts) plain loads and stores.
 // `head` is the head's first element: 0-byte copies point there.
 template <int kItemBytes>
-__device__ __forceinline__ void copy_scale_chunk(uint32_t dst, const uint8_t* src,
-                                                 const uint8_t* head, int bytes, int mis) {
+__device__ __forceinline__ void
+copy_scale_chunk(uint32_t dst, const uint8_t* src, const uint8_t* head, int bytes, int mis) {
   if (mis == 0) {
     cp_async_zfill<16>(dst, bytes > 0 ? src : head, bytes);
   } else if (kItemBytes == 4 || mis % 4 == 0) { // f32 heads are always 4-byte aligned
@@ -272,8 +274,8 @@ __device__ __forceinline__ void copy_scale_chunk(uint32_t dst, const uint8_t* sr
 // stage (K rows, then V rows, in swizzled slots). Rows past N (only when
 // !kFull) are zero-filled without being read.
 template <bool kFull, typename S>
-__device__ __forceinline__ void issue_codes(uint8_t* stage, int k0, int N, int lane,
-                                            const uint8_t* k, const uint8_t* v) {
+__device__ __forceinline__ void
+issue_codes(uint8_t* stage, int k0, int N, int lane, const uint8_t* k, const uint8_t* v) {
   constexpr int kCopies = S::kKeys * S::kChunks / 32; // per lane and operand
   // Copy u of a lane is chunk lane + 32 u of the step, linear in global
   // memory: row r0 + u * kRowsPerCopy, chunk c. Full steps address it as
@@ -322,7 +324,8 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
   // each warp's (max, sum) per row.
   uint2* qsm = reinterpret_cast<uint2*>(smem4); // [k-steps][lanes] with kQInSmem
   uint8_t* codes = reinterpret_cast<uint8_t*>(smem4) + S::kQSmemBytes; // [warps][stages][step]
-  float* wm = reinterpret_cast<float*>(codes + kWarps * S::kStages * S::kStepBytes); // [warps][rows]
+  float* wm =
+      reinterpret_cast<float*>(codes + kWarps * S::kStages * S::kStepBytes); // [warps][rows]
   float* wl = wm + kWarps * S::kMaxRows;
 
   // The K/V views and the ring prologue come first: the first steps' copies
@@ -379,8 +382,8 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
         if (full && mis == 0) {
           cp_async_zfill<16>(dst + 16 * i, scale_src[j] + step, 16);
         } else {
-          copy_scale_chunk<sizeof(ST)>(dst + 16 * i, scale_src[j] + step,
-                                       scale_src[j] - scale_off[j], bytes, mis);
+          copy_scale_chunk<sizeof(ST)>(
+              dst + 16 * i, scale_src[j] + step, scale_src[j] - scale_off[j], bytes, mis);
         }
       }
     }
@@ -481,7 +484,6 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
   }
   __syncthreads();
 
-
   // Running state of the lane's rows 2t, 2t + 1: max (log2 units, the same
   // in all lanes of a t), this lane's share of the sum of p, sum p * V bias
   // per group, O^T tiles (dims x rows) and, for 4-bit codes, the ones . P'
@@ -494,12 +496,14 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
   for (int g = 0; g < G; ++g) {
     vbias[g][0] = vbias[g][1] = 0.0f;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) poff[g][e] = 0.0f;
+    for (int e = 0; e < 4; ++e)
+      poff[g][e] = 0.0f;
   }
 #pragma unroll
   for (int i = 0; i < S::kVTiles; ++i) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
+    for (int e = 0; e < 4; ++e)
+      acc[i][e] = 0.0f;
   }
   const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
 
@@ -627,12 +631,14 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
 #pragma unroll
       for (int i = 0; i < S::kVTiles; ++i) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][e] *= corr[e & 1];
+        for (int e = 0; e < 4; ++e)
+          acc[i][e] *= corr[e & 1];
       }
 #pragma unroll
       for (int g = 0; g < G; ++g) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) poff[g][e] *= corr[e & 1];
+        for (int e = 0; e < 4; ++e)
+          poff[g][e] *= corr[e & 1];
         vbias[g][0] *= corr[0];
         vbias[g][1] *= corr[1];
       }
@@ -767,7 +773,8 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
     const int r = 2 * t + i;
     float mb = -INFINITY;
     if (r < R) {
-      for (int w = 0; w < kWarps; ++w) mb = fmaxf(mb, wm[w * S::kMaxRows + r]);
+      for (int w = 0; w < kWarps; ++w)
+        mb = fmaxf(mb, wm[w * S::kMaxRows + r]);
     }
     wgt[i] = r < R && m[i] != -INFINITY ? exp2f(m[i] - mb) : 0.0f;
   }
@@ -794,13 +801,15 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
   for (int i = threadIdx.x; i < R * D; i += blockDim.x) {
     float o = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) o += outs[w * S::kMaxRows * D + i];
+    for (int w = 0; w < kWarps; ++w)
+      o += outs[w * S::kMaxRows * D + i];
     a.part_o[blk * R * D + i] = o;
   }
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
     float mb = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) mb = fmaxf(mb, wm[w * S::kMaxRows + r]);
+    for (int w = 0; w < kWarps; ++w)
+      mb = fmaxf(mb, wm[w * S::kMaxRows + r]);
     float lb = 0.0f;
     for (int w = 0; w < kWarps; ++w) {
       const float mw = wm[w * S::kMaxRows + r];
@@ -817,16 +826,17 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
 
 template <typename S>
 int smem_of() {
-  static_assert(S::kStages * S::kStepBytes >= S::kMaxRows * S::kVTiles * 16 * 4,
-                "a warp's ring must hold its outputs [rows][D] in floats");
+  static_assert(
+      S::kStages * S::kStepBytes >= S::kMaxRows * S::kVTiles * 16 * 4,
+      "a warp's ring must hold its outputs [rows][D] in floats");
   return S::kQSmemBytes + kWarps * S::kStages * S::kStepBytes + 2 * kWarps * S::kMaxRows * 4;
 }
 
 template <int BITS, int D, int GS, typename ST>
 MmaKernel instance_for(int q_dtype) {
   using S = Shape<BITS, D, GS, ST>;
-  MmaKernel k{nullptr, smem_of<S>(), S::kMaxRows, S::kKeys * kWarps,
-              kWarps * S::kStages * S::kStepBytes};
+  MmaKernel k{
+      nullptr, smem_of<S>(), S::kMaxRows, S::kKeys * kWarps, kWarps * S::kStages * S::kStepBytes};
   k.fn = q_dtype == kBF16 ? handle<qsdpa_mma_kernel<BITS, D, GS, ST, false>>()
                           : handle<qsdpa_mma_kernel<BITS, D, GS, ST, true>>();
   return k;
@@ -835,9 +845,12 @@ MmaKernel instance_for(int q_dtype) {
 template <int BITS, int D, int GS>
 MmaKernel instance(int scale_dtype, int q_dtype) {
   switch (scale_dtype) {
-    case kF16: return instance_for<BITS, D, GS, __half>(q_dtype);
-    case kBF16: return instance_for<BITS, D, GS, __nv_bfloat16>(q_dtype);
-    default: return instance_for<BITS, D, GS, float>(q_dtype);
+    case kF16:
+      return instance_for<BITS, D, GS, __half>(q_dtype);
+    case kBF16:
+      return instance_for<BITS, D, GS, __nv_bfloat16>(q_dtype);
+    default:
+      return instance_for<BITS, D, GS, float>(q_dtype);
   }
 }
 

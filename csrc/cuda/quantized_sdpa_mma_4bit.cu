@@ -46,9 +46,12 @@ MmaKernel sdpa_mma_kernel(int bits, int D, int gs, int scale_dtype, int q_dtype)
     return {};
   }
   switch (bits) {
-    case 4: return sdpa_mma_kernel_4bit(D, gs, scale_dtype, q_dtype);
-    case 8: return sdpa_mma_kernel_8bit(D, gs, scale_dtype, q_dtype);
-    default: return {};
+    case 4:
+      return sdpa_mma_kernel_4bit(D, gs, scale_dtype, q_dtype);
+    case 8:
+      return sdpa_mma_kernel_8bit(D, gs, scale_dtype, q_dtype);
+    default:
+      return {};
   }
 }
 

@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
     uint16_t v = 0;
     if (r < R) {
       const int rr = r0 + r, l = rr / a.rep, h = kvh * a.rep + rr % a.rep;
-      v = static_cast<const uint16_t*>(a.q)[b * a.q_st[0] + h * a.q_st[1] + l * a.q_st[2] +
-                                             d * a.q_st[3]];
+      v = static_cast<const uint16_t*>(
+          a.q)[b * a.q_st[0] + h * a.q_st[1] + l * a.q_st[2] + d * a.q_st[3]];
     }
     qs[r * kStride + d] = v;
   }
@@ -201,8 +201,8 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
         uint32_t* vp = &vv.x;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          kp[j] = pack2<T>(fmaf(sc.ks[u], x[2 * j], sc.kb[u]),
-                           fmaf(sc.ks[u], x[2 * j + 1], sc.kb[u]));
+          kp[j] =
+              pack2<T>(fmaf(sc.ks[u], x[2 * j], sc.kb[u]), fmaf(sc.ks[u], x[2 * j + 1], sc.kb[u]));
         }
         unpack8<BITS>(vraw[wi], two ? vraw[wi + 1] : 0u, sh, x);
 #pragma unroll
@@ -214,12 +214,24 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
       }
     };
     switch (bits) {
-      case 2: body(std::integral_constant<int, 2>{}); break;
-      case 3: body(std::integral_constant<int, 3>{}); break;
-      case 4: body(std::integral_constant<int, 4>{}); break;
-      case 5: body(std::integral_constant<int, 5>{}); break;
-      case 6: body(std::integral_constant<int, 6>{}); break;
-      default: body(std::integral_constant<int, 8>{}); break;
+      case 2:
+        body(std::integral_constant<int, 2>{});
+        break;
+      case 3:
+        body(std::integral_constant<int, 3>{});
+        break;
+      case 4:
+        body(std::integral_constant<int, 4>{});
+        break;
+      case 5:
+        body(std::integral_constant<int, 5>{});
+        break;
+      case 6:
+        body(std::integral_constant<int, 6>{});
+        break;
+      default:
+        body(std::integral_constant<int, 8>{});
+        break;
     }
 #pragma unroll
     for (int u = 0; u < ScalesT::kV; ++u) {
@@ -238,16 +250,20 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
   float vbias[2][kGV];
   float acc[kNT][4];
 #pragma unroll
-  for (int g = 0; g < kGV; ++g) vbias[0][g] = vbias[1][g] = 0.0f;
+  for (int g = 0; g < kGV; ++g)
+    vbias[0][g] = vbias[1][g] = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kNT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  for (int i = 0; i < kNT; ++i)
+    acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
   auto compute = [&](int c0) {
     // S = Q . K^T: 16 rows x KEYS keys (n-tiles of 8 keys).
     float s[kSN][4];
 #pragma unroll
-    for (int n = 0; n < kSN; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    const uint16_t* qrow = qs + (wr0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4);
+    for (int n = 0; n < kSN; ++n)
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    const uint16_t* qrow =
+        qs + (wr0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4);
     const uint16_t* krow = ks + ((lane & 7) + 8 * (lane >> 4)) * kStride + 8 * ((lane >> 3) & 1);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -321,7 +337,8 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kerne
     for (int h = 0; h < 2; ++h) {
       float sum = 0.0f;
 #pragma unroll
-      for (int n = 0; n < kSN; ++n) sum += s[n][2 * h] + s[n][2 * h + 1];
+      for (int n = 0; n < kSN; ++n)
+        sum += s[n][2 * h] + s[n][2 * h + 1];
       l[h] = l[h] * corr[h] + sum;
     }
     // Keys of this thread: 8 n + 2 t4 + (e & 1), scales at vsc[key * kG + g].
@@ -453,8 +470,13 @@ constexpr int smem_bytes(int gs) {
 template <typename T, int D, int GS, int WARPS, int KEYS>
 TcKernel instance() {
   constexpr int kParts = D > 256 ? 2 : 1;
-  return {handle<qsdpa_tc_kernel<T, D, GS, WARPS, KEYS, kParts>>(),
-          smem_bytes<D, WARPS, KEYS>(GS), 32 * WARPS, 16 * WARPS, KEYS, kParts};
+  return {
+      handle<qsdpa_tc_kernel<T, D, GS, WARPS, KEYS, kParts>>(),
+      smem_bytes<D, WARPS, KEYS>(GS),
+      32 * WARPS,
+      16 * WARPS,
+      KEYS,
+      kParts};
 }
 
 // Block shapes: 4 warps x 32 keys everywhere; head dim 128 also has 8-warp
@@ -477,8 +499,10 @@ TcKernel by_block(int warps, int keys) {
 template <typename T, int D>
 TcKernel for_group(int gs, int warps, int keys) {
   switch (gs) {
-    case 32: return by_block<T, D, 32>(warps, keys);
-    case 64: return by_block<T, D, 64>(warps, keys);
+    case 32:
+      return by_block<T, D, 32>(warps, keys);
+    case 64:
+      return by_block<T, D, 64>(warps, keys);
     default:
       if constexpr (D >= 128) {
         return by_block<T, D, 128>(warps, keys);
@@ -490,11 +514,16 @@ TcKernel for_group(int gs, int warps, int keys) {
 template <typename T>
 TcKernel for_dim(int D, int gs, int warps, int keys) {
   switch (D) {
-    case 64: return for_group<T, 64>(gs, warps, keys);
-    case 128: return for_group<T, 128>(gs, warps, keys);
-    case 256: return for_group<T, 256>(gs, warps, keys);
-    case 512: return for_group<T, 512>(gs, warps, keys);
-    default: return {};
+    case 64:
+      return for_group<T, 64>(gs, warps, keys);
+    case 128:
+      return for_group<T, 128>(gs, warps, keys);
+    case 256:
+      return for_group<T, 256>(gs, warps, keys);
+    case 512:
+      return for_group<T, 512>(gs, warps, keys);
+    default:
+      return {};
   }
 }
 

@@ -9,9 +9,12 @@ TcKernel sdpa_tc_kernel(int q_dtype, int D, int gs, int warps, int keys) {
     return {};
   }
   switch (q_dtype) {
-    case kF16: return sdpa_tc_kernel_f16(D, gs, warps, keys);
-    case kBF16: return for_dim<__nv_bfloat16>(D, gs, warps, keys);
-    default: return {};
+    case kF16:
+      return sdpa_tc_kernel_f16(D, gs, warps, keys);
+    case kBF16:
+      return for_dim<__nv_bfloat16>(D, gs, warps, keys);
+    default:
+      return {};
   }
 }
 

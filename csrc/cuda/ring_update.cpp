@@ -1,9 +1,9 @@
 // eval_gpu of RingUpdate and QuantizedRingUpdate on CUDA (kernels in
 // ring_update.cu): the output takes over a donatable buffer and only the new
 // rows are written; otherwise the buffer is first copied.
+#include "ring_update.h"
 #include "cuda/launch.h"
 #include "mlx/backend/cuda/utils.h"
-#include "ring_update.h"
 
 namespace mlxq {
 
@@ -15,8 +15,11 @@ constexpr int kRowThreads = 128;
 
 // Makes `out` hold `in`'s data: shared when it can be updated in place (see
 // can_update_in_place), else copied on the GPU.
-void take_or_copy(const mx::array& in, mx::array& out, mx::cu::CommandEncoder& enc,
-                  bool owned = false) {
+void take_or_copy(
+    const mx::array& in,
+    mx::array& out,
+    mx::cu::CommandEncoder& enc,
+    bool owned = false) {
   if (detail::can_update_in_place(in, owned)) {
     out.copy_shared_buffer(in);
     return;
@@ -43,8 +46,7 @@ void take_or_copy(const mx::array& in, mx::array& out, mx::cu::CommandEncoder& e
   c.S = in.shape(2);
   c.D = in.shape(3);
   c.itemsize = static_cast<int>(in.itemsize());
-  launch(enc, copy_kernel(), dim3(c.B * c.H * c.S), dim3(kRowThreads), 0, c,
-         {&in, &out}, {&out});
+  launch(enc, copy_kernel(), dim3(c.B * c.H * c.S), dim3(kRowThreads), 0, c, {&in, &out}, {&out});
 }
 
 } // namespace
@@ -68,13 +70,18 @@ void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) 
   if (r.B * r.H * r.T == 0) {
     return;
   }
-  launch(enc, ring_kernel(), dim3(r.B * r.H * r.T), dim3(kRowThreads), 0, r,
-         {&buffer, &update, &inputs[2], &out}, {&out});
+  launch(
+      enc,
+      ring_kernel(),
+      dim3(r.B * r.H * r.T),
+      dim3(kRowThreads),
+      0,
+      r,
+      {&buffer, &update, &inputs[2], &out},
+      {&out});
 }
 
-void QuantizedRingUpdate::eval_gpu(
-    const std::vector<mx::array>& inputs,
-    mx::array& out) {
+void QuantizedRingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto& enc = mx::cu::get_command_encoder(stream());
   const auto& buffer = inputs[0];
   const auto& update = inputs[1];
@@ -99,8 +106,15 @@ void QuantizedRingUpdate::eval_gpu(
   if (q.B * q.H * q.T == 0) {
     return;
   }
-  launch(enc, quant_ring_kernel(bits_, group_size_), dim3(q.B * q.H * q.T),
-         dim3(kRowThreads), 0, q, {&buffer, &update, &pos, &out}, {&out});
+  launch(
+      enc,
+      quant_ring_kernel(bits_, group_size_),
+      dim3(q.B * q.H * q.T),
+      dim3(kRowThreads),
+      0,
+      q,
+      {&buffer, &update, &pos, &out},
+      {&out});
 }
 
 void QuantizedKVUpdate::eval_gpu(
@@ -141,8 +155,15 @@ void QuantizedKVUpdate::eval_gpu(
   if (q.B * q.H * q.T == 0) {
     return;
   }
-  launch(enc, quant_kv_kernel(bits_, group_size_), dim3(q.B * q.H * q.T, 2), dim3(kRowThreads),
-         0, q, inputs, outputs);
+  launch(
+      enc,
+      quant_kv_kernel(bits_, group_size_),
+      dim3(q.B * q.H * q.T, 2),
+      dim3(kRowThreads),
+      0,
+      q,
+      inputs,
+      outputs);
 }
 
 } // namespace mlxq

@@ -22,10 +22,18 @@ namespace {
 
 __device__ __forceinline__ void copy_element(const char* src, char* dst, int itemsize) {
   switch (itemsize) {
-    case 1: *dst = *src; break;
-    case 2: *reinterpret_cast<uint16_t*>(dst) = *reinterpret_cast<const uint16_t*>(src); break;
-    case 8: *reinterpret_cast<uint64_t*>(dst) = *reinterpret_cast<const uint64_t*>(src); break;
-    default: *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src); break;
+    case 1:
+      *dst = *src;
+      break;
+    case 2:
+      *reinterpret_cast<uint16_t*>(dst) = *reinterpret_cast<const uint16_t*>(src);
+      break;
+    case 8:
+      *reinterpret_cast<uint64_t*>(dst) = *reinterpret_cast<const uint64_t*>(src);
+      break;
+    default:
+      *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
+      break;
   }
 }
 
@@ -71,8 +79,17 @@ __global__ void copy_kernel_impl(CopyArgs a) {
 // is a multiple of 32).
 template <int BITS, int GS>
 __device__ __forceinline__ void quantize_row(
-    const void* src, int64_t src0, int64_t st3, int dtype, int G, int W,
-    int64_t dst_row, uint32_t* codes_out, void* scales, void* biases, uint8_t* stage) {
+    const void* src,
+    int64_t src0,
+    int64_t st3,
+    int dtype,
+    int G,
+    int W,
+    int64_t dst_row,
+    uint32_t* codes_out,
+    void* scales,
+    void* biases,
+    uint8_t* stage) {
   constexpr int kPerLane = GS / 32;
   constexpr float n_bins = float((1 << BITS) - 1);
   constexpr int kWordsPerGroup = GS * BITS / 32;
@@ -136,9 +153,16 @@ __global__ void quant_ring_kernel_impl(QuantRingArgs a) {
   const int64_t src0 = b * a.src_st[0] + h * a.src_st[1] + t * a.src_st[2];
   const int64_t dst_row = int64_t(bh) * a.S + ring_row(a.pos, t, a.S);
   quantize_row<BITS, GS>(
-      a.src, src0, a.src_st[3], a.dtype, a.G, a.W, dst_row,
+      a.src,
+      src0,
+      a.src_st[3],
+      a.dtype,
+      a.G,
+      a.W,
+      dst_row,
       a.part == 0 ? static_cast<uint32_t*>(a.dst) : nullptr,
-      a.part == 1 ? a.dst : nullptr, a.part == 2 ? a.dst : nullptr,
+      a.part == 1 ? a.dst : nullptr,
+      a.part == 2 ? a.dst : nullptr,
       codes[threadIdx.x / 32]);
 }
 
@@ -155,27 +179,48 @@ __global__ void quant_kv_kernel_impl(QuantKVArgs a) {
   const int64_t dst_row =
       int64_t(bh) * a.S + ring_row(a.pos ? int64_t(a.pos[0]) : int64_t(a.pos_value), t, a.S);
   quantize_row<BITS, GS>(
-      d.src, src0, d.src_st[3], a.dtype, d.G, d.W, dst_row, d.codes, d.scales, d.biases,
+      d.src,
+      src0,
+      d.src_st[3],
+      a.dtype,
+      d.G,
+      d.W,
+      dst_row,
+      d.codes,
+      d.scales,
+      d.biases,
       codes[threadIdx.x / 32]);
 }
 
 template <int BITS>
 void* quant_ring_for_group(int gs, bool kv) {
   switch (gs) {
-    case 32: return kv ? handle<quant_kv_kernel_impl<BITS, 32>>() : handle<quant_ring_kernel_impl<BITS, 32>>();
-    case 64: return kv ? handle<quant_kv_kernel_impl<BITS, 64>>() : handle<quant_ring_kernel_impl<BITS, 64>>();
-    default: return kv ? handle<quant_kv_kernel_impl<BITS, 128>>() : handle<quant_ring_kernel_impl<BITS, 128>>();
+    case 32:
+      return kv ? handle<quant_kv_kernel_impl<BITS, 32>>()
+                : handle<quant_ring_kernel_impl<BITS, 32>>();
+    case 64:
+      return kv ? handle<quant_kv_kernel_impl<BITS, 64>>()
+                : handle<quant_ring_kernel_impl<BITS, 64>>();
+    default:
+      return kv ? handle<quant_kv_kernel_impl<BITS, 128>>()
+                : handle<quant_ring_kernel_impl<BITS, 128>>();
   }
 }
 
 void* quant_for_bits(int bits, int gs, bool kv) {
   switch (bits) {
-    case 2: return quant_ring_for_group<2>(gs, kv);
-    case 3: return quant_ring_for_group<3>(gs, kv);
-    case 4: return quant_ring_for_group<4>(gs, kv);
-    case 5: return quant_ring_for_group<5>(gs, kv);
-    case 6: return quant_ring_for_group<6>(gs, kv);
-    default: return quant_ring_for_group<8>(gs, kv);
+    case 2:
+      return quant_ring_for_group<2>(gs, kv);
+    case 3:
+      return quant_ring_for_group<3>(gs, kv);
+    case 4:
+      return quant_ring_for_group<4>(gs, kv);
+    case 5:
+      return quant_ring_for_group<5>(gs, kv);
+    case 6:
+      return quant_ring_for_group<6>(gs, kv);
+    default:
+      return quant_ring_for_group<8>(gs, kv);
   }
 }
 

@@ -31,15 +31,18 @@ Size3 elementwise_group(int64_t x, int64_t y) {
 
 const char* dtype_tag(int dtype) {
   switch (dtype) {
-    case MLXQ_DT_F16: return "f16";
-    case MLXQ_DT_BF16: return "bf16";
-    default: return "f32";
+    case MLXQ_DT_F16:
+      return "f16";
+    case MLXQ_DT_BF16:
+      return "bf16";
+    default:
+      return "f32";
   }
 }
 
 SdpaPlan plan_sdpa(const SdpaProblem& pr) {
-  if (pr.Hkv < 1 || pr.Hq % pr.Hkv != 0 || pr.Dk % 32 != 0 ||
-      pr.Dv % 32 != 0 || pr.Dk > 512 || pr.Dv > 512 || pr.group_size < 32) {
+  if (pr.Hkv < 1 || pr.Hq % pr.Hkv != 0 || pr.Dk % 32 != 0 || pr.Dv % 32 != 0 || pr.Dk > 512 ||
+      pr.Dv > 512 || pr.group_size < 32) {
     throw std::invalid_argument("[mlxq.metal] unsupported QuantizedSDPA shape");
   }
   SdpaPlan plan;
@@ -70,10 +73,10 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
     p.vb_strides[d] = pr.v_strides[2][d];
   }
   p.sinks_stride = pr.sinks_stride;
-  p.k_vec4 = vec4_ok(pr.Dk * pr.bits / 32, pr.k_strides[0], pr.k_packed_offset,
-                     pr.k_base_aligned16);
-  p.v_vec4 = vec4_ok(pr.Dv * pr.bits / 32, pr.v_strides[0], pr.v_packed_offset,
-                     pr.v_base_aligned16);
+  p.k_vec4 =
+      vec4_ok(pr.Dk * pr.bits / 32, pr.k_strides[0], pr.k_packed_offset, pr.k_base_aligned16);
+  p.v_vec4 =
+      vec4_ok(pr.Dv * pr.bits / 32, pr.v_strides[0], pr.v_packed_offset, pr.v_base_aligned16);
 
   // Row tiles: one SIMD group per row, at most MLXQ_MAX_ROW_TILE rows (and
   // no more threads than the pipeline allows).
@@ -93,8 +96,8 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   }
   plan.prefill = prefill;
   const int dmax = std::max(pr.Dk, pr.Dv) <= 128 ? 128 : 512;
-  const std::string suffix = std::string(dtype_tag(pr.q_dtype)) + "_b" +
-      std::to_string(pr.bits) + "_d" + std::to_string(dmax);
+  const std::string suffix = std::string(dtype_tag(pr.q_dtype)) + "_b" + std::to_string(pr.bits) +
+      "_d" + std::to_string(dmax);
   plan.group = Size3{32 * int64_t(p.row_tile), 1, 1};
 
   if (prefill) {
@@ -143,9 +146,8 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
 }
 
 // The update's shape and strides, shared by both ring plans.
-static void set_ring_shape(
-    MlxqRingParams& p, int B, int H, int S, int T, int D,
-    const int64_t upd_strides[4]) {
+static void
+set_ring_shape(MlxqRingParams& p, int B, int H, int S, int T, int D, const int64_t upd_strides[4]) {
   for (int d = 0; d < 4; ++d) {
     p.upd_strides[d] = upd_strides[d];
   }
@@ -156,9 +158,8 @@ static void set_ring_shape(
   p.D = D;
 }
 
-RingPlan plan_ring_update(
-    int B, int H, int S, int T, int D, int itemsize,
-    const int64_t upd_strides[4]) {
+RingPlan
+plan_ring_update(int B, int H, int S, int T, int D, int itemsize, const int64_t upd_strides[4]) {
   RingPlan plan;
   plan.kernel = "mlxq_ring_update_u" + std::to_string(8 * itemsize);
   plan.grid = Size3{D, T, int64_t(B) * H};
@@ -169,11 +170,19 @@ RingPlan plan_ring_update(
 }
 
 RingPlan plan_quantized_ring_update(
-    int B, int H, int S, int T, int D, int group_size, int bits, int dtype,
-    int part, const int64_t upd_strides[4]) {
+    int B,
+    int H,
+    int S,
+    int T,
+    int D,
+    int group_size,
+    int bits,
+    int dtype,
+    int part,
+    const int64_t upd_strides[4]) {
   RingPlan plan;
-  plan.kernel = std::string("mlxq_quantized_ring_update_") + dtype_tag(dtype) +
-      "_b" + std::to_string(bits);
+  plan.kernel =
+      std::string("mlxq_quantized_ring_update_") + dtype_tag(dtype) + "_b" + std::to_string(bits);
   const int G = D / group_size;
   plan.grid = Size3{G, T, int64_t(B) * H};
   plan.group = Size3{32, 1, 1}; // one SIMD group per quantization group

@@ -17,18 +17,18 @@ namespace mlxq::metal_dispatch {
 // Buffer indices ([[buffer(n)]]) of each kernel family.
 namespace slots {
 // mlxq_qsdpa_decode_* / mlxq_qsdpa_prefill_* (prefill has no partials)
-constexpr int kQ = 0, kKPacked = 1, kKScales = 2, kKBiases = 3, kVPacked = 4,
-              kVScales = 5, kVBiases = 6, kMask = 7, kSinks = 8, kOut = 9,
-              kPartialO = 10, kPartialML = 11, kSdpaParams = 12;
+constexpr int kQ = 0, kKPacked = 1, kKScales = 2, kKBiases = 3, kVPacked = 4, kVScales = 5,
+              kVBiases = 6, kMask = 7, kSinks = 8, kOut = 9, kPartialO = 10, kPartialML = 11,
+              kSdpaParams = 12;
 // mlxq_qsdpa_merge_*
-constexpr int kMergePartialO = 0, kMergePartialML = 1, kMergeSinks = 2,
-              kMergeOut = 3, kMergeParams = 4;
+constexpr int kMergePartialO = 0, kMergePartialML = 1, kMergeSinks = 2, kMergeOut = 3,
+              kMergeParams = 4;
 // mlxq_ring_update_*
 constexpr int kRingUpdate = 0, kRingPos = 1, kRingOut = 2, kRingParams = 3;
 // mlxq_quantized_ring_update_* (one dispatch writes one part: its array is
 // bound to that part's slot, and to the two others, which it leaves alone)
-constexpr int kQRingUpdate = 0, kQRingPos = 1, kQRingPacked = 2,
-              kQRingScales = 3, kQRingBiases = 4, kQRingParams = 5;
+constexpr int kQRingUpdate = 0, kQRingPos = 1, kQRingPacked = 2, kQRingScales = 3, kQRingBiases = 4,
+              kQRingParams = 5;
 // mlxq_copy4d_*
 constexpr int kCopySrc = 0, kCopyDst = 1, kCopyParams = 2;
 } // namespace slots
@@ -44,15 +44,15 @@ enum class SdpaMode { Auto = 0, Decode = 1, Prefill = 2 };
 
 // Defaults of the decode split (overridable for tests).
 constexpr int kTargetThreadgroups = 256; // enough to fill the largest Apple GPUs
-constexpr int kMinBlockKeys = 64;        // keys per block at least
+constexpr int kMinBlockKeys = 64; // keys per block at least
 constexpr int kMaxBlocks = 1024;
-constexpr int kPrefillMinL = 16;         // shortest query run that uses prefill
-constexpr int kMergeSimdGroups = 4;      // rows per merge threadgroup
+constexpr int kPrefillMinL = 16; // shortest query run that uses prefill
+constexpr int kMergeSimdGroups = 4; // rows per merge threadgroup
 
 struct SdpaProblem {
   int B = 1, Hq = 1, Hkv = 1, L = 1, N = 0, Dk = 0, Dv = 0;
   int bits = 4, group_size = 64;
-  int q_dtype = MLXQ_DT_F32;     // also the output dtype
+  int q_dtype = MLXQ_DT_F32; // also the output dtype
   int scale_dtype = MLXQ_DT_F32; // scales and biases of K and V
   int mask_kind = MLXQ_MASK_NONE;
   bool has_sinks = false;
@@ -80,8 +80,8 @@ struct SdpaProblem {
 
 struct SdpaPlan {
   std::string kernel; // mlxq_qsdpa_{decode,prefill}_<q dtype>_b<bits>_d<128|512>
-  Size3 grid;         // threadgroups per grid (dispatch_threadgroups)
-  Size3 group;        // threads per threadgroup
+  Size3 grid; // threadgroups per grid (dispatch_threadgroups)
+  Size3 group; // threads per threadgroup
   bool prefill = false;
   bool merge = false; // a merge pass follows (decode with > 1 key block)
   std::string merge_kernel;
@@ -110,15 +110,22 @@ struct CopyPlan : ElementwisePlan {
 };
 
 // Buffer [B, H, S, D] of `itemsize`-byte elements, update [B, H, T, D].
-RingPlan plan_ring_update(
-    int B, int H, int S, int T, int D, int itemsize,
-    const int64_t upd_strides[4]);
+RingPlan
+plan_ring_update(int B, int H, int S, int T, int D, int itemsize, const int64_t upd_strides[4]);
 
 // Update [B, H, T, D] in `dtype` (MLXQ_DT_*), quantized into rows of S;
 // `part` (MLXQ_PART_*) is the array of the triple this dispatch writes.
 RingPlan plan_quantized_ring_update(
-    int B, int H, int S, int T, int D, int group_size, int bits, int dtype,
-    int part, const int64_t upd_strides[4]);
+    int B,
+    int H,
+    int S,
+    int T,
+    int D,
+    int group_size,
+    int bits,
+    int dtype,
+    int part,
+    const int64_t upd_strides[4]);
 
 // A strided [s0, s1, s2, s3] array of `itemsize`-byte elements into a
 // row-contiguous one.

@@ -135,8 +135,13 @@ inline nb::dict ring(const nb::dict& d) {
   int64_t st[4] = {0, 0, 0, 1};
   get_strides(d, "update_strides", st);
   const RingPlan plan = plan_ring_update(
-      get<int>(d, "B", 1), get<int>(d, "H", 1), get<int>(d, "S", 1),
-      get<int>(d, "T", 1), get<int>(d, "D", 1), get<int>(d, "itemsize", 4), st);
+      get<int>(d, "B", 1),
+      get<int>(d, "H", 1),
+      get<int>(d, "S", 1),
+      get<int>(d, "T", 1),
+      get<int>(d, "D", 1),
+      get<int>(d, "itemsize", 4),
+      st);
   nb::dict r = elementwise(plan);
   r["params"] = raw(plan.params);
   nb::dict s;
@@ -152,10 +157,16 @@ inline nb::dict quantized_ring(const nb::dict& d) {
   int64_t st[4] = {0, 0, 0, 1};
   get_strides(d, "update_strides", st);
   const RingPlan plan = plan_quantized_ring_update(
-      get<int>(d, "B", 1), get<int>(d, "H", 1), get<int>(d, "S", 1),
-      get<int>(d, "T", 1), get<int>(d, "D", 32), get<int>(d, "group_size", 64),
-      get<int>(d, "bits", 4), get<int>(d, "dtype", MLXQ_DT_F32),
-      get<int>(d, "part", MLXQ_PART_CODES), st);
+      get<int>(d, "B", 1),
+      get<int>(d, "H", 1),
+      get<int>(d, "S", 1),
+      get<int>(d, "T", 1),
+      get<int>(d, "D", 32),
+      get<int>(d, "group_size", 64),
+      get<int>(d, "bits", 4),
+      get<int>(d, "dtype", MLXQ_DT_F32),
+      get<int>(d, "part", MLXQ_PART_CODES),
+      st);
   nb::dict r = elementwise(plan);
   r["params"] = raw(plan.params);
   r["part"] = plan.params.part;
@@ -190,14 +201,26 @@ inline nb::dict copy4d(const nb::dict& d) {
 } // namespace py
 
 inline void add_plan_bindings(nb::module_& m) {
-  m.def("_metal_plan_sdpa", &py::sdpa, nb::arg("problem"),
-        "Test hook: the Metal dispatch of a QuantizedSDPA problem (dict in, dict out).");
-  m.def("_metal_plan_ring_update", &py::ring, nb::arg("problem"),
-        "Test hook: the Metal dispatch of a RingUpdate.");
-  m.def("_metal_plan_quantized_ring_update", &py::quantized_ring, nb::arg("problem"),
-        "Test hook: the Metal dispatch of a QuantizedRingUpdate.");
-  m.def("_metal_plan_copy4d", &py::copy4d, nb::arg("problem"),
-        "Test hook: the Metal dispatch of a strided copy.");
+  m.def(
+      "_metal_plan_sdpa",
+      &py::sdpa,
+      nb::arg("problem"),
+      "Test hook: the Metal dispatch of a QuantizedSDPA problem (dict in, dict out).");
+  m.def(
+      "_metal_plan_ring_update",
+      &py::ring,
+      nb::arg("problem"),
+      "Test hook: the Metal dispatch of a RingUpdate.");
+  m.def(
+      "_metal_plan_quantized_ring_update",
+      &py::quantized_ring,
+      nb::arg("problem"),
+      "Test hook: the Metal dispatch of a QuantizedRingUpdate.");
+  m.def(
+      "_metal_plan_copy4d",
+      &py::copy4d,
+      nb::arg("problem"),
+      "Test hook: the Metal dispatch of a strided copy.");
 }
 
 } // namespace mlxq::metal_dispatch

@@ -35,7 +35,8 @@ MTL::ComputePipelineState* kernel(mx::metal::Device& d, const std::string& name)
   const auto max_threads = pipeline->maxTotalThreadsPerThreadgroup();
   if (width != 32 || max_threads < 32) {
     throw std::runtime_error(
-        "[mlxq.metal] kernel " + name + " needs 32-wide SIMD groups and at least 32 "
+        "[mlxq.metal] kernel " + name +
+        " needs 32-wide SIMD groups and at least 32 "
         "threads per threadgroup; this GPU's pipeline has SIMD width " +
         std::to_string(width) + " and at most " + std::to_string(max_threads) + " threads.");
   }

@@ -23,9 +23,12 @@ int mask_kind(MaskKind kind, const mx::array* mask) {
     return MLXQ_MASK_BOOL;
   }
   switch (mh::dtype_code(mask->dtype())) {
-    case MLXQ_DT_F16: return MLXQ_MASK_F16;
-    case MLXQ_DT_BF16: return MLXQ_MASK_BF16;
-    default: return MLXQ_MASK_F32;
+    case MLXQ_DT_F16:
+      return MLXQ_MASK_F16;
+    case MLXQ_DT_BF16:
+      return MLXQ_MASK_BF16;
+    default:
+      return MLXQ_MASK_F32;
   }
 }
 
@@ -94,8 +97,13 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& inputs, mx::array& ou
   auto& enc = mx::metal::get_command_encoder(s);
   enc.set_compute_pipeline_state(pipeline);
   enc.set_input_array(q, md::slots::kQ);
-  const int kv_slots[6] = {md::slots::kKPacked, md::slots::kKScales, md::slots::kKBiases,
-                           md::slots::kVPacked, md::slots::kVScales, md::slots::kVBiases};
+  const int kv_slots[6] = {
+      md::slots::kKPacked,
+      md::slots::kKScales,
+      md::slots::kKBiases,
+      md::slots::kVPacked,
+      md::slots::kVScales,
+      md::slots::kVBiases};
   for (int i = 0; i < 6; ++i) {
     enc.set_input_array(kv[i], kv_slots[i]);
   }

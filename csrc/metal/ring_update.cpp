@@ -18,8 +18,7 @@ namespace md = metal_dispatch;
 
 // Points `out` at `in`'s memory when it can be updated in place, else gives
 // it a copy of `in`.
-void take_or_copy(const mx::array& in, mx::array& out, const mx::Stream& s,
-                  bool owned = false) {
+void take_or_copy(const mx::array& in, mx::array& out, const mx::Stream& s, bool owned = false) {
   if (detail::can_update_in_place(in, owned)) {
     out.copy_shared_buffer(in);
     return;
@@ -49,8 +48,13 @@ void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) 
   int64_t st[4];
   strides4(update, st);
   const md::RingPlan plan = md::plan_ring_update(
-      out.shape(0), out.shape(1), out.shape(2), update.shape(2), out.shape(3),
-      static_cast<int>(out.itemsize()), st);
+      out.shape(0),
+      out.shape(1),
+      out.shape(2),
+      update.shape(2),
+      out.shape(3),
+      static_cast<int>(out.itemsize()),
+      st);
   if (plan.grid.empty()) {
     return;
   }
@@ -82,8 +86,16 @@ void dispatch_quantized_rows(
   int64_t st[4];
   strides4(update, st);
   const md::RingPlan plan = md::plan_quantized_ring_update(
-      packed.shape(0), packed.shape(1), packed.shape(2), update.shape(2),
-      update.shape(3), group_size, bits, mh::dtype_code(update.dtype()), part, st);
+      packed.shape(0),
+      packed.shape(1),
+      packed.shape(2),
+      update.shape(2),
+      update.shape(3),
+      group_size,
+      bits,
+      mh::dtype_code(update.dtype()),
+      part,
+      st);
   if (plan.grid.empty()) {
     return;
   }
@@ -100,13 +112,11 @@ void dispatch_quantized_rows(
 
 } // namespace
 
-void QuantizedRingUpdate::eval_gpu(
-    const std::vector<mx::array>& inputs,
-    mx::array& out) {
+void QuantizedRingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto& s = stream();
   take_or_copy(inputs[0], out, s);
-  dispatch_quantized_rows(s, inputs[1], inputs[2], out, out, out, static_cast<int>(part_),
-                          group_size_, bits_);
+  dispatch_quantized_rows(
+      s, inputs[1], inputs[2], out, out, out, static_cast<int>(part_), group_size_, bits_);
 }
 
 void QuantizedKVUpdate::eval_gpu(
@@ -121,9 +131,16 @@ void QuantizedKVUpdate::eval_gpu(
   }
   detail::set_prefix_views(outputs);
   for (int kv = 0; kv < 2; ++kv) {
-    dispatch_quantized_rows(s, inputs[6 + kv], inputs[8], outputs[3 * kv],
-                            outputs[3 * kv + 1], outputs[3 * kv + 2], MLXQ_PART_ALL,
-                            group_size_, bits_);
+    dispatch_quantized_rows(
+        s,
+        inputs[6 + kv],
+        inputs[8],
+        outputs[3 * kv],
+        outputs[3 * kv + 1],
+        outputs[3 * kv + 2],
+        MLXQ_PART_ALL,
+        group_size_,
+        bits_);
   }
 }
 

@@ -62,11 +62,13 @@ def quantized_kv_update(
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> Tuple[Tuple[mx.array, ...], ...]:
     """(K triple, V triple), then with fetch >= 0 also their rows [0, fetch) as views."""
+
 def _take_ring_copies() -> int: ...
 def _take_last_sdpa_kernel() -> str: ...
 def _set_poison_outputs(enabled: bool) -> None: ...
 def _device_memory() -> Tuple[int, int]:
     """(active, peak) bytes of mlxq's own CUDA pool; the peak restarts from active."""
+
 def _install_crash_backtrace() -> None: ...
 
 # Test hooks: the Metal host code's grid arithmetic, for the emulator tests.

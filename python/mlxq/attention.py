@@ -23,7 +23,7 @@ def _split_mask(mask: Mask):
     if isinstance(mask, mx.array):
         return "", mask
     raise ValueError(
-        f"[mlxq.sdpa] mask must be None, \"causal\" or an mx.array, got {type(mask).__name__}."
+        f'[mlxq.sdpa] mask must be None, "causal" or an mx.array, got {type(mask).__name__}.'
     )
 
 
@@ -93,8 +93,9 @@ def quantized_sdpa(
         stream=stream,
     )
     if q.shape[2] > 8:  # decode never routes: skip the checks
-        routed = _dequantized_mx_fast(q, keys, values, scale, mask, mask_mode, mask_arr,
-                                      sinks, group_size, bits, stream)
+        routed = _dequantized_mx_fast(
+            q, keys, values, scale, mask, mask_mode, mask_arr, sinks, group_size, bits, stream
+        )
         if routed is not None:
             return routed
     return out
@@ -106,8 +107,9 @@ def _device_of(stream) -> mx.Device:
     return stream.device if isinstance(stream, mx.Stream) else stream
 
 
-def _dequantized_mx_fast(q, keys, values, scale, mask, mask_mode, mask_arr, sinks,
-                         group_size, bits, stream):
+def _dequantized_mx_fast(
+    q, keys, values, scale, mask, mask_mode, mask_arr, sinks, group_size, bits, stream
+):
     """MLX's fused attention over this layer's dequantized K/V, where it is
     faster than mlxq's kernel (see :mod:`mlxq.routing`); None otherwise."""
     device = _device_of(stream)
@@ -119,9 +121,16 @@ def _dequantized_mx_fast(q, keys, values, scale, mask, mask_mode, mask_arr, sink
     group_size = group_size or Dk // keys[1].shape[3]
     kind = "array" if mask_arr is not None else ("causal" if mask_mode else "none")
     if not routing.route_through_mx_fast(
-        backend, L=q.shape[2], N=keys[0].shape[2], Hq=q.shape[1], Hkv=keys[0].shape[1],
-        Dk=Dk, Dv=values[0].shape[3] * 32 // bits, dtype=q.dtype,
-        scales_dtype=keys[1].dtype, mask_kind=kind,
+        backend,
+        L=q.shape[2],
+        N=keys[0].shape[2],
+        Hq=q.shape[1],
+        Hkv=keys[0].shape[1],
+        Dk=Dk,
+        Dv=values[0].shape[3] * 32 // bits,
+        dtype=q.dtype,
+        scales_dtype=keys[1].dtype,
+        mask_kind=kind,
         sinks_dtype=None if sinks is None else sinks.dtype,
     ):
         return None
@@ -178,8 +187,15 @@ def sdpa(
     """
     if is_quantized(keys) or is_quantized(values):
         return quantized_sdpa(
-            q, keys, values, scale=scale, mask=mask, sinks=sinks,
-            group_size=group_size, bits=bits, stream=stream,
+            q,
+            keys,
+            values,
+            scale=scale,
+            mask=mask,
+            sinks=sinks,
+            group_size=group_size,
+            bits=bits,
+            stream=stream,
         )
     return mx.fast.scaled_dot_product_attention(
         q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream

@@ -33,51 +33,96 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate with mlx-lm, using mlxq's fused quantized-KV attention and caches.",
     )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", type=str, default=None,
-                     help="Path to a local mlx-lm model directory (or a Hugging Face repo "
-                          "mlx-lm can fetch).")
-    src.add_argument("--random-model", choices=ARCHITECTURES, default=None,
-                     help="Build a model of this mlx-lm class with random weights "
-                          "(no download; the output is noise).")
-    p.add_argument("--random-size", choices=("tiny", "small"), default="tiny",
-                   help="Size of the --random-model: 'tiny' (tests) or 'small' "
-                        "(hidden 1024, 12 layers, GQA 4, head dim 128).")
-    p.add_argument("--prompt", "-p", default="hello",
-                   help="Prompt ('-' reads it from stdin).")
-    p.add_argument("--prompt-tokens", type=int, default=None,
-                   help="Repeat the tokenized prompt to exactly this many tokens "
-                        "(long-context runs).")
+    src.add_argument(
+        "--model",
+        type=str,
+        default=None,
+        help="Path to a local mlx-lm model directory (or a Hugging Face repo mlx-lm can fetch).",
+    )
+    src.add_argument(
+        "--random-model",
+        choices=ARCHITECTURES,
+        default=None,
+        help="Build a model of this mlx-lm class with random weights "
+        "(no download; the output is noise).",
+    )
+    p.add_argument(
+        "--random-size",
+        choices=("tiny", "small"),
+        default="tiny",
+        help="Size of the --random-model: 'tiny' (tests) or 'small' "
+        "(hidden 1024, 12 layers, GQA 4, head dim 128).",
+    )
+    p.add_argument("--prompt", "-p", default="hello", help="Prompt ('-' reads it from stdin).")
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        help="Repeat the tokenized prompt to exactly this many tokens (long-context runs).",
+    )
     p.add_argument("--system-prompt", default=None, help="System prompt for the chat template.")
-    p.add_argument("--ignore-chat-template", action="store_true",
-                   help="Use the raw prompt without the tokenizer's chat template.")
-    p.add_argument("--max-tokens", "-m", type=int, default=100,
-                   help="Maximum number of tokens to generate.")
+    p.add_argument(
+        "--ignore-chat-template",
+        action="store_true",
+        help="Use the raw prompt without the tokenizer's chat template.",
+    )
+    p.add_argument(
+        "--max-tokens", "-m", type=int, default=100, help="Maximum number of tokens to generate."
+    )
     p.add_argument("--temp", type=float, default=0.0, help="Sampling temperature.")
     p.add_argument("--top-p", type=float, default=1.0, help="Sampling top-p.")
     p.add_argument("--min-p", type=float, default=0.0, help="Sampling min-p.")
     p.add_argument("--top-k", type=int, default=0, help="Sampling top-k.")
-    p.add_argument("--seed", type=int, default=None,
-                   help="PRNG seed (sampling and random weights).")
-    p.add_argument("--max-kv-size", type=int, default=None,
-                   help="Maximum KV-cache size (a rotating cache; with --kv-bits, mlxq's "
-                        "RotatingQuantizedKVCache).")
-    p.add_argument("--prefill-step-size", type=int, default=DEFAULT_PREFILL_STEP_SIZE,
-                   help="Prompt tokens processed per step.")
-    p.add_argument("--prompt-cache-file", type=str, default=None,
-                   help="A prompt-cache file (mlx-lm's format, e.g. from mlx_lm.cache_prompt "
-                        "or mlxq) to start from.")
-    p.add_argument("--kv-bits", type=int, default=None,
-                   help="Bits for KV-cache quantization (2, 3, 4, 5, 6, 8). Default: none.")
-    p.add_argument("--kv-group-size", type=int, default=64,
-                   help="Group size for KV-cache quantization (32, 64, 128).")
-    p.add_argument("--quantized-kv-start", type=int, default=0,
-                   help="With --kv-bits, quantize the cache from this many tokens on. "
-                        "Default 0: quantized from the first token (mlx-lm's default is 5000, "
-                        "because its quantized attention is slower than bf16; mlxq's is not).")
-    p.add_argument("--no-mlxq", action="store_true",
-                   help="Run stock mlx-lm (for comparison).")
-    p.add_argument("--verbose", type=lambda s: s.lower() in ("1", "true", "t", "yes"),
-                   default=True, help="Stream text and print statistics (default: True).")
+    p.add_argument(
+        "--seed", type=int, default=None, help="PRNG seed (sampling and random weights)."
+    )
+    p.add_argument(
+        "--max-kv-size",
+        type=int,
+        default=None,
+        help="Maximum KV-cache size (a rotating cache; with --kv-bits, mlxq's "
+        "RotatingQuantizedKVCache).",
+    )
+    p.add_argument(
+        "--prefill-step-size",
+        type=int,
+        default=DEFAULT_PREFILL_STEP_SIZE,
+        help="Prompt tokens processed per step.",
+    )
+    p.add_argument(
+        "--prompt-cache-file",
+        type=str,
+        default=None,
+        help="A prompt-cache file (mlx-lm's format, e.g. from mlx_lm.cache_prompt "
+        "or mlxq) to start from.",
+    )
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        default=None,
+        help="Bits for KV-cache quantization (2, 3, 4, 5, 6, 8). Default: none.",
+    )
+    p.add_argument(
+        "--kv-group-size",
+        type=int,
+        default=64,
+        help="Group size for KV-cache quantization (32, 64, 128).",
+    )
+    p.add_argument(
+        "--quantized-kv-start",
+        type=int,
+        default=0,
+        help="With --kv-bits, quantize the cache from this many tokens on. "
+        "Default 0: quantized from the first token (mlx-lm's default is 5000, "
+        "because its quantized attention is slower than bf16; mlxq's is not).",
+    )
+    p.add_argument("--no-mlxq", action="store_true", help="Run stock mlx-lm (for comparison).")
+    p.add_argument(
+        "--verbose",
+        type=lambda s: s.lower() in ("1", "true", "t", "yes"),
+        default=True,
+        help="Stream text and print statistics (default: True).",
+    )
     return p
 
 
@@ -113,8 +158,9 @@ def load_model(args):
         return random_model(args.random_model, args.random_size, seed=seed), None
     from mlx_lm.utils import load
 
-    model, tokenizer, config = load(args.model or "mlx-community/Llama-3.2-3B-Instruct-4bit",
-                                    return_config=True)
+    model, tokenizer, config = load(
+        args.model or "mlx-community/Llama-3.2-3B-Instruct-4bit", return_config=True
+    )
     return (model, tokenizer), config
 
 
@@ -122,14 +168,17 @@ def encode_prompt(args, tokenizer):
     prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")
     if prompt == "-":
         prompt = sys.stdin.read()
-    use_chat = (args.random_model is None and not args.ignore_chat_template
-                and tokenizer.has_chat_template)
+    use_chat = (
+        args.random_model is None and not args.ignore_chat_template and tokenizer.has_chat_template
+    )
     if use_chat:
-        messages = [] if args.system_prompt is None else [
-            {"role": "system", "content": args.system_prompt}]
+        messages = (
+            []
+            if args.system_prompt is None
+            else [{"role": "system", "content": args.system_prompt}]
+        )
         messages.append({"role": "user", "content": prompt})
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False,
-                                               add_generation_prompt=True)
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         tokens = tokenizer.encode(prompt, add_special_tokens=False)
     else:
         tokens = tokenizer.encode(prompt)
@@ -165,8 +214,9 @@ def main(argv=None) -> int:
     try:
         metadata = {}
         if args.prompt_cache_file is not None:
-            prompt_cache, metadata = lm_cache.load_prompt_cache(args.prompt_cache_file,
-                                                                return_metadata=True)
+            prompt_cache, metadata = lm_cache.load_prompt_cache(
+                args.prompt_cache_file, return_metadata=True
+            )
             if args.model is None and args.random_model is None and "model" in metadata:
                 args.model = metadata["model"]
         (model, tokenizer), _ = load_model(args)
@@ -174,26 +224,38 @@ def main(argv=None) -> int:
         if args.prompt_cache_file is None:
             at_start = args.kv_bits is not None and args.quantized_kv_start == 0 and handle
             prompt_cache = lm_cache.make_prompt_cache(
-                model, args.max_kv_size,
-                **({"kv_bits": args.kv_bits, "kv_group_size": args.kv_group_size}
-                   if at_start else {}))
+                model,
+                args.max_kv_size,
+                **(
+                    {"kv_bits": args.kv_bits, "kv_group_size": args.kv_group_size}
+                    if at_start
+                    else {}
+                ),
+            )
         # This run alone holds its cache (made or loaded here): its state reads
         # are mlx-lm's evaluations, which may leave the writes in place.
         mlxq_lm.mark_private(prompt_cache)
         sampler = make_sampler(args.temp, args.top_p, args.min_p, top_k=args.top_k)
         backend = "stock mlx-lm" if args.no_mlxq else "mlx-lm + mlxq"
         kv = f"{args.kv_bits}-bit KV (group {args.kv_group_size})" if args.kv_bits else "bf16 KV"
-        name = (f"random {args.random_model} ({args.random_size})" if args.random_model
-                else args.model)
+        name = (
+            f"random {args.random_model} ({args.random_size})" if args.random_model else args.model
+        )
         if args.verbose:
             print(f"[{backend}] {name}, {len(tokens)} prompt tokens, {kv}", file=sys.stderr)
             print("=" * 10)
         mx.reset_peak_memory()
         response = None
         for response in lm_generate.stream_generate(
-            model, tokenizer, tokens, max_tokens=args.max_tokens, sampler=sampler,
-            prompt_cache=prompt_cache, prefill_step_size=args.prefill_step_size,
-            kv_bits=args.kv_bits, kv_group_size=args.kv_group_size,
+            model,
+            tokenizer,
+            tokens,
+            max_tokens=args.max_tokens,
+            sampler=sampler,
+            prompt_cache=prompt_cache,
+            prefill_step_size=args.prefill_step_size,
+            kv_bits=args.kv_bits,
+            kv_group_size=args.kv_group_size,
             quantized_kv_start=args.quantized_kv_start,
             prompt_progress_callback=ProgressBar(args.prefill_step_size),
         ):
@@ -201,10 +263,13 @@ def main(argv=None) -> int:
         print()
         if args.verbose and response is not None:
             print("=" * 10)
-            print(f"Prompt: {response.prompt_tokens} tokens, "
-                  f"{response.prompt_tps:.3f} tokens-per-sec")
-            print(f"Generation: {response.generation_tokens} tokens, "
-                  f"{response.generation_tps:.3f} tokens-per-sec")
+            print(
+                f"Prompt: {response.prompt_tokens} tokens, {response.prompt_tps:.3f} tokens-per-sec"
+            )
+            print(
+                f"Generation: {response.generation_tokens} tokens, "
+                f"{response.generation_tps:.3f} tokens-per-sec"
+            )
             print(f"Peak memory: {response.peak_memory:.3f} GB")
             print(f"KV cache: {describe_cache(prompt_cache)}")
             if handle is not None:

@@ -96,8 +96,14 @@ def _mlxq_attention(queries, keys, values, scale, mask, sinks, group_size, bits)
         return None
     try:
         out = _attend(
-            queries, keys, values, scale=scale, mask=mask, sinks=sinks,
-            group_size=group_size, bits=bits,
+            queries,
+            keys,
+            values,
+            scale=scale,
+            mask=mask,
+            sinks=sinks,
+            group_size=group_size,
+            bits=bits,
         )
     except ValueError:  # a shape, dtype, bits or mask outside mlxq's kernels
         return None
@@ -105,9 +111,7 @@ def _mlxq_attention(queries, keys, values, scale, mask, sinks, group_size, bits)
     return out
 
 
-def scaled_dot_product_attention(
-    queries, keys, values, cache, scale: float, mask, sinks=None
-):
+def scaled_dot_product_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
     """mlx-lm's attention dispatch, with quantized K/V on mlxq's fused kernel.
 
     Quantized ``(packed, scales, biases)`` keys and values go to
@@ -187,13 +191,19 @@ def maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size, kv_
         if quantized is not None and getattr(c, "_private", False):
             quantized._private = True  # it replaces c in the same loop
         prompt_cache[i] = (
-            quantized if quantized is not None
+            quantized
+            if quantized is not None
             else c.to_quantized(group_size=kv_group_size, bits=kv_bits)
         )
 
 
-def make_prompt_cache(model, max_kv_size: Optional[int] = None, *,
-                      kv_bits: Optional[int] = None, kv_group_size: int = 64):
+def make_prompt_cache(
+    model,
+    max_kv_size: Optional[int] = None,
+    *,
+    kv_bits: Optional[int] = None,
+    kv_group_size: int = 64,
+):
     """mlx-lm's ``make_prompt_cache``, optionally quantized from the first token.
 
     Without ``kv_bits`` this is exactly mlx-lm's. With it, every ``KVCache``
@@ -217,8 +227,17 @@ def mark_private(prompt_cache) -> None:
             c._private = True
 
 
-def generate_step(prompt, model, *args, prompt_cache=None, max_kv_size=None,
-                  kv_bits=None, kv_group_size=64, quantized_kv_start=None, **kwargs):
+def generate_step(
+    prompt,
+    model,
+    *args,
+    prompt_cache=None,
+    max_kv_size=None,
+    kv_bits=None,
+    kv_group_size=64,
+    quantized_kv_start=None,
+    **kwargs,
+):
     """mlx-lm's ``generate_step``, with the cache quantized before the first chunk.
 
     mlx-lm applies its ``quantized_kv_start`` rule only after each model call,
@@ -238,24 +257,36 @@ def generate_step(prompt, model, *args, prompt_cache=None, max_kv_size=None,
         maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size, kv_bits)
         mark_private(prompt_cache)
     return _originals["generate_step"](
-        prompt, model, *args, prompt_cache=prompt_cache, max_kv_size=max_kv_size,
-        kv_bits=kv_bits, kv_group_size=kv_group_size,
-        quantized_kv_start=quantized_kv_start, **kwargs,
+        prompt,
+        model,
+        *args,
+        prompt_cache=prompt_cache,
+        max_kv_size=max_kv_size,
+        kv_bits=kv_bits,
+        kv_group_size=kv_group_size,
+        quantized_kv_start=quantized_kv_start,
+        **kwargs,
     )
 
 
 # ---------------------------------------------------------- enable/disable
 def _mlx_lm_modules():
-    return [m for name, m in list(sys.modules.items())
-            if m is not None and (name == "mlx_lm" or name.startswith("mlx_lm."))]
+    return [
+        m
+        for name, m in list(sys.modules.items())
+        if m is not None and (name == "mlx_lm" or name.startswith("mlx_lm."))
+    ]
 
 
 # Every mlx-lm function enable() replaces: the module that defines it, its
 # name, and mlxq's replacement.
 _PATCHED = (
     ("mlx_lm.models.base", "scaled_dot_product_attention", scaled_dot_product_attention),
-    ("mlx_lm.models.base", "quantized_scaled_dot_product_attention",
-     quantized_scaled_dot_product_attention),
+    (
+        "mlx_lm.models.base",
+        "quantized_scaled_dot_product_attention",
+        quantized_scaled_dot_product_attention,
+    ),
     ("mlx_lm.models.cache", "make_prompt_cache", make_prompt_cache),
     ("mlx_lm.generate", "maybe_quantize_kv_cache", maybe_quantize_kv_cache),
     ("mlx_lm.generate", "generate_step", generate_step),
@@ -298,8 +329,9 @@ def enable() -> _Handle:
 
         # import_module, not attribute access: the mlx_lm package's
         # `generate` attribute is the function, not the module.
-        _originals.update({name: getattr(importlib.import_module(module), name)
-                           for module, name, _ in _PATCHED})
+        _originals.update(
+            {name: getattr(importlib.import_module(module), name) for module, name, _ in _PATCHED}
+        )
         _replacements.clear()
         _replacements.update({id(_originals[name]): fn for _, name, fn in _PATCHED})
         _patches = []

@@ -22,57 +22,149 @@ ARCHITECTURES = ("llama", "qwen3", "gemma3", "gpt_oss", "gemma4")
 _SIZES: Dict[str, Dict[str, dict]] = {
     # Tests: a few layers and a 256-token vocabulary, fast on two CPU cores.
     "tiny": {
-        "llama": dict(hidden_size=256, num_hidden_layers=4, intermediate_size=512,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=64),
-        "qwen3": dict(hidden_size=256, num_hidden_layers=4, intermediate_size=512,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=64),
-        "gemma3": dict(hidden_size=256, num_hidden_layers=4, intermediate_size=512,
-                       num_attention_heads=4, num_key_value_heads=1, head_dim=64,
-                       sliding_window=32, sliding_window_pattern=2),
-        "gpt_oss": dict(hidden_size=256, num_hidden_layers=4, intermediate_size=256,
-                        num_attention_heads=8, num_key_value_heads=2, head_dim=64,
-                        num_local_experts=4, num_experts_per_tok=2, sliding_window=32),
-        "gemma4": dict(hidden_size=256, num_hidden_layers=6, intermediate_size=512,
-                       num_attention_heads=4, num_key_value_heads=1, head_dim=64,
-                       global_head_dim=128, num_kv_shared_layers=2,
-                       hidden_size_per_layer_input=0, sliding_window=32,
-                       sliding_window_pattern=3, use_double_wide_mlp=False),
+        "llama": dict(
+            hidden_size=256,
+            num_hidden_layers=4,
+            intermediate_size=512,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=64,
+        ),
+        "qwen3": dict(
+            hidden_size=256,
+            num_hidden_layers=4,
+            intermediate_size=512,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=64,
+        ),
+        "gemma3": dict(
+            hidden_size=256,
+            num_hidden_layers=4,
+            intermediate_size=512,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=64,
+            sliding_window=32,
+            sliding_window_pattern=2,
+        ),
+        "gpt_oss": dict(
+            hidden_size=256,
+            num_hidden_layers=4,
+            intermediate_size=256,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=64,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=32,
+        ),
+        "gemma4": dict(
+            hidden_size=256,
+            num_hidden_layers=6,
+            intermediate_size=512,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=64,
+            global_head_dim=128,
+            num_kv_shared_layers=2,
+            hidden_size_per_layer_input=0,
+            sliding_window=32,
+            sliding_window_pattern=3,
+            use_double_wide_mlp=False,
+        ),
     },
     # Benchmarks: a small real model's attention (hidden 1024, 8 query heads
     # over 2 KV heads of dim 128, GQA 4) and a 32k vocabulary.
     "small": {
-        "llama": dict(hidden_size=1024, num_hidden_layers=12, intermediate_size=2816,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=128,
-                      vocab_size=32000),
-        "qwen3": dict(hidden_size=1024, num_hidden_layers=12, intermediate_size=2816,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=128,
-                      vocab_size=32000),
-        "gemma3": dict(hidden_size=1024, num_hidden_layers=12, intermediate_size=2816,
-                       num_attention_heads=8, num_key_value_heads=2, head_dim=128,
-                       sliding_window=512, sliding_window_pattern=6, vocab_size=32000),
-        "gpt_oss": dict(hidden_size=1024, num_hidden_layers=12, intermediate_size=1024,
-                        num_attention_heads=8, num_key_value_heads=2, head_dim=128,
-                        num_local_experts=8, num_experts_per_tok=2, sliding_window=128,
-                        vocab_size=32000),
-        "gemma4": dict(hidden_size=1024, num_hidden_layers=12, intermediate_size=2816,
-                       num_attention_heads=8, num_key_value_heads=2, head_dim=128,
-                       global_head_dim=256, num_kv_shared_layers=4,
-                       hidden_size_per_layer_input=0, sliding_window=512,
-                       sliding_window_pattern=6, use_double_wide_mlp=False,
-                       vocab_size=32000),
+        "llama": dict(
+            hidden_size=1024,
+            num_hidden_layers=12,
+            intermediate_size=2816,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=128,
+            vocab_size=32000,
+        ),
+        "qwen3": dict(
+            hidden_size=1024,
+            num_hidden_layers=12,
+            intermediate_size=2816,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=128,
+            vocab_size=32000,
+        ),
+        "gemma3": dict(
+            hidden_size=1024,
+            num_hidden_layers=12,
+            intermediate_size=2816,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=128,
+            sliding_window=512,
+            sliding_window_pattern=6,
+            vocab_size=32000,
+        ),
+        "gpt_oss": dict(
+            hidden_size=1024,
+            num_hidden_layers=12,
+            intermediate_size=1024,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=128,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=128,
+            vocab_size=32000,
+        ),
+        "gemma4": dict(
+            hidden_size=1024,
+            num_hidden_layers=12,
+            intermediate_size=2816,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=128,
+            global_head_dim=256,
+            num_kv_shared_layers=4,
+            hidden_size_per_layer_input=0,
+            sliding_window=512,
+            sliding_window_pattern=6,
+            use_double_wide_mlp=False,
+            vocab_size=32000,
+        ),
     },
 }
 
 _COMMON = {
-    "llama": dict(model_type="llama", rms_norm_eps=1e-5, rope_theta=500000.0,
-                  tie_word_embeddings=True, max_position_embeddings=131072),
-    "qwen3": dict(model_type="qwen3", rms_norm_eps=1e-6, rope_theta=1000000.0,
-                  tie_word_embeddings=True, max_position_embeddings=40960),
-    "gemma3": dict(model_type="gemma3_text", rms_norm_eps=1e-6, rope_theta=1000000.0,
-                   query_pre_attn_scalar=64, max_position_embeddings=32768),
+    "llama": dict(
+        model_type="llama",
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+        max_position_embeddings=131072,
+    ),
+    "qwen3": dict(
+        model_type="qwen3",
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+    ),
+    "gemma3": dict(
+        model_type="gemma3_text",
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        query_pre_attn_scalar=64,
+        max_position_embeddings=32768,
+    ),
     "gpt_oss": dict(model_type="gpt_oss", rms_norm_eps=1e-5, rope_theta=150000),
-    "gemma4": dict(model_type="gemma4_text", rms_norm_eps=1e-6,
-                   max_position_embeddings=131072, final_logit_softcapping=30.0),
+    "gemma4": dict(
+        model_type="gemma4_text",
+        rms_norm_eps=1e-6,
+        max_position_embeddings=131072,
+        final_logit_softcapping=30.0,
+    ),
 }
 
 _MODULES = {
@@ -127,8 +219,9 @@ class ByteTokenizer:
 def model_args(arch: str, size: str = "tiny", **overrides):
     """mlx-lm's ``ModelArgs`` of ``arch`` at ``size``, with ``overrides``."""
     if arch not in ARCHITECTURES:
-        raise ValueError(f"[mlxq.random_models] unknown architecture {arch!r}; "
-                         f"one of {ARCHITECTURES}.")
+        raise ValueError(
+            f"[mlxq.random_models] unknown architecture {arch!r}; one of {ARCHITECTURES}."
+        )
     if size not in _SIZES:
         raise ValueError(f"[mlxq.random_models] unknown size {size!r}; one of {tuple(_SIZES)}.")
     import importlib
@@ -211,8 +304,11 @@ def _sane_init(arch: str, module, model: nn.Module) -> None:
 
 def _bytes_to_unicode() -> Dict[int, str]:
     """GPT-2's printable stand-in character for each byte (byte-level BPE)."""
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1))
-          + list(range(ord("\u00ae"), ord("\u00ff") + 1)))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\u00a1"), ord("\u00ac") + 1))
+        + list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    )
     cs, n = bs[:], 0
     for b in range(256):
         if b not in bs:
@@ -222,8 +318,9 @@ def _bytes_to_unicode() -> Dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
-def save_random_model(path: str, arch: str, size: str = "tiny", *, seed: int = 0,
-                      dtype=None, **overrides) -> str:
+def save_random_model(
+    path: str, arch: str, size: str = "tiny", *, seed: int = 0, dtype=None, **overrides
+) -> str:
     """Write a random model as an mlx-lm model directory that ``mlx_lm.load`` reads.
 
     ``config.json``, ``model.safetensors`` and a byte-level Hugging Face
@@ -242,8 +339,11 @@ def save_random_model(path: str, arch: str, size: str = "tiny", *, seed: int = 0
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(args), f, indent=2)
-    mx.save_safetensors(os.path.join(path, "model.safetensors"),
-                        dict(tree_flatten(model.parameters())), {"format": "mlx"})
+    mx.save_safetensors(
+        os.path.join(path, "model.safetensors"),
+        dict(tree_flatten(model.parameters())),
+        {"format": "mlx"},
+    )
     byte_chars = _bytes_to_unicode()
     tokenizer = Tokenizer(models.BPE(vocab={byte_chars[b]: b for b in range(256)}, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -257,6 +357,10 @@ def num_parameters(model: nn.Module) -> int:
 
 
 __all__ = [
-    "ARCHITECTURES", "ByteTokenizer", "model_args", "random_model", "save_random_model",
+    "ARCHITECTURES",
+    "ByteTokenizer",
+    "model_args",
+    "random_model",
+    "save_random_model",
     "num_parameters",
 ]

@@ -59,9 +59,7 @@ def quantized_sdpa(
         keys = [mx.expand_dims(x, axis=-3) for x in keys]
         values = [mx.expand_dims(x, axis=-3) for x in values]
 
-    scores = mx.quantized_matmul(
-        queries, *keys, transpose=True, group_size=group_size, bits=bits
-    )
+    scores = mx.quantized_matmul(queries, *keys, transpose=True, group_size=group_size, bits=bits)
     if mask is not None:
         if isinstance(mask, str):
             if mask != "causal":
@@ -82,9 +80,7 @@ def quantized_sdpa(
         scores = mx.softmax(scores, axis=-1, precise=True)[..., 1:]
     else:
         scores = mx.softmax(scores, axis=-1, precise=True)
-    out = mx.quantized_matmul(
-        scores, *values, transpose=False, group_size=group_size, bits=bits
-    )
+    out = mx.quantized_matmul(scores, *values, transpose=False, group_size=group_size, bits=bits)
     if n_rep > 1:
         out = mx.reshape(out, (B, n_q_heads, L, -1))
     return out

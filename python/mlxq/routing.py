@@ -87,16 +87,25 @@ def fused_attention_supported(
     if mask_kind == "causal" and L > N:  # neither backend aligns causal with L > N
         return False
     if backend == "cuda":
-        return (Dk % 8 == 0 and Dv % 8 == 0 and Dk <= CUDA_MAX_HEAD_DIM
-                and Dv <= CUDA_MAX_HEAD_DIM)
+        return Dk % 8 == 0 and Dv % 8 == 0 and Dk <= CUDA_MAX_HEAD_DIM and Dv <= CUDA_MAX_HEAD_DIM
     if backend == "metal":
         return Dk == Dv and Dk in METAL_FULL_HEAD_DIMS
     return False
 
 
 def route_through_mx_fast(
-    backend: Optional[str], *, L: int, N: int, Hq: int, Hkv: int, Dk: int, Dv: int,
-    dtype, scales_dtype, mask_kind: str, sinks_dtype=None,
+    backend: Optional[str],
+    *,
+    L: int,
+    N: int,
+    Hq: int,
+    Hkv: int,
+    Dk: int,
+    Dv: int,
+    dtype,
+    scales_dtype,
+    mask_kind: str,
+    sinks_dtype=None,
 ) -> bool:
     """The decision: dequantize and use MLX's fused attention, or keep mlxq's kernel.
 
@@ -114,5 +123,6 @@ def route_through_mx_fast(
         return False
     if scales_dtype != dtype or L * (Hq // max(Hkv, 1)) < MIN_ROUTED_QUERY_ROWS:
         return False
-    return fused_attention_supported(backend, L=L, N=N, Dk=Dk, Dv=Dv, dtype=dtype,
-                                     mask_kind=mask_kind)
+    return fused_attention_supported(
+        backend, L=L, N=N, Dk=Dk, Dv=Dv, dtype=dtype, mask_kind=mask_kind
+    )

@@ -56,6 +56,7 @@ def samples_emu():
     """The emulator's own sample and deliberately buggy kernels."""
     kdir = os.path.join(HERE, "kernels")
     import glob
+
     d = build(sorted(glob.glob(os.path.join(kdir, "*.metal"))), include_dirs=[kdir], name="samples")
     e = Emulator(d)
     e.set_option("strict", 1)

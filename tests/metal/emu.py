@@ -24,8 +24,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 METAL_DIR = os.path.join(ROOT, "metal")
 CXX = os.environ.get("CXX", "g++")
-WARN = ["-Wall", "-Wno-attributes", "-Wno-unknown-pragmas", "-Wno-unused-variable",
-        "-Wno-unused-but-set-variable", "-Wno-sign-compare", "-Wno-unused-function"]
+WARN = [
+    "-Wall",
+    "-Wno-attributes",
+    "-Wno-unknown-pragmas",
+    "-Wno-unused-variable",
+    "-Wno-unused-but-set-variable",
+    "-Wno-sign-compare",
+    "-Wno-unused-function",
+]
 ASAN = ["-fsanitize=address", "-fno-omit-frame-pointer"]
 
 
@@ -35,8 +42,11 @@ def cache_root():
 
 def _inputs(sources, include_dirs):
     files = sorted(glob.glob(os.path.join(HERE, "include", "**", "*"), recursive=True))
-    files += [os.path.join(HERE, "src", "msl_emu_runtime.cpp"), os.path.join(HERE, "tools", "mslpp.py"),
-              os.path.abspath(__file__)]
+    files += [
+        os.path.join(HERE, "src", "msl_emu_runtime.cpp"),
+        os.path.join(HERE, "tools", "mslpp.py"),
+        os.path.abspath(__file__),
+    ]
     for d in include_dirs:
         files += sorted(glob.glob(os.path.join(d, "*.h")))
     files += list(sources)
@@ -60,8 +70,16 @@ def _run(cmd):
 CONTRACT = ["-ffp-contract=fast", "-mfma"]
 
 
-def build(sources=None, *, defines=(), sanitize=False, contract=False, opt="-O2",
-          include_dirs=None, name="mlxq"):
+def build(
+    sources=None,
+    *,
+    defines=(),
+    sanitize=False,
+    contract=False,
+    opt="-O2",
+    include_dirs=None,
+    name="mlxq",
+):
     """Compiles the runtime and each source; returns the build directory.
 
     sources: .metal files (default: every metal/*.metal of the project).
@@ -69,7 +87,9 @@ def build(sources=None, *, defines=(), sanitize=False, contract=False, opt="-O2"
     sanitize: AddressSanitizer build (run it with libasan preloaded).
     contract: floating-point contraction into FMA, as a GPU compiler may do.
     """
-    sources = sorted(sources if sources is not None else glob.glob(os.path.join(METAL_DIR, "*.metal")))
+    sources = sorted(
+        sources if sources is not None else glob.glob(os.path.join(METAL_DIR, "*.metal"))
+    )
     include_dirs = list(include_dirs if include_dirs is not None else [METAL_DIR])
     flags = ["-std=c++17", opt, "-g", "-fPIC", "-I" + os.path.join(HERE, "include")] + WARN
     if sanitize:
@@ -92,16 +112,40 @@ def build(sources=None, *, defines=(), sanitize=False, contract=False, opt="-O2"
     # a DT_NEEDED name against every library already loaded, so two builds'
     # kernels would otherwise share the first runtime (and its registry).
     runtime = f"libmsl_emu_{h.hexdigest()[:16]}.so"
-    _run([CXX] + flags + ["-shared", os.path.join(HERE, "src", "msl_emu_runtime.cpp"), "-Wl,-soname," + runtime,
-                          "-o", os.path.join(tmp, runtime), "-lpthread"])
+    _run(
+        [CXX]
+        + flags
+        + [
+            "-shared",
+            os.path.join(HERE, "src", "msl_emu_runtime.cpp"),
+            "-Wl,-soname," + runtime,
+            "-o",
+            os.path.join(tmp, runtime),
+            "-lpthread",
+        ]
+    )
 
     def one(src):
         base = os.path.splitext(os.path.basename(src))[0]
         cpp = os.path.join(tmp, base + ".metal.cpp")
-        _run([sys.executable, os.path.join(HERE, "tools", "mslpp.py"), src, "-o", cpp, "--cxx", CXX]
-             + [f"-I{d}" for d in include_dirs] + [f"-D{d}" for d in defines])
-        _run([CXX] + flags + ["-shared", cpp, "-o", os.path.join(tmp, f"lib{base}.so"),
-                              "-L" + tmp, "-l:" + runtime, "-Wl,-rpath,$ORIGIN"])
+        _run(
+            [sys.executable, os.path.join(HERE, "tools", "mslpp.py"), src, "-o", cpp, "--cxx", CXX]
+            + [f"-I{d}" for d in include_dirs]
+            + [f"-D{d}" for d in defines]
+        )
+        _run(
+            [CXX]
+            + flags
+            + [
+                "-shared",
+                cpp,
+                "-o",
+                os.path.join(tmp, f"lib{base}.so"),
+                "-L" + tmp,
+                "-l:" + runtime,
+                "-Wl,-rpath,$ORIGIN",
+            ]
+        )
 
     workers = max(1, min(len(sources), os.cpu_count() or 1))
     with concurrent.futures.ThreadPoolExecutor(workers) as ex:
@@ -143,12 +187,22 @@ class Emulator:
         self.build_dir = build_dir
         (runtime,) = glob.glob(os.path.join(build_dir, "libmsl_emu_*.so"))
         self.lib = ctypes.CDLL(runtime, mode=mode)
-        self.kernel_libs = [ctypes.CDLL(p, mode=mode) for p in sorted(glob.glob(os.path.join(build_dir, "lib*.so")))
-                            if p != runtime]
+        self.kernel_libs = [
+            ctypes.CDLL(p, mode=mode)
+            for p in sorted(glob.glob(os.path.join(build_dir, "lib*.so")))
+            if p != runtime
+        ]
         L = self.lib
-        L.msl_emu_dispatch.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                                       ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32), ctypes.c_int,
-                                       ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+        L.msl_emu_dispatch.argtypes = [
+            ctypes.c_char_p,
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_uint32),
+            ctypes.POINTER(ctypes.c_uint32),
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_uint64),
+            ctypes.c_int,
+        ]
         L.msl_emu_diagnostics.restype = ctypes.c_char_p
         L.msl_emu_last_seconds.restype = ctypes.c_double
         L.msl_emu_last_switches.restype = ctypes.c_ulonglong
@@ -158,7 +212,9 @@ class Emulator:
         L.msl_emu_kernel_name.restype = ctypes.c_char_p
 
     def kernels(self):
-        return [self.lib.msl_emu_kernel_name(i).decode() for i in range(self.lib.msl_emu_kernel_count())]
+        return [
+            self.lib.msl_emu_kernel_name(i).decode() for i in range(self.lib.msl_emu_kernel_count())
+        ]
 
     def set_option(self, key, value):
         self.lib.msl_emu_set_option(key.encode(), int(value))
@@ -202,7 +258,9 @@ class Emulator:
         g = (ctypes.c_uint32 * 3)(*(tuple(int(x) for x in grid) + (1, 1, 1))[:3])
         t = (ctypes.c_uint32 * 3)(*(tuple(int(x) for x in threadgroup) + (1, 1, 1))[:3])
         tm = (ctypes.c_uint64 * max(1, len(tg_mem)))(*tg_mem)
-        rc = self.lib.msl_emu_dispatch(name.encode(), ptrs, len(buffers), g, t, int(threads), tm, len(tg_mem))
+        rc = self.lib.msl_emu_dispatch(
+            name.encode(), ptrs, len(buffers), g, t, int(threads), tm, len(tg_mem)
+        )
         return rc == 0, self.lib.msl_emu_diagnostics().decode()
 
     @property
@@ -224,7 +282,9 @@ def asan_preload():
     before MLX throws its first exception), or None without ASan."""
     libs = []
     for name in ("libasan.so", "libstdc++.so"):
-        p = subprocess.run([CXX, f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+        p = subprocess.run(
+            [CXX, f"-print-file-name={name}"], capture_output=True, text=True
+        ).stdout.strip()
         if not (os.path.isabs(p) and os.path.exists(p)):
             return None
         libs.append(os.path.realpath(p))

@@ -10,9 +10,9 @@ Outputs and partial buffers are poisoned (NaN / 0xFF) before each run.
 
 import mlx.core as mx
 import numpy as np
+from emu import Buffer
 
 import mlxq
-from emu import Buffer
 
 DT = {"f32": 0, "f16": 1, "bf16": 2}
 MX_TAG = {mx.float32: "f32", mx.float16: "f16", mx.bfloat16: "bf16"}
@@ -64,8 +64,24 @@ def in_buffer(view, extra_rows=0, axis=2, rng=None, pad_cols=False):
     return sub
 
 
-def run_sdpa(emu, q, q_tag, keys, values, s_tag, *, scale, bits, group_size, mask=None, mask_tag="none",
-             sinks=None, mode=0, check=True, **plan_overrides):
+def run_sdpa(
+    emu,
+    q,
+    q_tag,
+    keys,
+    values,
+    s_tag,
+    *,
+    scale,
+    bits,
+    group_size,
+    mask=None,
+    mask_tag="none",
+    sinks=None,
+    mode=0,
+    check=True,
+    **plan_overrides,
+):
     """Dispatches QuantizedSDPA on NumPy storage views; returns (out, plan).
 
     q: [B, Hq, L, Dk] view; keys/values: (packed, scales, biases) views of
@@ -79,8 +95,22 @@ def run_sdpa(emu, q, q_tag, keys, values, s_tag, *, scale, bits, group_size, mas
     bufs = {}
     qb, qs, _ = Buffer.of_view(q)
     bufs["q"] = qb
-    problem = dict(B=B, Hq=Hq, Hkv=Hkv, L=L, N=N, Dk=Dk, Dv=Dv, bits=bits, group_size=group_size,
-                   q_dtype=DT[q_tag], scale_dtype=DT[s_tag], scale=scale, q_strides=qs, mode=mode)
+    problem = dict(
+        B=B,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=N,
+        Dk=Dk,
+        Dv=Dv,
+        bits=bits,
+        group_size=group_size,
+        q_dtype=DT[q_tag],
+        scale_dtype=DT[s_tag],
+        scale=scale,
+        q_strides=qs,
+        mode=mode,
+    )
     for prefix, triple in (("k", keys), ("v", values)):
         for part, arr in zip(("packed", "scales", "biases"), triple):
             assert arr.strides[-1] == arr.itemsize, "K/V rows must be contiguous"
@@ -125,7 +155,9 @@ def run_sdpa(emu, q, q_tag, keys, values, s_tag, *, scale, bits, group_size, mas
         margs = [None] * (max(ms.values()) + 1)
         for name, i in ms.items():
             margs[i] = plan["params"] if name == "params" else bufs.get(name, out)
-        ok2, diag2 = emu.dispatch(plan["merge_kernel"], margs, plan["merge_grid"], plan["merge_group"])
+        ok2, diag2 = emu.dispatch(
+            plan["merge_kernel"], margs, plan["merge_grid"], plan["merge_group"]
+        )
         if check:
             assert ok2 and not diag2, diag2
         ok, diag = ok and ok2, diag + diag2
@@ -139,8 +171,9 @@ def run_ring_update(emu, buffer, update, pos, *, check=True):
     B, H, S, D = buffer.shape
     T = update.shape[2]
     ub, us, _ = Buffer.of_view(update)
-    plan = mlxq._ext._metal_plan_ring_update(dict(B=B, H=H, S=S, T=T, D=D, itemsize=buffer.itemsize,
-                                                  update_strides=us))
+    plan = mlxq._ext._metal_plan_ring_update(
+        dict(B=B, H=H, S=S, T=T, D=D, itemsize=buffer.itemsize, update_strides=us)
+    )
     bufs = {"update": ub, "pos": np.array([pos], np.int32), "out": buffer}
     _dispatch(emu, plan, bufs, check)
     return plan
@@ -149,8 +182,9 @@ def run_ring_update(emu, buffer, update, pos, *, check=True):
 PARTS = ("packed", "scales", "biases")  # QuantizedRingUpdate's part 0, 1, 2
 
 
-def run_quantized_ring_update_part(emu, part, out, update, pos, *, group_size, bits, tag, others=None,
-                                   check=True):
+def run_quantized_ring_update_part(
+    emu, part, out, update, pos, *, group_size, bits, tag, others=None, check=True
+):
     """One QuantizedRingUpdate primitive: writes part `part` (0 codes, 1
     scales, 2 biases) of the new rows into `out`, the row-contiguous array of
     that part (updated in place). As the host code does, `out` is bound to
@@ -159,9 +193,20 @@ def run_quantized_ring_update_part(emu, part, out, update, pos, *, group_size, b
     B, H, S, _ = out.shape
     T, D = update.shape[2], update.shape[3]
     ub, us, _ = Buffer.of_view(update)
-    plan = mlxq._ext._metal_plan_quantized_ring_update(dict(
-        B=B, H=H, S=S, T=T, D=D, group_size=group_size, bits=bits, dtype=DT[tag], part=part,
-        update_strides=us))
+    plan = mlxq._ext._metal_plan_quantized_ring_update(
+        dict(
+            B=B,
+            H=H,
+            S=S,
+            T=T,
+            D=D,
+            group_size=group_size,
+            bits=bits,
+            dtype=DT[tag],
+            part=part,
+            update_strides=us,
+        )
+    )
     assert plan["part"] == part
     bufs = {"update": ub, "pos": np.array([pos], np.int32)}
     for i, name in enumerate(PARTS):
@@ -174,8 +219,20 @@ def run_quantized_ring_update(emu, triple, update, pos, *, group_size, bits, tag
     """quantized_ring_update: one dispatch per part, as its three primitives
     run, each writing its own array of `triple` in place. Returns the plans
     (the last one's kernel name, ok and diagnostics at the top level)."""
-    plans = [run_quantized_ring_update_part(emu, part, triple[part], update, pos, group_size=group_size,
-                                            bits=bits, tag=tag, check=check) for part in range(3)]
+    plans = [
+        run_quantized_ring_update_part(
+            emu,
+            part,
+            triple[part],
+            update,
+            pos,
+            group_size=group_size,
+            bits=bits,
+            tag=tag,
+            check=check,
+        )
+        for part in range(3)
+    ]
     plan = dict(plans[-1])
     plan["ok"] = all(p["ok"] for p in plans)
     plan["diagnostics"] = "".join(p["diagnostics"] for p in plans)
@@ -200,7 +257,9 @@ def _dispatch(emu, plan, bufs, check):
     args = [None] * (max(slots.values()) + 1)
     for name, i in slots.items():
         args[i] = plan["params"] if name == "params" else bufs[name]
-    ok, diag = emu.dispatch(plan["kernel"], args, plan["grid"], plan["group"], threads=plan["grid_is_threads"])
+    ok, diag = emu.dispatch(
+        plan["kernel"], args, plan["grid"], plan["group"], threads=plan["grid_is_threads"]
+    )
     if check:
         assert ok and not diag, diag
     plan["ok"], plan["diagnostics"] = ok, diag

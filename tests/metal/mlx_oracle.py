@@ -19,7 +19,6 @@ import re
 
 import mlx.core as mx
 import numpy as np
-
 from emu import Emulator, build, cache_root
 
 BITS = [2, 3, 4, 5, 6, 8]
@@ -29,6 +28,7 @@ TYPES = {"f32": "float", "f16": "half", "bf16": "bfloat16_t"}
 
 def mlx_include_dir():
     import mlx
+
     for root in mlx.__path__:
         d = os.path.join(root, "include")
         if os.path.exists(os.path.join(d, "mlx", "backend", "metal", "kernels", "quantized.h")):
@@ -44,7 +44,7 @@ def _extract(src, signature):
     for j in range(src.index("{", m.end()), len(src)):
         depth += {"{": 1, "}": -1}.get(src[j], 0)
         if depth == 0:
-            return src[m.start():j + 1]
+            return src[m.start() : j + 1]
     raise RuntimeError("unbalanced braces in quantized.h")
 
 
@@ -53,17 +53,30 @@ def generate_source(path):
     with open(os.path.join(inc, "mlx", "backend", "metal", "kernels", "quantized.h")) as f:
         src = f.read()
     parts = [
-        _extract(src, r"template <int bits, int wsize = 8>\s*inline constexpr short get_pack_factor\(\)"),
-        _extract(src, r"template <int bits, int wsize = 8>\s*inline constexpr short get_bytes_per_pack\(\)"),
-        _extract(src, r"template <typename T, int group_size, int bits[^>]*>\s*\[\[kernel\]\] void affine_quantize\("),
+        _extract(
+            src, r"template <int bits, int wsize = 8>\s*inline constexpr short get_pack_factor\(\)"
+        ),
+        _extract(
+            src,
+            r"template <int bits, int wsize = 8>\s*inline constexpr short get_bytes_per_pack\(\)",
+        ),
+        _extract(
+            src,
+            r"template <typename T, int group_size, int bits[^>]*>\s*\[\[kernel\]\] void affine_quantize\(",
+        ),
     ]
-    lines = [f"// generated from MLX {mx.__version__}'s installed quantized.h by tests/metal/mlx_oracle.py",
-             '#include "mlx/backend/metal/kernels/utils.h"', "using namespace metal;"] + parts
+    lines = [
+        f"// generated from MLX {mx.__version__}'s installed quantized.h by tests/metal/mlx_oracle.py",
+        '#include "mlx/backend/metal/kernels/utils.h"',
+        "using namespace metal;",
+    ] + parts
     for tag, t in TYPES.items():
         for gs in GROUP_SIZES:
             for bits in BITS:
-                lines.append(f'template [[host_name("mlx_affine_quantize_{tag}_gs{gs}_b{bits}")]] [[kernel]] '
-                             f"decltype(affine_quantize<{t}, {gs}, {bits}>) affine_quantize<{t}, {gs}, {bits}>;")
+                lines.append(
+                    f'template [[host_name("mlx_affine_quantize_{tag}_gs{gs}_b{bits}")]] [[kernel]] '
+                    f"decltype(affine_quantize<{t}, {gs}, {bits}>) affine_quantize<{t}, {gs}, {bits}>;"
+                )
     text = "\n".join(lines) + "\n"
     if not os.path.exists(path) or open(path).read() != text:
         with open(path, "w") as f:
@@ -74,8 +87,14 @@ def generate_source(path):
 def build_oracle():
     os.makedirs(cache_root(), exist_ok=True)
     src = generate_source(os.path.join(cache_root(), "mlx_affine_quantize.metal"))
-    return Emulator(build([src], include_dirs=[mlx_include_dir()], name="mlx_quantize",
-                          defines=[f"MLXQ_ORACLE_MLX_VERSION={mx.__version__.replace('.', '_')}"]))
+    return Emulator(
+        build(
+            [src],
+            include_dirs=[mlx_include_dir()],
+            name="mlx_quantize",
+            defines=[f"MLXQ_ORACLE_MLX_VERSION={mx.__version__.replace('.', '_')}"],
+        )
+    )
 
 
 def mlx_metal_quantize(oracle, x, group_size, bits, tag):
@@ -89,12 +108,20 @@ def mlx_metal_quantize(oracle, x, group_size, bits, tag):
     scales = np.zeros(rows * D // group_size, storage)
     biases = np.zeros_like(scales)
     nthreads = x.size // (group_size // 32)
-    ok, diag = oracle.dispatch(f"mlx_affine_quantize_{tag}_gs{group_size}_b{bits}", [x, out, scales, biases],
-                               (nthreads, 1, 1), (min(nthreads, 256), 1, 1), threads=True)
+    ok, diag = oracle.dispatch(
+        f"mlx_affine_quantize_{tag}_gs{group_size}_b{bits}",
+        [x, out, scales, biases],
+        (nthreads, 1, 1),
+        (min(nthreads, 256), 1, 1),
+        threads=True,
+    )
     assert ok and not diag, diag
     lead = x.shape[:-1]
-    return (out.view(np.uint32).reshape(lead + (D * bits // 32,)), scales.reshape(lead + (D // group_size,)),
-            biases.reshape(lead + (D // group_size,)))
+    return (
+        out.view(np.uint32).reshape(lead + (D * bits // 32,)),
+        scales.reshape(lead + (D // group_size,)),
+        biases.reshape(lead + (D // group_size,)),
+    )
 
 
 def _round_away(x):
@@ -148,15 +175,24 @@ def metal_quantize_model(x, group_size, bits, tag):
             words[:, wi + 1] |= flat[:, e] >> np.uint64(32 - off)
     packed = words[:, :-1].astype(np.uint32).reshape(lead + (D * bits // 32,))
     G = D // group_size
-    return (packed, _to_storage(scale, tag).reshape(lead + (G,)), _to_storage(bias, tag).reshape(lead + (G,)),
-            dict(q=q.reshape(lead + (G, group_size)), q0=q0_raw.reshape(lead + (G,)),
-                 w_max=g.max(axis=1).reshape(lead + (G,))))
+    return (
+        packed,
+        _to_storage(scale, tag).reshape(lead + (G,)),
+        _to_storage(bias, tag).reshape(lead + (G,)),
+        dict(
+            q=q.reshape(lead + (G, group_size)),
+            q0=q0_raw.reshape(lead + (G,)),
+            w_max=g.max(axis=1).reshape(lead + (G,)),
+        ),
+    )
 
 
 def cpu_quantize_differs(info):
     """Groups where MLX's CPU quantizer may differ from the GPU one: an
     exact .5 tie (rint vs round) in a code or in the snapped edge q0, or a
     group whose values are all negative (max starts at -inf vs 0)."""
+
     def tie(v):
         return np.abs(v - np.trunc(v)) == 0.5
+
     return tie(info["q"]).any(axis=-1) | tie(info["q0"]) | (info["w_max"] < 0)

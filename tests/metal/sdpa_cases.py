@@ -3,7 +3,6 @@ the float64 oracle) and NumPy storage views (for the emulator), masks, sinks."""
 
 import mlx.core as mx
 import numpy as np
-
 from harness import in_buffer, run_sdpa, to_mx, to_np
 from helpers import DTYPES, assert_close, random_inputs
 from reference64 import sdpa64
@@ -15,12 +14,40 @@ class Case:
     """Random inputs as MLX arrays (for the oracle) and NumPy storage views
     (for the emulator), optionally inside larger buffers."""
 
-    def __init__(self, rng, *, B=1, Hq=8, Hkv=2, L=1, N=64, Dk=128, Dv=None, bits=4, group_size=64,
-                 q_dtype="f32", kv_dtype="f32", kv_extra_rows=0, kv_pad_cols=False, q_layout="contiguous"):
+    def __init__(
+        self,
+        rng,
+        *,
+        B=1,
+        Hq=8,
+        Hkv=2,
+        L=1,
+        N=64,
+        Dk=128,
+        Dv=None,
+        bits=4,
+        group_size=64,
+        q_dtype="f32",
+        kv_dtype="f32",
+        kv_extra_rows=0,
+        kv_pad_cols=False,
+        q_layout="contiguous",
+    ):
         self.bits, self.group_size, self.q_tag, self.s_tag = bits, group_size, q_dtype, kv_dtype
-        self.q, self.k, self.v = random_inputs(rng, B=B, Hq=Hq, Hkv=Hkv, L=L, N=N, Dk=Dk, Dv=Dv, bits=bits,
-                                               group_size=group_size, q_dtype=DTYPES[q_dtype],
-                                               kv_dtype=DTYPES[kv_dtype])
+        self.q, self.k, self.v = random_inputs(
+            rng,
+            B=B,
+            Hq=Hq,
+            Hkv=Hkv,
+            L=L,
+            N=N,
+            Dk=Dk,
+            Dv=Dv,
+            bits=bits,
+            group_size=group_size,
+            q_dtype=DTYPES[q_dtype],
+            kv_dtype=DTYPES[kv_dtype],
+        )
         self.shape = (B, Hq, L, N)
         q = to_np(self.q)
         if q_layout == "transposed":  # [B, L, H, D] projections viewed as [B, H, L, D]
@@ -40,24 +67,56 @@ class Case:
 
         self.k_np, self.v_np = views(self.k), views(self.v)
 
-    def run(self, emu, *, scale=None, mask=None, mask_np=None, mask_tag="none", sinks=None, sinks_np=None,
-            mode="auto", **plan_kw):
+    def run(
+        self,
+        emu,
+        *,
+        scale=None,
+        mask=None,
+        mask_np=None,
+        mask_tag="none",
+        sinks=None,
+        sinks_np=None,
+        mode="auto",
+        **plan_kw,
+    ):
         """Runs the kernels, checks against float64; returns (out, plan)."""
         scale = self.q.shape[-1] ** -0.5 if scale is None else scale
         if sinks is not None and sinks_np is None:
             sinks_np = np.array(sinks.astype(mx.float32))
-        out, plan = run_sdpa(emu, self.q_np, self.q_tag, self.k_np, self.v_np, self.s_tag, scale=scale,
-                             bits=self.bits, group_size=self.group_size,
-                             mask="causal" if mask == "causal" else mask_np, mask_tag=mask_tag,
-                             sinks=sinks_np, mode=MODES[mode], **plan_kw)
-        ref = sdpa64(self.q, self.k, self.v, scale=scale, mask=mask, sinks=sinks, group_size=self.group_size,
-                     bits=self.bits)
+        out, plan = run_sdpa(
+            emu,
+            self.q_np,
+            self.q_tag,
+            self.k_np,
+            self.v_np,
+            self.s_tag,
+            scale=scale,
+            bits=self.bits,
+            group_size=self.group_size,
+            mask="causal" if mask == "causal" else mask_np,
+            mask_tag=mask_tag,
+            sinks=sinks_np,
+            mode=MODES[mode],
+            **plan_kw,
+        )
+        ref = sdpa64(
+            self.q,
+            self.k,
+            self.v,
+            scale=scale,
+            mask=mask,
+            sinks=sinks,
+            group_size=self.group_size,
+            bits=self.bits,
+        )
         assert_close(to_mx(out, self.q_tag), ref, dtype=DTYPES[self.q_tag])
         return out, plan
 
 
 def make_mask(kind, rng, B, Hq, L, N):
     """(mlx mask for the oracle, NumPy storage view for the kernel, mask tag)."""
+
     def with_neg_inf(shape):
         a = rng.normal(0, 2, shape).astype(np.float32)
         a[rng.random(shape) < 0.2] = -np.inf
@@ -80,8 +139,8 @@ def make_mask(kind, rng, B, Hq, L, N):
             lengths = rng.integers(1, N + 1, B)
             m = np.arange(N)[None, None, None, :] < lengths[:, None, None, None]
         elif kind == "bool_window":  # sliding window of 16 keys, bottom-right causal
-            n, l = np.arange(N)[None, :], np.arange(L)[:, None] + N - L
-            m = (n <= l) & (n > l - 16)
+            key, pos = np.arange(N)[None, :], np.arange(L)[:, None] + N - L
+            m = (key <= pos) & (key > pos - 16)
         elif kind == "bool_transposed":  # a non-contiguous view
             m = (rng.random((N, L)) < 0.6).T
         elif kind == "all_hidden":

@@ -63,11 +63,23 @@ def check(prepared: str, path: str) -> Result:
     """Parses one prepared .metal file; its compile errors and generic pointers."""
     import clang.cindex as ci
 
-    tu = ci.Index.create().parse(path, args=[
-        "--target=spir64", "-x", "clcpp", "-cl-std=clc++2021", "-cl-no-stdinc", "-fno-builtin",
-        "-Wno-unknown-attributes", "-Wno-ignored-attributes",
-        "-isystem", STUB_DIR, "-I", prepared,
-    ])
+    tu = ci.Index.create().parse(
+        path,
+        args=[
+            "--target=spir64",
+            "-x",
+            "clcpp",
+            "-cl-std=clc++2021",
+            "-cl-no-stdinc",
+            "-fno-builtin",
+            "-Wno-unknown-attributes",
+            "-Wno-ignored-attributes",
+            "-isystem",
+            STUB_DIR,
+            "-I",
+            prepared,
+        ],
+    )
     result = Result(path)
     result.errors = [str(d) for d in tu.diagnostics if d.severity >= ci.Diagnostic.Error]
     decls = (ci.CursorKind.PARM_DECL, ci.CursorKind.VAR_DECL, ci.CursorKind.FIELD_DECL)
@@ -90,7 +102,7 @@ def apply_diff(directory: str, diff_path: str) -> str:
     (context and removed lines must appear exactly once); returns the file."""
     with open(diff_path) as f:
         lines = f.read().splitlines()
-    target = next(line[len("+++ b/"):] for line in lines if line.startswith("+++ b/"))
+    target = next(line[len("+++ b/") :] for line in lines if line.startswith("+++ b/"))
     path = os.path.join(directory, target)
     with open(path) as f:
         text = f.read()

@@ -12,18 +12,28 @@ import subprocess
 import sys
 
 import pytest
-
 from emu import HERE, METAL_DIR, asan_preload, build
 
 PRELOAD = asan_preload()
-pytestmark = pytest.mark.skipif(PRELOAD is None, reason="the C++ compiler has no AddressSanitizer runtime")
+pytestmark = pytest.mark.skipif(
+    PRELOAD is None, reason="the C++ compiler has no AddressSanitizer runtime"
+)
 
 
 def run_child(build_dir, what):
-    env = dict(os.environ, LD_PRELOAD=PRELOAD, MSL_EMU_STACK_KB="256",
-               ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:exitcode=23")
-    return subprocess.run([sys.executable, os.path.join(HERE, "asan_driver.py"), build_dir, what],
-                          capture_output=True, text=True, env=env, timeout=600)
+    env = dict(
+        os.environ,
+        LD_PRELOAD=PRELOAD,
+        MSL_EMU_STACK_KB="256",
+        ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:exitcode=23",
+    )
+    return subprocess.run(
+        [sys.executable, os.path.join(HERE, "asan_driver.py"), build_dir, what],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
 
 
 def test_kernels_under_address_sanitizer():
@@ -34,5 +44,10 @@ def test_kernels_under_address_sanitizer():
 
 def test_address_sanitizer_catches_an_out_of_bounds_write():
     src = os.path.join(METAL_DIR, "ring_update.metal")
-    r = run_child(build([src], defines=["MLXQ_BUG_OOB_WRITE"], sanitize=True, name="asan-bug"), "oob")
-    assert r.returncode != 0 and "heap-buffer-overflow" in r.stderr, (r.returncode, r.stderr[-4000:])
+    r = run_child(
+        build([src], defines=["MLXQ_BUG_OOB_WRITE"], sanitize=True, name="asan-bug"), "oob"
+    )
+    assert r.returncode != 0 and "heap-buffer-overflow" in r.stderr, (
+        r.returncode,
+        r.stderr[-4000:],
+    )

@@ -15,15 +15,16 @@ import os
 
 import numpy as np
 import pytest
-
 from emu import METAL_DIR, Emulator, build
-from mlx_oracle import build_oracle, metal_quantize_model, mlx_metal_quantize
 from harness import run_quantized_ring_update
+from mlx_oracle import build_oracle, metal_quantize_model, mlx_metal_quantize
 from sdpa_cases import Case
 
 
 def bug_build(define, source):
-    return Emulator(build([os.path.join(METAL_DIR, source)], defines=[define, "MLXQ_ONLY_F32"], name="bug"))
+    return Emulator(
+        build([os.path.join(METAL_DIR, source)], defines=[define, "MLXQ_ONLY_F32"], name="bug")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +46,17 @@ def sdpa_check(e, mode, seed=0):
     """The equivalence check of test_metal_sdpa: 8 query heads on one KV head
     (8 SIMD groups share each staged tile), K/V rows staged word by word."""
     rng = np.random.default_rng(seed)
-    case = Case(rng, Hq=8, Hkv=1, L=1 if mode == "decode" else 2, N=200, Dk=128, bits=4, group_size=64,
-                kv_pad_cols=True)
+    case = Case(
+        rng,
+        Hq=8,
+        Hkv=1,
+        L=1 if mode == "decode" else 2,
+        N=200,
+        Dk=128,
+        bits=4,
+        group_size=64,
+        kv_pad_cols=True,
+    )
     case.run(e, mask="causal", mode=mode, min_block_keys=32)
 
 
@@ -88,9 +98,14 @@ def test_round_half_to_even_is_caught(rint_bug, metal_emu):
     oracle = build_oracle()
     x = np.resize(np.array([0.0, 3.0, 0.5, 2.5, 1.5, 1.0], np.float32), (1, 1, 1, 64))
     want = mlx_metal_quantize(oracle, x, 32, 2, "f32")
-    assert [np.array_equal(a, b) for a, b in zip(want, metal_quantize_model(x, 32, 2, "f32")[:3])] == [True] * 3
+    assert [
+        np.array_equal(a, b) for a, b in zip(want, metal_quantize_model(x, 32, 2, "f32")[:3])
+    ] == [True] * 3
     for e, ok in ((metal_emu, True), (rint_bug, False)):
-        buf = [np.zeros((1, 1, 1, 4), np.uint32), np.zeros((1, 1, 1, 2), np.float32),
-               np.zeros((1, 1, 1, 2), np.float32)]
+        buf = [
+            np.zeros((1, 1, 1, 4), np.uint32),
+            np.zeros((1, 1, 1, 2), np.float32),
+            np.zeros((1, 1, 1, 2), np.float32),
+        ]
         run_quantized_ring_update(e, buf, x, 0, group_size=32, bits=2, tag="f32")
         assert np.array_equal(buf[0], want[0]) == ok

@@ -35,6 +35,7 @@ def cmake():
     exe = shutil.which("cmake")
     if exe is None:  # the test extra installs the cmake wheel
         from cmake import CMAKE_BIN_DIR
+
         exe = os.path.join(CMAKE_BIN_DIR, "cmake")
     return exe
 
@@ -43,18 +44,25 @@ def configure(tmp_path, *defines):
     src = tmp_path / "probe"
     src.mkdir()
     (src / "CMakeLists.txt").write_text(PROBE % (ROOT, ROOT))
-    out = subprocess.run([cmake(), "-S", str(src), "-B", str(tmp_path / "build"), *defines],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [cmake(), "-S", str(src), "-B", str(tmp_path / "build"), *defines],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     target = re.search(r"mlxq-probe DEPLOYMENT_TARGET=(\S*)", out).group(1)
     options = re.search(r"mlxq-probe COMPILE_OPTIONS=(\S*)", out).group(1)
     return target, [o for o in options.split(";") if o]
 
 
-@pytest.mark.parametrize("defines,expected", [
-    ((), "14.0"),  # what MLX 0.32 requires (MSL 3.1)
-    (("-DCMAKE_OSX_DEPLOYMENT_TARGET=15.0",), "15.0"),
-    (("-DMLXQ_METAL_DEPLOYMENT_TARGET=14.4",), "14.4"),
-])
+@pytest.mark.parametrize(
+    "defines,expected",
+    [
+        ((), "14.0"),  # what MLX 0.32 requires (MSL 3.1)
+        (("-DCMAKE_OSX_DEPLOYMENT_TARGET=15.0",), "15.0"),
+        (("-DMLXQ_METAL_DEPLOYMENT_TARGET=14.4",), "14.4"),
+    ],
+)
 def test_metallib_deployment_target(tmp_path, defines, expected):
     target, options = configure(tmp_path, *defines)
     assert target == expected and options == []

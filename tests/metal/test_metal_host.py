@@ -9,7 +9,6 @@ import os
 import subprocess
 
 import pytest
-
 from emu import CXX, HERE, ROOT
 from mlx_oracle import mlx_include_dir
 
@@ -20,7 +19,21 @@ SOURCES = sorted(glob.glob(os.path.join(ROOT, "csrc", "metal", "*.cpp")))
 def test_host_code_compiles_against_mlx_metal_headers(source):
     inc = mlx_include_dir()
     assert os.path.exists(os.path.join(inc, "mlx", "backend", "metal", "device.h"))
-    cmd = [CXX, "-std=c++20", "-fsyntax-only", "-D_METAL_", "-Wall", "-Wextra", "-Werror",
-           "-isystem", os.path.join(HERE, "host_check"), "-isystem", inc, "-I", os.path.join(ROOT, "csrc"), source]
+    cmd = [
+        CXX,
+        "-std=c++20",
+        "-fsyntax-only",
+        "-D_METAL_",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-isystem",
+        os.path.join(HERE, "host_check"),
+        "-isystem",
+        inc,
+        "-I",
+        os.path.join(ROOT, "csrc"),
+        source,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -55,8 +55,14 @@ def test_rows_per_threadgroup_respect_the_pipeline_limit(max_threads):
         assert p["group"][0] <= max_threads and p["row_tile"] * p["row_tiles"] >= 48
 
 
-@pytest.mark.parametrize("q,bits,dims", list(itertools.product([0, 1, 2], [2, 3, 4, 5, 6, 8],
-                                                          [(64, 64), (128, 96), (192, 128), (512, 512)])))
+@pytest.mark.parametrize(
+    "q,bits,dims",
+    list(
+        itertools.product(
+            [0, 1, 2], [2, 3, 4, 5, 6, 8], [(64, 64), (128, 96), (192, 128), (512, 512)]
+        )
+    ),
+)
 def test_kernel_names(q, bits, dims):
     p = plan(q_dtype=q, bits=bits, Dk=dims[0], Dv=dims[1], group_size=32)
     tag = ["f32", "f16", "bf16"][q]
@@ -75,32 +81,52 @@ def test_sixteen_byte_loads_need_alignment():
 
 
 def test_argument_block_layout():
-    p = plan(B=3, Hq=12, Hkv=4, L=5, N=77, Dk=96, Dv=64, bits=3, group_size=32, scale=0.25,
-             q_strides=(1, 2, 3, 4), has_sinks=True, mask_kind=2, mask_strides=(5, 6, 7, 8), sinks_stride=2)
+    p = plan(
+        B=3,
+        Hq=12,
+        Hkv=4,
+        L=5,
+        N=77,
+        Dk=96,
+        Dv=64,
+        bits=3,
+        group_size=32,
+        scale=0.25,
+        q_strides=(1, 2, 3, 4),
+        has_sinks=True,
+        mask_kind=2,
+        mask_strides=(5, 6, 7, 8),
+        sinks_stride=2,
+    )
     raw = p["params"]
     assert len(raw) == 27 * 8 + 22 * 4
     longs = struct.unpack_from("<27q", raw)
     ints = struct.unpack_from("<20i", raw, 27 * 8)
-    scale, = struct.unpack_from("<f", raw, 27 * 8 + 20 * 4)
+    (scale,) = struct.unpack_from("<f", raw, 27 * 8 + 20 * 4)
     assert longs[:4] == (1, 2, 3, 4) and longs[22:26] == (5, 6, 7, 8) and longs[26] == 2
     assert ints[:10] == (3, 12, 4, 5, 77, 96, 64, 3, 32, 15)  # B..rep, group, rows
     assert ints[14:17] == (2, 0, 1) and scale == 0.25  # mask kind, scale dtype, sinks
 
 
 def test_ring_plans():
-    r = mlxq._ext._metal_plan_ring_update(dict(B=2, H=8, S=4096, T=3, D=128, itemsize=2,
-                                               update_strides=(1, 2, 3, 4)))
+    r = mlxq._ext._metal_plan_ring_update(
+        dict(B=2, H=8, S=4096, T=3, D=128, itemsize=2, update_strides=(1, 2, 3, 4))
+    )
     assert r["kernel"] == "mlxq_ring_update_u16" and r["grid_is_threads"]
     assert r["grid"] == (128, 3, 16) and r["group"][0] * r["group"][1] <= 256
-    q = mlxq._ext._metal_plan_quantized_ring_update(dict(B=2, H=8, S=4096, T=1, D=256, group_size=64, bits=6,
-                                                         dtype=2))
+    q = mlxq._ext._metal_plan_quantized_ring_update(
+        dict(B=2, H=8, S=4096, T=1, D=256, group_size=64, bits=6, dtype=2)
+    )
     assert q["kernel"] == "mlxq_quantized_ring_update_bf16_b6" and not q["grid_is_threads"]
     assert q["grid"] == (4, 1, 16) and q["group"] == (32, 1, 1)
     assert q["part"] == 0 and struct.unpack_from("<i", q["params"], 4 * 8 + 9 * 4) == (0,)
     for part in (1, 2):  # the part is the argument block's last word; the dispatch is the same
-        qp = mlxq._ext._metal_plan_quantized_ring_update(dict(B=2, H=8, S=4096, T=1, D=256, group_size=64,
-                                                              bits=6, dtype=2, part=part))
-        assert qp["part"] == part and struct.unpack_from("<i", qp["params"], 4 * 8 + 9 * 4) == (part,)
+        qp = mlxq._ext._metal_plan_quantized_ring_update(
+            dict(B=2, H=8, S=4096, T=1, D=256, group_size=64, bits=6, dtype=2, part=part)
+        )
+        assert qp["part"] == part and struct.unpack_from("<i", qp["params"], 4 * 8 + 9 * 4) == (
+            part,
+        )
         assert (qp["kernel"], qp["grid"], qp["group"]) == (q["kernel"], q["grid"], q["group"])
     c = mlxq._ext._metal_plan_copy4d(dict(shape=(2, 3, 5, 7), strides=(1, 1, 1, 1), itemsize=8))
     assert c["kernel"] == "mlxq_copy4d_u64" and c["grid"] == (7, 5, 6)

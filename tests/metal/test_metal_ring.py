@@ -8,17 +8,34 @@ against an independent NumPy model of that arithmetic, and against
 mx.quantize on the CPU wherever the two MLX backends agree.
 """
 
+import mlx.core as mx
 import numpy as np
 import pytest
+from harness import (
+    PARTS,
+    in_buffer,
+    poisoned,
+    run_copy4d,
+    run_quantized_ring_update,
+    run_quantized_ring_update_part,
+    run_ring_update,
+)
+from mlx_oracle import (
+    BITS,
+    GROUP_SIZES,
+    build_oracle,
+    cpu_quantize_differs,
+    metal_quantize_model,
+    mlx_metal_quantize,
+)
 
-from harness import DT, PARTS, in_buffer, poisoned, run_copy4d, run_quantized_ring_update, \
-    run_quantized_ring_update_part, run_ring_update
-from mlx_oracle import BITS, GROUP_SIZES, build_oracle, cpu_quantize_differs, metal_quantize_model, \
-    mlx_metal_quantize
-
-import mlx.core as mx
-
-STORAGE = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "i8": np.int8, "c64": np.complex64}
+STORAGE = {
+    "f32": np.float32,
+    "f16": np.float16,
+    "bf16": np.uint16,
+    "i8": np.int8,
+    "c64": np.complex64,
+}
 
 
 def random_storage(rng, shape, tag):
@@ -43,9 +60,11 @@ def oracle():
 
 # --- RingUpdate ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("tag", ["f32", "f16", "bf16", "i8", "c64"])
-@pytest.mark.parametrize("S,T,pos", [(8, 1, 0), (8, 3, 6), (8, 8, 5), (5, 5, 0), (7, 2, 13), (16, 0, 3),
-                                     (9, 4, -3)])
+@pytest.mark.parametrize(
+    "S,T,pos", [(8, 1, 0), (8, 3, 6), (8, 8, 5), (5, 5, 0), (7, 2, 13), (16, 0, 3), (9, 4, -3)]
+)
 def test_ring_update(emu, rng, tag, S, T, pos):
     B, H, D = 2, 3, 24
     buf = random_storage(rng, (B, H, S, D), tag)
@@ -83,6 +102,7 @@ def test_copy4d(emu, rng, tag, layout):
 
 # --- QuantizedRingUpdate ------------------------------------------------------------------------
 
+
 def quantizer_rows(rng, shape, group_size, tag):
     """Rows that reach every branch of the scale/bias computation: mixed
     magnitudes, an all-zero group, a constant group, an all-negative group
@@ -93,7 +113,7 @@ def quantizer_rows(rng, shape, group_size, tag):
     g = group_size
     x[0, 0, 0, :g] = 0.0
     x[-1, -1, -1, :g] = 2.5
-    x[0, -1, 0, g:2 * g] = -np.abs(x[0, -1, 0, g:2 * g]) - 0.1
+    x[0, -1, 0, g : 2 * g] = -np.abs(x[0, -1, 0, g : 2 * g]) - 0.1
     ties = np.resize(np.array([0.0, 3.0, 0.5, 2.5, 1.5, 1.0], np.float32), g)
     x[-1, 0, 0, -g:] = ties
     x[0, 0, -1, -g:] = -ties
@@ -107,13 +127,21 @@ def quantizer_rows(rng, shape, group_size, tag):
 @pytest.mark.parametrize("tag", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("group_size", GROUP_SIZES)
-def test_quantized_ring_update_bit_identical_to_mlx_metal_quantize(emu, oracle, rng, tag, bits, group_size):
+def test_quantized_ring_update_bit_identical_to_mlx_metal_quantize(
+    emu, oracle, rng, tag, bits, group_size
+):
     B, H, S, D, T, pos = 2, 2, 9, 256, 4, 7
     x = quantizer_rows(rng, (B, H, T, D), group_size, tag)
-    old = mx.quantize(mx.array(rng.standard_normal((B, H, S, D)).astype(np.float32)), group_size=group_size,
-                      bits=bits)
-    buf = [np.array(old[0]), random_storage(rng, (B, H, S, D // group_size), tag),
-           random_storage(rng, (B, H, S, D // group_size), tag)]
+    old = mx.quantize(
+        mx.array(rng.standard_normal((B, H, S, D)).astype(np.float32)),
+        group_size=group_size,
+        bits=bits,
+    )
+    buf = [
+        np.array(old[0]),
+        random_storage(rng, (B, H, S, D // group_size), tag),
+        random_storage(rng, (B, H, S, D // group_size), tag),
+    ]
     before = [a.copy() for a in buf]
     plan = run_quantized_ring_update(emu, buf, x, pos, group_size=group_size, bits=bits, tag=tag)
     assert plan["kernel"] == f"mlxq_quantized_ring_update_{tag}_b{bits}"
@@ -123,15 +151,17 @@ def test_quantized_ring_update_bit_identical_to_mlx_metal_quantize(emu, oracle, 
     mlx_gpu = mlx_metal_quantize(oracle, x, group_size, bits, tag)
     *model, info = metal_quantize_model(x, group_size, bits, tag)
     for got, want, mine, old_rows in zip(buf, mlx_gpu, model, before):
-        np.testing.assert_array_equal(got[:, :, rows], want)   # MLX's own Metal kernel
-        np.testing.assert_array_equal(got[:, :, rows], mine)   # the NumPy model
+        np.testing.assert_array_equal(got[:, :, rows], want)  # MLX's own Metal kernel
+        np.testing.assert_array_equal(got[:, :, rows], mine)  # the NumPy model
         np.testing.assert_array_equal(got[:, :, others], old_rows[:, :, others])
 
     # Against mx.quantize on the CPU: equal except in the groups where MLX's
     # two backends differ -- and those exist here.
     xm = mx.array(x).view(mx.bfloat16) if tag == "bf16" else mx.array(x)
-    cpu = [np.array(a.view(mx.uint16)) if a.dtype == mx.bfloat16 else np.array(a)
-           for a in mx.quantize(xm, group_size=group_size, bits=bits, stream=mx.cpu)]
+    cpu = [
+        np.array(a.view(mx.uint16)) if a.dtype == mx.bfloat16 else np.array(a)
+        for a in mx.quantize(xm, group_size=group_size, bits=bits, stream=mx.cpu)
+    ]
     differs = cpu_quantize_differs(info)  # [B, H, T, G]
     same = ~differs
     np.testing.assert_array_equal(buf[1][:, :, rows][same], cpu[1][same])
@@ -147,9 +177,14 @@ def test_quantized_ring_update_bit_identical_to_mlx_metal_quantize(emu, oracle, 
 def test_quantized_ring_update_strided_update_wraps(emu, oracle, rng, bits):
     B, H, S, D, T, pos, gs = 1, 3, 5, 128, 5, 3, 64
     # [B, T, H, D] projections viewed as [B, H, T, D], inside a larger buffer
-    x = in_buffer(rng.standard_normal((B, T, H, D)).astype(np.float32), 7, axis=1).transpose(0, 2, 1, 3)
-    buf = [np.zeros((B, H, S, D * bits // 32), np.uint32), np.zeros((B, H, S, D // gs), np.float32),
-           np.zeros((B, H, S, D // gs), np.float32)]
+    x = in_buffer(rng.standard_normal((B, T, H, D)).astype(np.float32), 7, axis=1).transpose(
+        0, 2, 1, 3
+    )
+    buf = [
+        np.zeros((B, H, S, D * bits // 32), np.uint32),
+        np.zeros((B, H, S, D // gs), np.float32),
+        np.zeros((B, H, S, D // gs), np.float32),
+    ]
     run_quantized_ring_update(emu, buf, x, pos, group_size=gs, bits=bits, tag="f32")
     want = mlx_metal_quantize(oracle, np.ascontiguousarray(x), gs, bits, "f32")
     rows = ring_rows(S, pos, T)  # all 5 rows, starting at 3
@@ -159,9 +194,12 @@ def test_quantized_ring_update_strided_update_wraps(emu, oracle, rng, bits):
 
 def test_empty_update_dispatches_nothing():
     import mlxq
+
     plan = mlxq._ext._metal_plan_ring_update(dict(B=1, H=2, S=8, T=0, D=16, itemsize=4))
     assert 0 in plan["grid"]
-    plan = mlxq._ext._metal_plan_quantized_ring_update(dict(B=1, H=2, S=8, T=0, D=64, group_size=64, bits=4))
+    plan = mlxq._ext._metal_plan_quantized_ring_update(
+        dict(B=1, H=2, S=8, T=0, D=64, group_size=64, bits=4)
+    )
     assert 0 in plan["grid"]
 
 
@@ -175,14 +213,21 @@ def test_quantized_ring_update_part_writes_only_its_array(emu, oracle, rng, tag,
     B, H, S, D, T, pos, gs = 2, 2, 6, 128, 3, 4, 64
     x = quantizer_rows(rng, (B, H, T, D), gs, tag)
     shapes = [(B, H, S, D * bits // 32), (B, H, S, D // gs), (B, H, S, D // gs)]
-    own = random_storage(rng, shapes[part], tag) if part else \
-        rng.integers(0, 2**32, shapes[0], dtype=np.uint64).astype(np.uint32)
+    own = (
+        random_storage(rng, shapes[part], tag)
+        if part
+        else rng.integers(0, 2**32, shapes[0], dtype=np.uint64).astype(np.uint32)
+    )
     before = own.copy()
-    others = {name: (np.full(shapes[i], 0xFFFFFFFF, np.uint32) if i == 0 else poisoned(shapes[i], tag))
-              for i, name in enumerate(PARTS) if i != part}
+    others = {
+        name: (np.full(shapes[i], 0xFFFFFFFF, np.uint32) if i == 0 else poisoned(shapes[i], tag))
+        for i, name in enumerate(PARTS)
+        if i != part
+    }
     untouched = {name: a.copy() for name, a in others.items()}
-    plan = run_quantized_ring_update_part(emu, part, own, x, pos, group_size=gs, bits=bits, tag=tag,
-                                          others=others)
+    plan = run_quantized_ring_update_part(
+        emu, part, own, x, pos, group_size=gs, bits=bits, tag=tag, others=others
+    )
     assert plan["kernel"] == f"mlxq_quantized_ring_update_{tag}_b{bits}"
     for name, a in others.items():
         assert a.tobytes() == untouched[name].tobytes(), f"part {part} wrote {name}"
@@ -203,11 +248,23 @@ def test_quantized_kv_update_writes_all_three_arrays(emu, oracle, rng, tag, bits
     B, H, S, D, T, pos = 1, 2, 7, 256, 3, 5
     x = quantizer_rows(rng, (B, H, T, D), group_size, tag)
     shapes = [(B, H, S, D * bits // 32), (B, H, S, D // group_size), (B, H, S, D // group_size)]
-    buf = [rng.integers(0, 2**32, shapes[0], dtype=np.uint64).astype(np.uint32),
-           random_storage(rng, shapes[1], tag), random_storage(rng, shapes[2], tag)]
+    buf = [
+        rng.integers(0, 2**32, shapes[0], dtype=np.uint64).astype(np.uint32),
+        random_storage(rng, shapes[1], tag),
+        random_storage(rng, shapes[2], tag),
+    ]
     before = [a.copy() for a in buf]
-    plan = run_quantized_ring_update_part(emu, 3, buf[0], x, pos, group_size=group_size, bits=bits,
-                                          tag=tag, others=dict(zip(PARTS, buf)))
+    plan = run_quantized_ring_update_part(
+        emu,
+        3,
+        buf[0],
+        x,
+        pos,
+        group_size=group_size,
+        bits=bits,
+        tag=tag,
+        others=dict(zip(PARTS, buf)),
+    )
     assert plan["kernel"] == f"mlxq_quantized_ring_update_{tag}_b{bits}"
     rows = ring_rows(S, pos, T)
     kept = [r for r in range(S) if r not in rows]

@@ -3,7 +3,7 @@
 The same equivalence checks as the CPU tests: fresh random inputs, every
 bits / group size / head-dim pairing / GQA ratio / mask kind / sinks /
 dtype, strided K/V cache views and query views, against the float64 oracle
-(tests/reference64.py) with DESIGN.md's tolerances; outputs and partial
+(tests/reference64.py) with tests/helpers.py's tolerances (TOL); outputs and partial
 buffers are poisoned first; rows that see no key must be exactly 0. Every
 dispatch -- kernel choice, key blocks, grid, threadgroup, argument block --
 comes from mlxq._ext._metal_plan_sdpa, the C++ arithmetic the Metal host code
@@ -15,10 +15,10 @@ import itertools
 import mlx.core as mx
 import numpy as np
 import pytest
-
-import mlxq
 from harness import DT, run_sdpa
 from sdpa_cases import MODES, Case, run_case
+
+import mlxq
 
 BITS = [2, 3, 4, 5, 6, 8]
 GROUP_SIZES = [32, 64, 128]
@@ -31,7 +31,10 @@ RAGGED_N = [1, 7, 33, 100, 257]
 
 @pytest.mark.parametrize(
     "bits,group_size,N",
-    [(b, g, RAGGED_N[i % len(RAGGED_N)]) for i, (b, g) in enumerate(itertools.product(BITS, GROUP_SIZES))],
+    [
+        (b, g, RAGGED_N[i % len(RAGGED_N)])
+        for i, (b, g) in enumerate(itertools.product(BITS, GROUP_SIZES))
+    ],
 )
 def test_bits_and_group_sizes(emu, rng, bits, group_size, N):
     case = Case(rng, Hq=4, Hkv=1, L=2, N=N, Dk=128, bits=bits, group_size=group_size)
@@ -47,11 +50,23 @@ def test_bits_and_scale_dtypes(emu, rng, bits, kv_dtype):
 
 # --- head dims, GQA, batch, query length ------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "Dk,Dv,group_size,bits",
-    [(32, 32, 32, 4), (64, 64, 64, 8), (96, 96, 32, 3), (128, 128, 128, 5), (256, 256, 64, 6),
-     (512, 512, 128, 4), (512, 512, 32, 2), (192, 128, 64, 4), (128, 256, 32, 8), (64, 512, 64, 3),
-     (512, 64, 64, 6), (160, 96, 32, 5)],
+    [
+        (32, 32, 32, 4),
+        (64, 64, 64, 8),
+        (96, 96, 32, 3),
+        (128, 128, 128, 5),
+        (256, 256, 64, 6),
+        (512, 512, 128, 4),
+        (512, 512, 32, 2),
+        (192, 128, 64, 4),
+        (128, 256, 32, 8),
+        (64, 512, 64, 3),
+        (512, 64, 64, 6),
+        (160, 96, 32, 5),
+    ],
 )
 def test_head_dims(emu, rng, Dk, Dv, group_size, bits):
     case = Case(rng, Hq=4, Hkv=2, L=3, N=75, Dk=Dk, Dv=Dv, bits=bits, group_size=group_size)
@@ -62,7 +77,17 @@ def test_head_dims(emu, rng, Dk, Dv, group_size, bits):
 
 @pytest.mark.parametrize(
     "Hq,Hkv,L",
-    [(1, 1, 1), (4, 4, 5), (8, 4, 1), (8, 2, 5), (16, 2, 1), (32, 4, 3), (12, 4, 2), (40, 8, 2), (8, 1, 9)],
+    [
+        (1, 1, 1),
+        (4, 4, 5),
+        (8, 4, 1),
+        (8, 2, 5),
+        (16, 2, 1),
+        (32, 4, 3),
+        (12, 4, 2),
+        (40, 8, 2),
+        (8, 1, 9),
+    ],
 )
 def test_gqa_ratios(emu, rng, Hq, Hkv, L):
     # rep * L rows share each K/V tile; more than 16 rows need several row tiles.
@@ -72,9 +97,17 @@ def test_gqa_ratios(emu, rng, Hq, Hkv, L):
 
 @pytest.mark.parametrize(
     "B,L,N,mask,mode",
-    [(1, 1, 600, "none", "auto"), (2, 2, 257, "causal", "decode"), (3, 4, 33, "none", "prefill"),
-     (1, 8, 7, "causal", "decode"), (1, 8, 7, "causal", "prefill"), (2, 31, 129, "causal", "prefill"),
-     (1, 40, 50, "causal", "auto"), (2, 24, 17, "causal", "prefill"), (3, 1, 1, "causal", "auto")],
+    [
+        (1, 1, 600, "none", "auto"),
+        (2, 2, 257, "causal", "decode"),
+        (3, 4, 33, "none", "prefill"),
+        (1, 8, 7, "causal", "decode"),
+        (1, 8, 7, "causal", "prefill"),
+        (2, 31, 129, "causal", "prefill"),
+        (1, 40, 50, "causal", "auto"),
+        (2, 24, 17, "causal", "prefill"),
+        (3, 1, 1, "causal", "auto"),
+    ],
 )
 def test_batch_and_query_length(emu, rng, B, L, N, mask, mode):
     case = Case(rng, B=B, Hq=4, Hkv=2, L=L, N=N, Dk=64, bits=8, group_size=32)
@@ -83,8 +116,22 @@ def test_batch_and_query_length(emu, rng, B, L, N, mask, mode):
 
 # --- masks and sinks ---------------------------------------------------------------------
 
-MASK_KINDS = ["none", "causal", "bool_LN", "bool_B1LN", "bool_BHLN", "bool_keypad", "bool_window",
-              "bool_transposed", "add_f32", "add_bf16", "add_f16", "add_row_const", "all_hidden", "all_neg_inf"]
+MASK_KINDS = [
+    "none",
+    "causal",
+    "bool_LN",
+    "bool_B1LN",
+    "bool_BHLN",
+    "bool_keypad",
+    "bool_window",
+    "bool_transposed",
+    "add_f32",
+    "add_bf16",
+    "add_f16",
+    "add_row_const",
+    "all_hidden",
+    "all_neg_inf",
+]
 
 
 @pytest.mark.parametrize("kind", MASK_KINDS)
@@ -93,8 +140,9 @@ MASK_KINDS = ["none", "causal", "bool_LN", "bool_B1LN", "bool_BHLN", "bool_keypa
 def test_masks(emu, rng, kind, with_sinks, mode):
     case = Case(rng, B=2, Hq=8, Hkv=2, L=8, N=100, Dk=64, bits=4, group_size=64)
     # decode: 32-key blocks, merged by log-sum-exp; prefill: one pass over all keys
-    out, plan = run_case(emu, case, rng, kind, with_sinks, mode=mode, target_threadgroups=10**6,
-                         min_block_keys=32)
+    out, plan = run_case(
+        emu, case, rng, kind, with_sinks, mode=mode, target_threadgroups=10**6, min_block_keys=32
+    )
     assert plan["prefill"] == (mode == "prefill") and plan["merge"] == (mode == "decode")
     if kind.startswith("all_"):
         assert (out.astype(np.float32) == 0).all()
@@ -102,8 +150,14 @@ def test_masks(emu, rng, kind, with_sinks, mode):
 
 @pytest.mark.parametrize(
     "kind,q_dtype",
-    [("causal", "f32"), ("bool_window", "f32"), ("bool_BHLN", "bf16"), ("add_f32", "f16"),
-     ("all_hidden", "f32"), ("add_row_const", "f32")],
+    [
+        ("causal", "f32"),
+        ("bool_window", "f32"),
+        ("bool_BHLN", "bf16"),
+        ("add_f32", "f16"),
+        ("all_hidden", "f32"),
+        ("add_row_const", "f32"),
+    ],
 )
 def test_masks_with_split_keys(emu, rng, kind, q_dtype):
     # One KV head, few queries: many key blocks; a window hides most of them.
@@ -116,8 +170,12 @@ def test_masks_with_split_keys(emu, rng, kind, q_dtype):
 def test_sinks(emu, rng, level):
     Hq = 8
     case = Case(rng, B=2, Hq=Hq, Hkv=2, L=4, N=50, Dk=64, bits=5, group_size=32)
-    values = {"mixed": rng.normal(0, 2, Hq), "dominant": np.full(Hq, 12.0), "neg_inf": np.full(Hq, -np.inf),
-              "strided": rng.normal(0, 2, Hq)}[level].astype(np.float32)
+    values = {
+        "mixed": rng.normal(0, 2, Hq),
+        "dominant": np.full(Hq, 12.0),
+        "neg_inf": np.full(Hq, -np.inf),
+        "strided": rng.normal(0, 2, Hq),
+    }[level].astype(np.float32)
     sinks_np = values
     if level == "strided":
         wide = np.zeros(2 * Hq, np.float32)
@@ -128,12 +186,24 @@ def test_sinks(emu, rng, level):
 
 # --- dtypes and scales ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("q_dtype", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16", "bf16"])
 def test_query_and_scale_dtypes(emu, rng, q_dtype, kv_dtype):
     bits = {"f32": 4, "f16": 8, "bf16": 3}[kv_dtype]
-    case = Case(rng, B=2, Hq=8, Hkv=2, L=4, N=150, Dk=64, bits=bits, group_size=64, q_dtype=q_dtype,
-                kv_dtype=kv_dtype)
+    case = Case(
+        rng,
+        B=2,
+        Hq=8,
+        Hkv=2,
+        L=4,
+        N=150,
+        Dk=64,
+        bits=bits,
+        group_size=64,
+        q_dtype=q_dtype,
+        kv_dtype=kv_dtype,
+    )
     run_case(emu, case, rng, "causal", True, min_block_keys=32)
 
 
@@ -145,18 +215,37 @@ def test_scale_values(emu, rng, scale):
 
 # --- strided views ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "extra_rows,pad_cols,q_layout,bits,mode",
-    [(37, False, "contiguous", 4, "decode"), (200, False, "transposed", 8, "prefill"),
-     (5, True, "contiguous", 4, "decode"), (13, True, "strided_last", 8, "prefill"),
-     (0, True, "transposed", 3, "decode"), (64, False, "strided_last", 2, "auto")],
+    [
+        (37, False, "contiguous", 4, "decode"),
+        (200, False, "transposed", 8, "prefill"),
+        (5, True, "contiguous", 4, "decode"),
+        (13, True, "strided_last", 8, "prefill"),
+        (0, True, "transposed", 3, "decode"),
+        (64, False, "strided_last", 2, "auto"),
+    ],
 )
 def test_views(emu, rng, extra_rows, pad_cols, q_layout, bits, mode):
     """K/V as slices of larger buffers (garbage elsewhere), padded rows that
     rule out 16-byte loads, and transposed / strided queries."""
-    case = Case(rng, B=2, Hq=8, Hkv=2, L=3 if mode != "prefill" else 20, N=90, Dk=128, bits=bits,
-                group_size=64, q_dtype="f16", kv_dtype="bf16", kv_extra_rows=extra_rows, kv_pad_cols=pad_cols,
-                q_layout=q_layout)
+    case = Case(
+        rng,
+        B=2,
+        Hq=8,
+        Hkv=2,
+        L=3 if mode != "prefill" else 20,
+        N=90,
+        Dk=128,
+        bits=bits,
+        group_size=64,
+        q_dtype="f16",
+        kv_dtype="bf16",
+        kv_extra_rows=extra_rows,
+        kv_pad_cols=pad_cols,
+        q_layout=q_layout,
+    )
     _, plan = run_case(emu, case, rng, "causal", mode=mode, min_block_keys=32)
     assert plan["k_vec4"] == plan["v_vec4"] == (not pad_cols)
 
@@ -165,17 +254,24 @@ def test_views(emu, rng, extra_rows, pad_cols, q_layout, bits, mode):
 def test_pipeline_thread_limit(emu, rng, max_threads, mode):
     """The host re-plans with fewer rows per threadgroup when a pipeline
     allows fewer threads than planned."""
-    case = Case(rng, B=2, Hq=12, Hkv=2, L=5 if mode == "decode" else 18, N=70, Dk=64, bits=6, group_size=64)
-    _, plan = run_case(emu, case, rng, "causal", True, mode=mode, min_block_keys=32, max_threads=max_threads)
+    case = Case(
+        rng, B=2, Hq=12, Hkv=2, L=5 if mode == "decode" else 18, N=70, Dk=64, bits=6, group_size=64
+    )
+    _, plan = run_case(
+        emu, case, rng, "causal", True, mode=mode, min_block_keys=32, max_threads=max_threads
+    )
     assert plan["group"][0] <= max_threads
 
 
 # --- prefill: tiles that no query sees are skipped ----------------------------------------------
 
+
 @pytest.mark.parametrize("L,N", [(16, 16), (33, 73), (64, 64), (48, 20)])
 @pytest.mark.parametrize("kind", ["none", "causal", "bool_window"])
 def test_prefill(emu, rng, L, N, kind):
-    case = Case(rng, Hq=4, Hkv=2, L=L, N=N, Dk=64, bits=4, group_size=32, q_dtype="bf16", kv_dtype="bf16")
+    case = Case(
+        rng, Hq=4, Hkv=2, L=L, N=N, Dk=64, bits=4, group_size=32, q_dtype="bf16", kv_dtype="bf16"
+    )
     _, plan = run_case(emu, case, rng, kind, mode="prefill")
     assert plan["prefill"] and not plan["merge"]
 
@@ -195,8 +291,20 @@ def test_causal_tiles_past_the_diagonal_are_not_read(emu, rng, mode):
     case = Case(rng, Hq=2, Hkv=1, L=96, N=96, Dk=64, bits=4, group_size=64)
     clean, _ = case.run(emu, mask="causal", mode=mode, min_block_keys=32)
     case.k_np, case.v_np = _poison_keys(case.k_np, 64), _poison_keys(case.v_np, 64)
-    dirty, _ = run_sdpa(emu, case.q_np, "f32", case.k_np, case.v_np, "f32", scale=64 ** -0.5, bits=4,
-                        group_size=64, mask="causal", mode=MODES[mode], min_block_keys=32)
+    dirty, _ = run_sdpa(
+        emu,
+        case.q_np,
+        "f32",
+        case.k_np,
+        case.v_np,
+        "f32",
+        scale=64**-0.5,
+        bits=4,
+        group_size=64,
+        mask="causal",
+        mode=MODES[mode],
+        min_block_keys=32,
+    )
     assert np.isfinite(dirty[:, :, :64]).all()
     np.testing.assert_array_equal(dirty[:, :, :64], clean[:, :, :64])
 
@@ -209,7 +317,9 @@ def test_masked_tiles_are_not_read(emu, rng, mode):
     B, Hq, L, N = 2, 8, 20, 130
     case = Case(rng, B=B, Hq=Hq, Hkv=2, L=L, N=N, Dk=64, bits=8, group_size=64)
     lengths = np.array([40, 97])
-    add = np.where(np.arange(N)[None, :] < lengths[:, None], 0.0, -np.inf).astype(np.float32)[:, None, None, :]
+    add = np.where(np.arange(N)[None, :] < lengths[:, None], 0.0, -np.inf).astype(np.float32)[
+        :, None, None, :
+    ]
     for b, n in enumerate(lengths):
         start = -(-n // 32) * 32
         for triple in (case.k_np, case.v_np):
@@ -219,6 +329,7 @@ def test_masked_tiles_are_not_read(emu, rng, mode):
 
 # --- every kernel instance ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("q_dtype", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("dims", [(64, 96), (192, 256)])
@@ -227,8 +338,19 @@ def test_every_instantiation(emu, rng, q_dtype, bits, dims, mode):
     """Each (kernel, q dtype, bits, head-dim class) runs at least once; decode
     with several blocks, so each merge kernel runs too."""
     Dk, Dv = dims
-    case = Case(rng, Hq=2, Hkv=1, L=2, N=70, Dk=Dk, Dv=Dv, bits=bits, group_size=32, q_dtype=q_dtype,
-                kv_dtype=q_dtype)
+    case = Case(
+        rng,
+        Hq=2,
+        Hkv=1,
+        L=2,
+        N=70,
+        Dk=Dk,
+        Dv=Dv,
+        bits=bits,
+        group_size=32,
+        q_dtype=q_dtype,
+        kv_dtype=q_dtype,
+    )
     _, plan = run_case(emu, case, rng, "bool_keypad", True, mode=mode, min_block_keys=32)
     dmax = 128 if max(Dk, Dv) <= 128 else 512
     assert plan["kernel"] == f"mlxq_qsdpa_{mode}_{q_dtype}_b{bits}_d{dmax}"
@@ -238,10 +360,26 @@ def test_every_instantiation(emu, rng, q_dtype, bits, dims, mode):
 def test_every_kernel_is_reachable_from_the_plan(metal_emu):
     """The kernels in the build are exactly those the grid arithmetic names."""
     names = set()
-    for q, bits, dims, mode in itertools.product(DT, BITS, [(64, 64), (512, 64)], ["decode", "prefill"]):
-        p = mlxq._ext._metal_plan_sdpa(dict(B=1, Hq=1, Hkv=1, L=1, N=100, Dk=dims[0], Dv=dims[1], bits=bits,
-                                            group_size=32, q_dtype=DT[q], mode=MODES[mode],
-                                            target_threadgroups=10**6, min_block_keys=32))
+    for q, bits, dims, mode in itertools.product(
+        DT, BITS, [(64, 64), (512, 64)], ["decode", "prefill"]
+    ):
+        p = mlxq._ext._metal_plan_sdpa(
+            dict(
+                B=1,
+                Hq=1,
+                Hkv=1,
+                L=1,
+                N=100,
+                Dk=dims[0],
+                Dv=dims[1],
+                bits=bits,
+                group_size=32,
+                q_dtype=DT[q],
+                mode=MODES[mode],
+                target_threadgroups=10**6,
+                min_block_keys=32,
+            )
+        )
         names.add(p["kernel"])
         if p["merge"]:
             names.add(p["merge_kernel"])
@@ -249,11 +387,14 @@ def test_every_kernel_is_reachable_from_the_plan(metal_emu):
         names.add(mlxq._ext._metal_plan_ring_update(dict(itemsize=item))["kernel"])
         names.add(mlxq._ext._metal_plan_copy4d(dict(itemsize=item))["kernel"])
         for dt in DT.values():
-            names.add(mlxq._ext._metal_plan_quantized_ring_update(dict(bits=bits, dtype=dt))["kernel"])
+            names.add(
+                mlxq._ext._metal_plan_quantized_ring_update(dict(bits=bits, dtype=dt))["kernel"]
+            )
     assert set(metal_emu.kernels()) == names
 
 
 # --- random combinations ---------------------------------------------------------------------
+
 
 def random_config(seed):
     r = np.random.default_rng(seed)
@@ -261,21 +402,49 @@ def random_config(seed):
     dims = [d for d in (32, 64, 96, 128, 192, 256, 384, 512) if d % gs == 0]
     Hkv = int(r.choice([1, 2, 3]))
     return dict(
-        bits=int(r.choice(BITS)), group_size=gs, Dk=int(r.choice(dims)), Dv=int(r.choice(dims)),
-        B=int(r.integers(1, 3)), Hkv=Hkv, Hq=Hkv * int(r.choice([1, 2, 3, 4, 8])),
-        L=int(r.choice([1, 1, 2, 4, 17, 31])), N=int(r.choice([1, 5, 32, 33, 100, 250])),
-        q_dtype=str(r.choice(list(DT))), kv_dtype=str(r.choice(list(DT))),
-        mask=str(r.choice(["none", "causal", "bool_BHLN", "bool_keypad", "add_bf16", "bool_window"])),
-        sinks=bool(r.random() < 0.5), extra=int(r.choice([0, 0, 13])), pad=bool(r.random() < 0.25),
+        bits=int(r.choice(BITS)),
+        group_size=gs,
+        Dk=int(r.choice(dims)),
+        Dv=int(r.choice(dims)),
+        B=int(r.integers(1, 3)),
+        Hkv=Hkv,
+        Hq=Hkv * int(r.choice([1, 2, 3, 4, 8])),
+        L=int(r.choice([1, 1, 2, 4, 17, 31])),
+        N=int(r.choice([1, 5, 32, 33, 100, 250])),
+        q_dtype=str(r.choice(list(DT))),
+        kv_dtype=str(r.choice(list(DT))),
+        mask=str(
+            r.choice(["none", "causal", "bool_BHLN", "bool_keypad", "add_bf16", "bool_window"])
+        ),
+        sinks=bool(r.random() < 0.5),
+        extra=int(r.choice([0, 0, 13])),
+        pad=bool(r.random() < 0.25),
         q_layout=str(r.choice(["contiguous", "contiguous", "transposed", "strided_last"])),
-        mode=str(r.choice(["auto", "decode", "prefill"])), min_block_keys=int(r.choice([32, 64])),
+        mode=str(r.choice(["auto", "decode", "prefill"])),
+        min_block_keys=int(r.choice([32, 64])),
     )
 
 
 @pytest.mark.parametrize("seed", range(24))
 def test_random_configurations(emu, rng, seed):
     c = random_config(seed)
-    case = Case(rng, B=c["B"], Hq=c["Hq"], Hkv=c["Hkv"], L=c["L"], N=c["N"], Dk=c["Dk"], Dv=c["Dv"],
-                bits=c["bits"], group_size=c["group_size"], q_dtype=c["q_dtype"], kv_dtype=c["kv_dtype"],
-                kv_extra_rows=c["extra"], kv_pad_cols=c["pad"], q_layout=c["q_layout"])
-    run_case(emu, case, rng, c["mask"], c["sinks"], mode=c["mode"], min_block_keys=c["min_block_keys"])
+    case = Case(
+        rng,
+        B=c["B"],
+        Hq=c["Hq"],
+        Hkv=c["Hkv"],
+        L=c["L"],
+        N=c["N"],
+        Dk=c["Dk"],
+        Dv=c["Dv"],
+        bits=c["bits"],
+        group_size=c["group_size"],
+        q_dtype=c["q_dtype"],
+        kv_dtype=c["kv_dtype"],
+        kv_extra_rows=c["extra"],
+        kv_pad_cols=c["pad"],
+        q_layout=c["q_layout"],
+    )
+    run_case(
+        emu, case, rng, c["mask"], c["sinks"], mode=c["mode"], min_block_keys=c["min_block_keys"]
+    )

@@ -5,7 +5,6 @@ import glob
 import os
 
 import pytest
-
 from strict import PLANTED_DIR, apply_diff, check, prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -8,12 +8,11 @@ mlxq's kernels rely on (rounding modes, sub-word threadgroup reads, 64-bit
 shifts, SIMD votes with infinities). Every test runs under the default,
 reverse and random schedules (the ``samples`` fixture).
 """
-import os
 
 import numpy as np
 import pytest
-
 from emu import Emulator, build
+
 
 def to_bf16_bits(x):
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
@@ -54,10 +53,15 @@ def test_rms_norm(samples, tname):
     dt, tol = DTYPES[tname]
     rows, n, eps = 16, 1000, 1e-5
     rng = np.random.default_rng(1)
-    x, w = rng.standard_normal((rows, n)).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    x, w = (
+        rng.standard_normal((rows, n)).astype(np.float32),
+        rng.standard_normal(n).astype(np.float32),
+    )
     xin, win = make(x, dt), make(w, dt)
     out = np.zeros_like(xin)
-    ok, diag = samples.dispatch(f"rms_norm_{tname}", [xin, win, out, np.float32(eps), np.uint32(n)], (rows,), (128,))
+    ok, diag = samples.dispatch(
+        f"rms_norm_{tname}", [xin, win, out, np.float32(eps), np.uint32(n)], (rows,), (128,)
+    )
     assert ok, diag
     xf, wf = back(xin, dt), back(win, dt)
     ref = xf / np.sqrt((xf.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + eps) * wf
@@ -75,7 +79,9 @@ def test_softmax(samples, tname):
     assert ok, diag
     xf = back(xin, dt).astype(np.float64)
     e = np.exp(xf - xf.max(axis=1, keepdims=True))
-    np.testing.assert_allclose(back(out, dt), e / e.sum(axis=1, keepdims=True), rtol=tol, atol=tol * 1e-2)
+    np.testing.assert_allclose(
+        back(out, dt), e / e.sum(axis=1, keepdims=True), rtol=tol, atol=tol * 1e-2
+    )
 
 
 def test_block_scan_dynamic_tg_memory(samples):
@@ -84,7 +90,9 @@ def test_block_scan_dynamic_tg_memory(samples):
     out = np.zeros(n, np.int32)
     ngroups = (n + tg - 1) // tg
     sums = np.zeros(ngroups, np.int32)
-    ok, diag = samples.dispatch("block_scan", [x, out, sums, np.uint32(n)], (ngroups,), (tg,), tg_mem=(32 * 4,))
+    ok, diag = samples.dispatch(
+        "block_scan", [x, out, sums, np.uint32(n)], (ngroups,), (tg,), tg_mem=(32 * 4,)
+    )
     assert ok, diag
     pad = np.zeros(ngroups * tg, np.int32)
     pad[:n] = x
@@ -98,7 +106,9 @@ def test_compact_positive_atomics(samples):
     x = np.random.default_rng(4).standard_normal(n).astype(np.float32)
     out = np.zeros(n, np.float32)
     count = np.zeros(1, np.uint32)
-    ok, diag = samples.dispatch("compact_positive", [x, out, count, np.uint32(n)], (n,), (128,), threads=True)
+    ok, diag = samples.dispatch(
+        "compact_positive", [x, out, count, np.uint32(n)], (n,), (128,), threads=True
+    )
     assert ok, diag
     k = int(count[0])
     assert k == int((x > 0).sum())
@@ -120,21 +130,30 @@ def test_gelu_vectors_function_constants_dispatch_threads(samples, use_bias):
     n4, width = 1000, 37  # 2-D grid 37 x 28 with non-uniform edge threadgroups
     height = (n4 + width - 1) // width
     rng = np.random.default_rng(6)
-    x, b = rng.standard_normal((n4, 4)).astype(np.float32), rng.standard_normal((n4, 4)).astype(np.float32)
+    x, b = (
+        rng.standard_normal((n4, 4)).astype(np.float32),
+        rng.standard_normal((n4, 4)).astype(np.float32),
+    )
     y = np.zeros((n4, 4), np.float16)
     samples.clear_function_constants()
     samples.set_function_constant(0, np.bool_(use_bias))
     samples.set_function_constant(1, np.float32(0.5))
-    ok, diag = samples.dispatch("gelu_bias_f4", [x, b, y, np.uint32(n4)], (width, height), (8, 8), threads=True)
+    ok, diag = samples.dispatch(
+        "gelu_bias_f4", [x, b, y, np.uint32(n4)], (width, height), (8, 8), threads=True
+    )
     assert ok, diag
     v = x * 0.5 + (b if use_bias else 0)
-    ref = 0.5 * v * (1 + np.tanh(0.7978845608 * (v + 0.044715 * v ** 3)))
+    ref = 0.5 * v * (1 + np.tanh(0.7978845608 * (v + 0.044715 * v**3)))
     np.testing.assert_allclose(y.astype(np.float32), ref, rtol=2e-3, atol=2e-3)
 
 
 def test_bits_and_bf16_rounding(samples):
-    x = np.concatenate([np.random.default_rng(7).standard_normal(1000).astype(np.float32) * 1e3,
-                        np.array([0.0, -0.0, np.inf, -np.inf, 1.00390625, 1.01171875, 65504, 7e4], np.float32)])
+    x = np.concatenate(
+        [
+            np.random.default_rng(7).standard_normal(1000).astype(np.float32) * 1e3,
+            np.array([0.0, -0.0, np.inf, -np.inf, 1.00390625, 1.01171875, 65504, 7e4], np.float32),
+        ]
+    )
     bits = np.zeros(x.size, np.uint32)
     xb = np.zeros(x.size, np.uint16)
     rt = np.zeros(x.size, np.float32)
@@ -151,7 +170,9 @@ def _fc_affine(samples, x, bufs, has_bias, has_scale, tile=None):
     if tile is not None:
         samples.set_function_constant(12, np.int32(tile))
     y = np.full_like(x, np.nan)
-    ok, diag = samples.dispatch("fc_affine", [x, y, np.uint32(x.size)] + bufs, (x.size,), (64,), threads=True)
+    ok, diag = samples.dispatch(
+        "fc_affine", [x, y, np.uint32(x.size)] + bufs, (x.size,), (64,), threads=True
+    )
     return ok, diag, y
 
 
@@ -214,12 +235,16 @@ def test_quad_group_functions(samples):
         np.testing.assert_allclose(f[:, 8], xv.prod(), rtol=1e-6)
         if lanes.size == 4:
             np.testing.assert_array_equal(f[:, 7], np.roll(xv, -1))
-        assert (o[:, 0] == np.bitwise_or.reduce(uv)).all() and (o[:, 1] == np.bitwise_and.reduce(uv)).all()
+        assert (o[:, 0] == np.bitwise_or.reduce(uv)).all() and (
+            o[:, 1] == np.bitwise_and.reduce(uv)
+        ).all()
         assert (o[:, 2] == np.bitwise_xor.reduce(uv)).all()
         assert (o[:, 3] == sum(1 << i for i in range(lanes.size) if xv[i] > 0)).all()
         assert (o[:, 4] == (1 << lanes.size) - 1).all()
-        np.testing.assert_array_equal(o[:, 5], [1 | (2 if (xv > 0).any() else 0) | (4 if i == 0 else 0)
-                                                for i in range(lanes.size)])
+        np.testing.assert_array_equal(
+            o[:, 5],
+            [1 | (2 if (xv > 0).any() else 0) | (4 if i == 0 else 0) for i in range(lanes.size)],
+        )
 
 
 @pytest.mark.parametrize("other", [0, 1, 2])
@@ -276,9 +301,35 @@ def test_unknown_kernel_and_threadgroup_limit(samples):
 
 # ---------------------------------------------------------------- mlxq's needs
 def test_rounding_and_conversions(samples):
-    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 2.4999998, 3.5, -0.0, 1e-8, 254.5,
-                  255.5, 7.0, -7.5, 65519.0, 1e-5, 0.1, 300.0, -1e30, 1e30, np.inf, -np.inf, 100.25],
-                 np.float32)
+    x = np.array(
+        [
+            0.5,
+            1.5,
+            2.5,
+            -0.5,
+            -1.5,
+            -2.5,
+            0.49999997,
+            2.4999998,
+            3.5,
+            -0.0,
+            1e-8,
+            254.5,
+            255.5,
+            7.0,
+            -7.5,
+            65519.0,
+            1e-5,
+            0.1,
+            300.0,
+            -1e30,
+            1e30,
+            np.inf,
+            -np.inf,
+            100.25,
+        ],
+        np.float32,
+    )
     n = x.size
     out = np.full((n, 4), np.nan, np.float32)
     codes = np.zeros(n, np.uint8)
@@ -289,9 +340,13 @@ def test_rounding_and_conversions(samples):
     np.testing.assert_array_equal(out[:, 0], away.astype(np.float32))
     np.testing.assert_array_equal(out[:, 1], np.rint(x))
     small = np.abs(x) < 1e6  # x * 3 + 1 is exact in float64 there: one rounding, like fma
-    np.testing.assert_array_equal(out[small, 2], (x[small].astype(np.float64) * 3 + 1).astype(np.float32))
+    np.testing.assert_array_equal(
+        out[small, 2], (x[small].astype(np.float64) * 3 + 1).astype(np.float32)
+    )
     np.testing.assert_array_equal(out[:, 3], x)
-    np.testing.assert_array_equal(codes, np.minimum(np.floor(np.abs(x.astype(np.float64)) + 0.5), 255))
+    np.testing.assert_array_equal(
+        codes, np.minimum(np.floor(np.abs(x.astype(np.float64)) + 0.5), 255)
+    )
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(h, x.astype(np.float16))
 
@@ -303,8 +358,12 @@ def test_subword_threadgroup_reads_and_64bit_shifts(samples):
     assert ok, diag
     lanes = np.arange(32)
     np.testing.assert_array_equal(out[:32], words.view(np.uint8)[(lanes * 5) % 512])
-    pairs = words[4 * lanes].astype(np.uint64) | (words[4 * lanes + 1].astype(np.uint64) << np.uint64(32))
-    np.testing.assert_array_equal(out[32:], ((pairs >> lanes.astype(np.uint64)) & 0xFFFFFFFF).astype(np.uint32))
+    pairs = words[4 * lanes].astype(np.uint64) | (
+        words[4 * lanes + 1].astype(np.uint64) << np.uint64(32)
+    )
+    np.testing.assert_array_equal(
+        out[32:], ((pairs >> lanes.astype(np.uint64)) & 0xFFFFFFFF).astype(np.uint32)
+    )
 
 
 @pytest.mark.parametrize("fc", [False, True])

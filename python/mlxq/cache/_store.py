@@ -49,8 +49,10 @@ class Plain:
 
     def write_kv(self, keys, values, new_keys, new_values, pos: int, owned: bool):
         """One step's write of K and V rows at ``pos`` (two ring updates)."""
-        return (_ext.ring_update(keys, new_keys, pos, owned=owned),
-                _ext.ring_update(values, new_values, pos, owned=owned))
+        return (
+            _ext.ring_update(keys, new_keys, pos, owned=owned),
+            _ext.ring_update(values, new_values, pos, owned=owned),
+        )
 
     def write_and_fetch(self, keys, values, new_keys, new_values, pos: int, stop: int):
         """An owned write at ``pos``, then rows [0, stop): (buffers..., views...)."""
@@ -108,8 +110,10 @@ class Quantized:
         if owned:
             return self._kv_update(keys, values, new_keys, new_values, pos, fetch=-1)
         gs, bits = self.group_size, self.bits
-        return (quantized_ring_update(keys, new_keys, pos, group_size=gs, bits=bits),
-                quantized_ring_update(values, new_values, pos, group_size=gs, bits=bits))
+        return (
+            quantized_ring_update(keys, new_keys, pos, group_size=gs, bits=bits),
+            quantized_ring_update(values, new_values, pos, group_size=gs, bits=bits),
+        )
 
     def write_and_fetch(self, keys, values, new_keys, new_values, pos: int, stop: int):
         """An owned write at ``pos``, then rows [0, stop) of every array, in
@@ -118,8 +122,14 @@ class Quantized:
 
     def _kv_update(self, keys, values, new_keys, new_values, pos: int, fetch: int):
         return _ext.quantized_kv_update(
-            *keys, *values, new_keys, new_values, pos,
-            group_size=self.group_size, bits=self.bits, fetch=fetch,
+            *keys,
+            *values,
+            new_keys,
+            new_values,
+            pos,
+            group_size=self.group_size,
+            bits=self.bits,
+            fetch=fetch,
         )
 
     def head_dim(self, t: Triple) -> int:
@@ -132,16 +142,23 @@ class Quantized:
         return sum(a.nbytes for a in t)
 
     def check(self, t, name: str, where: str) -> Triple:
-        if not (isinstance(t, (tuple, list)) and len(t) == 3
-                and all(isinstance(a, mx.array) and a.ndim == 4 for a in t)):
+        if not (
+            isinstance(t, (tuple, list))
+            and len(t) == 3
+            and all(isinstance(a, mx.array) and a.ndim == 4 for a in t)
+        ):
             raise ValueError(
                 f"[{where}] {name} must be a (packed, scales, biases) triple of 4-D "
                 f"arrays as mx.quantize returns, got {_describe(t)}."
             )
         packed, scales, biases = t
         groups = packed.shape[3] * 32 / (self.bits * self.group_size)
-        if (packed.dtype != mx.uint32 or scales.shape != biases.shape
-                or packed.shape[:3] != scales.shape[:3] or groups != scales.shape[3]):
+        if (
+            packed.dtype != mx.uint32
+            or scales.shape != biases.shape
+            or packed.shape[:3] != scales.shape[:3]
+            or groups != scales.shape[3]
+        ):
             raise ValueError(
                 f"[{where}] {name} is not a triple of bits={self.bits}, "
                 f"group_size={self.group_size}: {_describe(t)}."

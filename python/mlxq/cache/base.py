@@ -153,8 +153,10 @@ class BaseCache:
     def _check_positions(self, length: int, where: str) -> None:
         """Check offset (and ring index) against a buffer of ``length`` rows."""
         if self.offset < 0 or self.offset > length:
-            raise ValueError(f"[{where}] offset {self.offset} is outside [0, {length}] "
-                             f"(the buffer holds {length} rows).")
+            raise ValueError(
+                f"[{where}] offset {self.offset} is outside [0, {length}] "
+                f"(the buffer holds {length} rows)."
+            )
 
     # ---------------------------------------------------------------- updates
     def _check_update(self, keys, values) -> int:
@@ -162,23 +164,36 @@ class BaseCache:
         it runs on every decoded token.)"""
         # The decode path: buffers this cache made itself from updates of the
         # same shapes and dtypes as one already checked fit.
-        sig = (keys.shape, values.shape, keys.dtype, values.dtype) \
-            if isinstance(keys, mx.array) and isinstance(values, mx.array) else None
+        sig = (
+            (keys.shape, values.shape, keys.dtype, values.dtype)
+            if isinstance(keys, mx.array) and isinstance(values, mx.array)
+            else None
+        )
         if self._owned and sig is not None and sig == self._checked and keys.ndim == 4:
             return keys.shape[2]
-        if not (isinstance(keys, mx.array) and isinstance(values, mx.array)
-                and keys.ndim == 4 and values.ndim == 4
-                and keys.shape[:3] == values.shape[:3] and keys.shape[2] >= 1):
+        if not (
+            isinstance(keys, mx.array)
+            and isinstance(values, mx.array)
+            and keys.ndim == 4
+            and values.ndim == 4
+            and keys.shape[:3] == values.shape[:3]
+            and keys.shape[2] >= 1
+        ):
             self._reject_shapes(keys, values)
         store = self._store
         for name, x, buf in (("keys", keys, self.keys), ("values", values, self.values)):
-            if store.quantized and (x.shape[3] % store.group_size
-                                    or not mx.issubdtype(x.dtype, mx.floating)):
+            if store.quantized and (
+                x.shape[3] % store.group_size or not mx.issubdtype(x.dtype, mx.floating)
+            ):
                 self._reject_quantization(name, x)
             if buf is not None:
                 b0 = buf[0] if store.quantized else buf
                 if (b0.shape[0], b0.shape[1], store.head_dim(buf), store.dtype(buf)) != (
-                        x.shape[0], x.shape[1], x.shape[3], x.dtype):
+                    x.shape[0],
+                    x.shape[1],
+                    x.shape[3],
+                    x.dtype,
+                ):
                     self._reject_misfit(name, x, buf)
         self._checked = sig
         return keys.shape[2]
@@ -221,8 +236,10 @@ class BaseCache:
         if self.keys is None:
             raise ValueError(f"[{self._where('keys_and_values')}] the cache is empty.")
         if self.offset < self._store.length(self.keys):
-            return (self._store.rows(self.keys, stop=self.offset),
-                    self._store.rows(self.values, stop=self.offset))
+            return (
+                self._store.rows(self.keys, stop=self.offset),
+                self._store.rows(self.values, stop=self.offset),
+            )
         return self.keys, self.values
 
     def update_and_share(self, keys, values):

@@ -73,8 +73,11 @@ class _RingCache(BaseCache):
         """``v`` without the ``trim_size`` rows after the kept prefix, ``append``
         added (mlx-lm's ``RotatingKVCache._trim``)."""
         rows = self._store.rows
-        parts = ([rows(v, stop=self.keep), rows(v, start=trim_size + self.keep)]
-                 if trim_size > 0 else [v])
+        parts = (
+            [rows(v, stop=self.keep), rows(v, start=trim_size + self.keep)]
+            if trim_size > 0
+            else [v]
+        )
         if append is not None:
             parts.append(append)
         return self._store.concat(parts)

@@ -83,6 +83,12 @@ class SharedKV:
     def attend(self, queries: mx.array, *, scale: float, mask=None, sinks=None) -> mx.array:
         """Attention of a sharer layer's ``queries`` over the shared K/V."""
         return sdpa(
-            queries, self.keys, self.values, scale=scale, mask=mask, sinks=sinks,
-            group_size=self.group_size, bits=self.bits,
+            queries,
+            self.keys,
+            self.values,
+            scale=scale,
+            mask=mask,
+            sinks=sinks,
+            group_size=self.group_size,
+            bits=self.bits,
         )
