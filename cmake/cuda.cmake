@@ -12,11 +12,13 @@ if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
 endif()
 
 add_library(mlxq_cuda_kernels OBJECT
-  csrc/cuda/quantized_sdpa.cu
-  csrc/cuda/quantized_sdpa_mma_4bit.cu
-  csrc/cuda/quantized_sdpa_mma_8bit.cu
-  csrc/cuda/quantized_sdpa_prefill_bf16.cu
-  csrc/cuda/quantized_sdpa_prefill_f16.cu
+  csrc/cuda/sdpa/decode_4bit.cu
+  csrc/cuda/sdpa/decode_8bit.cu
+  csrc/cuda/sdpa/tiled_bf16.cu
+  csrc/cuda/sdpa/tiled_f16.cu
+  csrc/cuda/sdpa/generic.cu
+  csrc/cuda/sdpa/merge.cu
+  csrc/cuda/fill.cu
   csrc/cuda/ring_update.cu)
 set_target_properties(mlxq_cuda_kernels PROPERTIES
   CUDA_STANDARD 17

@@ -86,7 +86,7 @@ def assert_cuda_kernel(expected):
     no-op elsewhere, for ``expected=None``, and while a test run turns the
     tensor-core kernels off for a comparison."""
     used = mlxq._ext._take_last_sdpa_kernel()
-    if os.environ.get("MLXQ_CUDA_MMA") == "0" or os.environ.get("MLXQ_CUDA_TC") == "0":
+    if os.environ.get("MLXQ_CUDA_DECODE") == "0" or os.environ.get("MLXQ_CUDA_TILED") == "0":
         return
     if expected and mx.default_device() == mx.gpu and mx.cuda.is_available():
         assert used == expected, f"reached {used!r}, not {expected!r}"

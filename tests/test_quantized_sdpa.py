@@ -455,7 +455,7 @@ def test_query_views(rng, layout):
 # --- half-precision decode (CUDA's tensor-core path) ----------------------------------
 
 # On CUDA, f16/bf16 queries with 4- or 8-bit codes, Dk == Dv and few query
-# rows per KV head take the tensor-core kernel (csrc/cuda/quantized_sdpa_mma.cuh).
+# rows per KV head take the tensor-core kernel (csrc/cuda/sdpa/decode.cuh).
 # These cases reach each of its instances (bits x head dim x group size) with
 # both query dtypes, its row layouts (1 to 8 rows per KV head), ragged key
 # counts (partial warp steps and splits), causal drafts, sinks and batches. On

@@ -108,7 +108,7 @@ struct FillArgs {
 };
 
 // Driver handles of the kernels (cudaGetFuncBySymbol in the .cu files).
-void* sdpa_kernel(int bits);
+void* generic_kernel(int bits);
 void* merge_kernel();
 void* ring_kernel();
 void* copy_kernel();
@@ -117,29 +117,29 @@ void* quant_kv_kernel(int bits, int group_size);
 void* fill_kernel();
 
 // Dynamic shared memory of the sdpa kernel for the given head dims.
-int sdpa_smem_bytes(int Dk, int Dv, int bits);
+int generic_smem_bytes(int Dk, int Dv, int bits);
 
-// The tensor-core decode kernel (quantized_sdpa_mma.cuh) for one (bits, head
+// The tensor-core decode kernel (sdpa/decode.cuh) for one (bits, head
 // dim, group size, scales dtype, query dtype), or fn == nullptr where it has
 // no instance. A block is
-// kMmaWarps warps; splits are whole multiples of step_keys keys; it attends
+// kDecodeWarps warps; splits are whole multiples of step_keys keys; it attends
 // at most max_rows query rows per KV head and writes one partial per block.
-constexpr int kMmaWarps = 4;
-struct MmaKernel {
+constexpr int kDecodeWarps = 4;
+struct DecodeKernel {
   void* fn = nullptr;
   int smem = 0;
   int max_rows = 0;
   int step_keys = 0;
   int merge_smem = 0; // shared bytes the fused split merge may use
 };
-MmaKernel sdpa_mma_kernel(int bits, int D, int group_size, int scale_dtype, int q_dtype);
+DecodeKernel decode_kernel(int bits, int D, int group_size, int scale_dtype, int q_dtype);
 
-// The tensor-core tiled kernel (quantized_sdpa_prefill.cuh) for f16/bf16
+// The tensor-core tiled kernel (sdpa/tiled.cuh) for f16/bf16
 // queries and Dk = Dv = D, or fn == nullptr where it has no instance. A
 // block is `threads / 32` warps of 16 query rows (row tiles of at most
 // `rows`) and walks its keys in tiles of `keys`; `warps` and `keys` ask for
 // a block shape (those without an instance give the default, 4 x 32).
-struct TcKernel {
+struct TiledKernel {
   void* fn = nullptr;
   int smem = 0;
   int threads = 0;
@@ -147,6 +147,6 @@ struct TcKernel {
   int keys = 0;
   int parts = 1; // blocks per (row tile, split), each a slice of the output columns
 };
-TcKernel sdpa_tc_kernel(int q_dtype, int D, int group_size, int warps, int keys);
+TiledKernel tiled_kernel(int q_dtype, int D, int group_size, int warps, int keys);
 
 } // namespace mlxq::cuda

@@ -1,7 +1,7 @@
 // eval_gpu of QuantizedSDPA on CUDA: picks the tensor-core decode kernel
-// (quantized_sdpa_mma.cuh) for a few query rows, the tensor-core tiled
-// kernel (quantized_sdpa_prefill.cu) for many, else the generic one
-// (quantized_sdpa.cu); plans the grid and merges the key splits.
+// (sdpa/decode.cuh) for a few query rows, the tensor-core tiled
+// kernel (sdpa/tiled_*.cu) for many, else the generic one
+// (sdpa/generic.cu); plans the grid and merges the key splits.
 #include <cuda.h>
 
 #include <algorithm>
@@ -108,34 +108,34 @@ void launch_split(
   merge(enc, a, parts, out);
 }
 
-// MLXQ_CUDA_MMA=0 / MLXQ_CUDA_TC=0 turn the tensor-core decode / tiled
-// kernels off (for comparisons); MLXQ_CUDA_TC_WARPS=4 and
-// MLXQ_CUDA_TC_KEYS=64 ask for the tiled kernel's other block shapes
+// MLXQ_CUDA_DECODE=0 / MLXQ_CUDA_TILED=0 turn the tensor-core decode / tiled
+// kernels off (for comparisons); MLXQ_CUDA_TILED_WARPS=4 and
+// MLXQ_CUDA_TILED_KEYS=64 ask for the tiled kernel's other block shapes
 // (8 x 32 measured best at head dim 128 on the H200).
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : fallback;
 }
 
-bool mma_allowed() {
-  static const bool on = env_int("MLXQ_CUDA_MMA", 1) != 0;
+bool decode_allowed() {
+  static const bool on = env_int("MLXQ_CUDA_DECODE", 1) != 0;
   return on;
 }
 
-bool tc_allowed() {
-  static const bool on = env_int("MLXQ_CUDA_TC", 1) != 0;
+bool tiled_allowed() {
+  static const bool on = env_int("MLXQ_CUDA_TILED", 1) != 0;
   return on;
 }
 
 // 8-warp blocks (128 rows) measured best for prefill; 64 rows or fewer use
 // 4-warp blocks, which leave fewer warps without rows.
-int tc_warps(int rows) {
-  static const int forced = env_int("MLXQ_CUDA_TC_WARPS", 0);
+int tiled_warps(int rows) {
+  static const int forced = env_int("MLXQ_CUDA_TILED_WARPS", 0);
   return forced ? forced : rows <= 64 ? 4 : 8;
 }
 
-int tc_keys() {
-  static const int keys = env_int("MLXQ_CUDA_TC_KEYS", 32);
+int tiled_keys() {
+  static const int keys = env_int("MLXQ_CUDA_TILED_KEYS", 32);
   return keys;
 }
 
@@ -163,28 +163,28 @@ bool dense_kv(const std::vector<mx::array>& in, const SdpaArgs& a) {
       dense_rows(in[3], groups) && dense_rows(in[5], groups) && dense_rows(in[6], groups);
 }
 
-MmaKernel mma_kernel_for(const std::vector<mx::array>& in, const SdpaArgs& a) {
+DecodeKernel decode_kernel_for(const std::vector<mx::array>& in, const SdpaArgs& a) {
   const bool half_q = a.q_dtype == kF16 || a.q_dtype == kBF16;
-  if (!mma_allowed() || !half_q || a.Dk != a.Dv || a.mask_kind == 2 || !a.vec_loads || a.N < 1 ||
+  if (!decode_allowed() || !half_q || a.Dk != a.Dv || a.mask_kind == 2 || !a.vec_loads || a.N < 1 ||
       !head_fits_32bit(a) || !dense_kv(in, a)) {
     return {};
   }
-  const MmaKernel k = sdpa_mma_kernel(a.bits, a.Dk, a.gs, a.s_dtype, a.q_dtype);
+  const DecodeKernel k = decode_kernel(a.bits, a.Dk, a.gs, a.s_dtype, a.q_dtype);
   // 8-bit codes at head dim 256 need more shared memory than GPUs with 99 KB
   // per block have: those take the other kernels.
-  return a.rep * a.L <= k.max_rows && k.smem <= max_smem_per_block() ? k : MmaKernel{};
+  return a.rep * a.L <= k.max_rows && k.smem <= max_smem_per_block() ? k : DecodeKernel{};
 }
 
 // The tiled kernel for many query rows: f16/bf16 queries, Dk = Dv, packed
 // words with unit stride along the row.
-TcKernel tc_kernel_for(const SdpaArgs& a) {
+TiledKernel tiled_kernel_for(const SdpaArgs& a) {
   const bool half_q = a.q_dtype == kF16 || a.q_dtype == kBF16;
-  if (!tc_allowed() || !half_q || a.Dk != a.Dv || a.rows <= kMaxTileRows || a.N < 1 ||
+  if (!tiled_allowed() || !half_q || a.Dk != a.Dv || a.rows <= kMaxTileRows || a.N < 1 ||
       a.kw_st[3] != 1 || a.vw_st[3] != 1 || !head_fits_32bit(a)) {
     return {};
   }
-  const TcKernel k = sdpa_tc_kernel(a.q_dtype, a.Dk, a.gs, tc_warps(a.rows), tc_keys());
-  return k.smem <= max_smem_per_block() ? k : TcKernel{};
+  const TiledKernel k = tiled_kernel(a.q_dtype, a.Dk, a.gs, tiled_warps(a.rows), tiled_keys());
+  return k.smem <= max_smem_per_block() ? k : TiledKernel{};
 }
 
 // Blocks of a kernel that fit on one SM (one wave: a second, partial wave
@@ -216,11 +216,11 @@ bool fused_merge_allowed() {
   return on;
 }
 
-// The tensor-core decode path's grid: one partial per block of kMmaWarps
+// The tensor-core decode path's grid: one partial per block of kDecodeWarps
 // warps, splits of whole warp steps, enough blocks for a few per SM at any N.
-void plan_mma(const MmaKernel& k, SdpaArgs& a) {
+void plan_decode(const DecodeKernel& k, SdpaArgs& a) {
   const long units = long(a.B) * a.Hkv;
-  const long want = long(blocks_per_sm(k.fn, kMmaWarps * 32, k.smem)) * sm_count();
+  const long want = long(blocks_per_sm(k.fn, kDecodeWarps * 32, k.smem)) * sm_count();
   long splits = std::max(1L, (want + units - 1) / units);
   splits = std::min<long>(splits, (a.N + k.step_keys - 1) / k.step_keys);
   int keys = int((a.N + splits - 1) / splits);
@@ -238,13 +238,13 @@ void plan_mma(const MmaKernel& k, SdpaArgs& a) {
 // measured faster fused).
 //
 // The tickets wrap back to zero at every launch's last block (see
-// fused_merge.cuh), so each stream keeps one zeroed array and reuses it: no
+// sdpa/merge.cuh), so each stream keeps one zeroed array and reuses it: no
 // allocation and no zeroing node per evaluation, a host cost that showed in
 // the decode step. Every kernel that uses it is registered as writing it, so
 // MLX orders those kernels one after another within a graph (the layers of
 // a decode step are ordered by their data anyway); graphs of one stream run
 // in order.
-mx::array merge_counters(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaArgs& a) {
+mx::array merge_counters(mx::cu::CommandEncoder& enc, const DecodeKernel& k, SdpaArgs& a) {
   const long head_partials = long(a.splits) * a.rows * a.Dv * 4;
   if (!fused_merge_allowed() || (long(a.splits) * a.rows + a.rows) * 4 > k.merge_smem ||
       head_partials > 128 * 1024) {
@@ -275,9 +275,9 @@ mx::array merge_counters(mx::cu::CommandEncoder& enc, const MmaKernel& k, SdpaAr
   return it->second;
 }
 
-void eval_mma(
+void eval_decode(
     mx::cu::CommandEncoder& enc,
-    const MmaKernel& k,
+    const DecodeKernel& k,
     SdpaArgs& a,
     const mx::array& counters,
     mx::array& out) {
@@ -287,7 +287,7 @@ void eval_mma(
         enc,
         k.fn,
         dim3(a.splits, a.Hkv, a.B),
-        dim3(kMmaWarps * 32),
+        dim3(kDecodeWarps * 32),
         k.smem,
         a,
         {&counters, &out},
@@ -295,13 +295,20 @@ void eval_mma(
     return;
   }
   launch(
-      enc, k.fn, dim3(a.splits, a.Hkv, a.B), dim3(kMmaWarps * 32), k.smem, a, {}, {&parts.scratch});
+      enc,
+      k.fn,
+      dim3(a.splits, a.Hkv, a.B),
+      dim3(kDecodeWarps * 32),
+      k.smem,
+      a,
+      {},
+      {&parts.scratch});
   merge(enc, a, parts, out);
 }
 
 // The tiled path: row tiles of k.rows, keys split only while the row tiles
 // alone leave SMs idle (few rows over many keys).
-void eval_tc(mx::cu::CommandEncoder& enc, const TcKernel& k, SdpaArgs& a, mx::array& out) {
+void eval_tiled(mx::cu::CommandEncoder& enc, const TiledKernel& k, SdpaArgs& a, mx::array& out) {
   const long want = long(blocks_per_sm(k.fn, k.threads, k.smem)) * sm_count();
   const auto p = plan_sdpa(a.B, a.Hkv, a.rep, a.L, a.N, k.rows, want / k.parts, 256, k.keys);
   a.row_tile = p.row_tile;
@@ -364,10 +371,10 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   }
   plan(a);
 
-  const MmaKernel mk = mma_kernel_for(in, a);
+  const DecodeKernel mk = decode_kernel_for(in, a);
   mx::array counters({1}, mx::uint32, nullptr, {});
   if (mk.fn) {
-    plan_mma(mk, a);
+    plan_decode(mk, a);
     counters = merge_counters(enc, mk, a);
   }
   for (const auto& x : in) {
@@ -383,17 +390,17 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   }
   if (mk.fn) {
     note_sdpa_kernel("cuda_decode");
-    eval_mma(enc, mk, a, counters, out);
+    eval_decode(enc, mk, a, counters, out);
     return;
   }
-  if (const TcKernel k = tc_kernel_for(a); k.fn) {
+  if (const TiledKernel k = tiled_kernel_for(a); k.fn) {
     note_sdpa_kernel("cuda_tiled");
-    eval_tc(enc, k, a, out);
+    eval_tiled(enc, k, a, out);
     return;
   }
   note_sdpa_kernel("cuda_generic");
-  void* kernel = sdpa_kernel(a.bits);
-  const int smem = sdpa_smem_bytes(a.Dk, a.Dv, a.bits);
+  void* kernel = generic_kernel(a.bits);
+  const int smem = generic_smem_bytes(a.Dk, a.Dv, a.bits);
   cuFuncSetAttribute(
       static_cast<CUfunction>(kernel), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
   launch_split(enc, kernel, dim3(a.Hkv * a.row_tiles, a.splits, a.B), kBlockThreads, smem, a, out);

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "../../metal/mlxq_params.h"
+#include "mlxq_params.h"
 
 namespace mlxq::metal_dispatch {
 

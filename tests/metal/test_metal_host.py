@@ -33,6 +33,8 @@ def test_host_code_compiles_against_mlx_metal_headers(source):
         inc,
         "-I",
         os.path.join(ROOT, "csrc"),
+        "-I",
+        os.path.join(ROOT, "metal"),  # as CMakeLists.txt puts it on the path
         source,
     ]
     r = subprocess.run(cmd, capture_output=True, text=True)

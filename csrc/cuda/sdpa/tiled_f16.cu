@@ -1,10 +1,10 @@
 // Instances of the tensor-core tiled kernel for f16 queries (one file per
 // query dtype so the instances compile in parallel).
-#include "cuda/quantized_sdpa_prefill.cuh"
+#include "cuda/sdpa/tiled.cuh"
 
 namespace mlxq::cuda {
 
-TcKernel sdpa_tc_kernel_f16(int D, int gs, int warps, int keys) {
+TiledKernel tiled_kernel_f16(int D, int gs, int warps, int keys) {
   return for_dim<__half>(D, gs, warps, keys);
 }
 

@@ -1,10 +1,10 @@
 // Instances of the tensor-core decode kernel for 8-bit codes (one file
 // per width so the instances compile in parallel).
-#include "cuda/quantized_sdpa_mma.cuh"
+#include "cuda/sdpa/decode.cuh"
 
 namespace mlxq::cuda {
 
-MmaKernel sdpa_mma_kernel_8bit(int D, int gs, int scale_dtype, int q_dtype) {
+DecodeKernel decode_kernel_8bit(int D, int gs, int scale_dtype, int q_dtype) {
   if (D == 64 && gs == 32) {
     return instance<8, 64, 32>(scale_dtype, q_dtype);
   }

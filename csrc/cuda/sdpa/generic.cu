@@ -1,4 +1,5 @@
-// CUDA QuantizedSDPA.
+// CUDA QuantizedSDPA, generic kernel: every option the tensor-core kernels
+// (sdpa/decode.cuh, sdpa/tiled.cuh) do not take.
 //
 // One block (128 threads) attends `row_tile` (<= 16) query rows of one KV head
 // (its query heads x query positions) over one split of the keys, in tiles of
@@ -15,7 +16,7 @@
 // Grid: (Hkv x row_tiles, splits, B): the row tiles go in x, whose limit is
 // 2^31 - 1 (y and z stop at 65535). Decode uses many splits so that every
 // SM has work at any N; each writes an unnormalised partial (o, max, sum) and
-// merge_kernel combines them by log-sum-exp. Prefill (many rows) uses one
+// merge_kernel (sdpa/merge.cu) combines them by log-sum-exp. Prefill (many rows) uses one
 // split: row tiles alone fill the GPU, and a causal row tile stops at its
 // last visible key, so fully hidden tiles are never read.
 #include <cfloat>
@@ -185,7 +186,7 @@ __device__ void dequant_tile(
 }
 
 template <int BITS>
-__global__ void __launch_bounds__(NT) qsdpa_kernel(SdpaArgs a) {
+__global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
   extern __shared__ float4 smem_raw[];
   Smem sm;
   smem_floats(a.Dk, a.Dv, BITS, &sm, smem_raw);
@@ -390,105 +391,27 @@ __global__ void __launch_bounds__(NT) qsdpa_kernel(SdpaArgs a) {
   }
 }
 
-// Grid (B x Hkv x rows, ceil(Dv / 32)): one block per output row and 32
-// columns (lane = column); warp w folds splits w, w + 8, ... so the loads of
-// many splits are in flight at once, and the warps' states are folded in
-// shared memory.
-constexpr int kMergeWarps = kMergeThreads / 32;
-
-__global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel_impl(MergeArgs a) {
-  __shared__ float red_m[kMergeWarps], red_l[kMergeWarps];
-  __shared__ float cols[kMergeWarps][32];
-  const int row = blockIdx.x;
-  const int r = row % a.rows;
-  const int bk = row / a.rows; // b * Hkv + kvh
-  const int kvh = bk % a.Hkv, b = bk / a.Hkv;
-  const int tile = r / a.row_tile, rr = r % a.row_tile;
-  const int l = r / a.rep, h = kvh * a.rep + r % a.rep;
-  auto slot = [&](int split) {
-    return ((int64_t(bk) * a.row_tiles + tile) * a.splits + split) * a.row_tile + rr;
-  };
-  // One pass: each warp folds its splits (every kMergeWarps-th) into a
-  // running (max, sum, output column) by log-sum-exp, then warp 0 folds the
-  // warps' states. (Three dependent passes over the partials cost more
-  // latency than the arithmetic saved.)
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int d = blockIdx.y * 32 + lane;
-  const bool col = d < a.Dv;
-  float m = -INFINITY, lsum = 0.0f, o = 0.0f;
-#pragma unroll 4
-  for (int s = warp; s < a.splits; s += kMergeWarps) {
-    const float ms = a.part_ml[slot(s) * 2];
-    const float ls = a.part_ml[slot(s) * 2 + 1];
-    const float os = col ? a.part_o[slot(s) * a.Dv + d] : 0.0f;
-    if (ms != -INFINITY) {
-      const float mn = fmaxf(m, ms);
-      const float keep = expf(m - mn), add = expf(ms - mn); // m = -inf: keep = 0
-      lsum = lsum * keep + ls * add;
-      o = o * keep + os * add;
-      m = mn;
-    }
-  }
-  red_m[warp] = m; // the same in every lane of a warp
-  red_l[warp] = lsum;
-  cols[warp][lane] = o;
-  __syncthreads();
-  if (warp == 0 && col) {
-    float mb = -INFINITY;
-    for (int w = 0; w < kMergeWarps; ++w)
-      mb = fmaxf(mb, red_m[w]);
-    float lb = 0.0f, ob = 0.0f;
-    if (mb != -INFINITY) {
-      for (int w = 0; w < kMergeWarps; ++w) {
-        if (red_m[w] != -INFINITY) {
-          const float f = expf(red_m[w] - mb);
-          lb += red_l[w] * f;
-          ob += cols[w][lane] * f;
-        }
-      }
-    }
-    const float inv = output_scale(mb, lb, a.sinks ? a.sinks + h : nullptr);
-    const int64_t out = ((int64_t(b) * a.Hq + h) * a.L + l) * a.Dv + d;
-    store_float(a.out, out, a.out_dtype, ob * inv);
-  }
-}
-
-__global__ void fill_kernel_impl(FillArgs a) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < a.n_words) {
-    static_cast<uint32_t*>(a.dst)[i] = a.value;
-  }
-}
-
 } // namespace
 
-int sdpa_smem_bytes(int Dk, int Dv, int bits) {
+int generic_smem_bytes(int Dk, int Dv, int bits) {
   return smem_floats(Dk, Dv, bits, nullptr, nullptr) * int(sizeof(float));
 }
 
-void* sdpa_kernel(int bits) {
+void* generic_kernel(int bits) {
   switch (bits) {
     case 2:
-      return handle<qsdpa_kernel<2>>();
+      return handle<generic_kernel_impl<2>>();
     case 3:
-      return handle<qsdpa_kernel<3>>();
+      return handle<generic_kernel_impl<3>>();
     case 4:
-      return handle<qsdpa_kernel<4>>();
+      return handle<generic_kernel_impl<4>>();
     case 5:
-      return handle<qsdpa_kernel<5>>();
+      return handle<generic_kernel_impl<5>>();
     case 6:
-      return handle<qsdpa_kernel<6>>();
+      return handle<generic_kernel_impl<6>>();
     default:
-      return handle<qsdpa_kernel<8>>();
+      return handle<generic_kernel_impl<8>>();
   }
-}
-
-void* merge_kernel() {
-  return handle<merge_kernel_impl>();
-}
-
-void* fill_kernel() {
-  return handle<fill_kernel_impl>();
 }
 
 } // namespace mlxq::cuda

@@ -1,10 +1,10 @@
 // Instances of the tensor-core decode kernel for 4-bit codes (one file
 // per width so the instances compile in parallel).
-#include "cuda/quantized_sdpa_mma.cuh"
+#include "cuda/sdpa/decode.cuh"
 
 namespace mlxq::cuda {
 
-MmaKernel sdpa_mma_kernel_4bit(int D, int gs, int scale_dtype, int q_dtype) {
+DecodeKernel decode_kernel_4bit(int D, int gs, int scale_dtype, int q_dtype) {
   if (D == 64 && gs == 32) {
     return instance<4, 64, 32>(scale_dtype, q_dtype);
   }
@@ -41,15 +41,15 @@ MmaKernel sdpa_mma_kernel_4bit(int D, int gs, int scale_dtype, int q_dtype) {
   return {};
 }
 
-MmaKernel sdpa_mma_kernel(int bits, int D, int gs, int scale_dtype, int q_dtype) {
+DecodeKernel decode_kernel(int bits, int D, int gs, int scale_dtype, int q_dtype) {
   if (q_dtype != kF16 && q_dtype != kBF16) {
     return {};
   }
   switch (bits) {
     case 4:
-      return sdpa_mma_kernel_4bit(D, gs, scale_dtype, q_dtype);
+      return decode_kernel_4bit(D, gs, scale_dtype, q_dtype);
     case 8:
-      return sdpa_mma_kernel_8bit(D, gs, scale_dtype, q_dtype);
+      return decode_kernel_8bit(D, gs, scale_dtype, q_dtype);
     default:
       return {};
   }

@@ -29,7 +29,7 @@
 // step's scales and biases (read per key from shared memory; as far ahead as
 // the codes, since under full HBM load a one-step lookahead stalled). Four warps per block merge
 // their online softmax states into one partial per block; the last block of a KV head to finish
-// combines the key splits by log-sum-exp and applies sinks (fused_merge.cuh), or merge_kernel does
+// combines the key splits by log-sum-exp and applies sinks (sdpa/merge.cuh), or merge_kernel does
 // when the host gives no counters.
 #pragma once
 
@@ -37,13 +37,13 @@
 #include <type_traits>
 
 #include "cuda/device_utils.cuh"
-#include "cuda/fused_merge.cuh"
+#include "cuda/sdpa/merge.cuh"
 
 namespace mlxq::cuda {
 
 namespace {
 
-constexpr int kWarps = kMmaWarps;
+constexpr int kWarps = kDecodeWarps;
 
 __device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) {
   return *reinterpret_cast<uint32_t*>(&v);
@@ -308,7 +308,7 @@ issue_codes(uint8_t* stage, int k0, int N, int lane, const uint8_t* k, const uin
 
 template <int BITS, int D, int GS, typename ST, bool kTwoTerms>
 __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlocks)
-    qsdpa_mma_kernel(SdpaArgs a) {
+    decode_kernel_impl(SdpaArgs a) {
   using S = Shape<BITS, D, GS, ST>;
   constexpr int G = S::kGroups;
   constexpr float kVOff = kVOffset<BITS>;
@@ -833,17 +833,17 @@ int smem_of() {
 }
 
 template <int BITS, int D, int GS, typename ST>
-MmaKernel instance_for(int q_dtype) {
+DecodeKernel instance_for(int q_dtype) {
   using S = Shape<BITS, D, GS, ST>;
-  MmaKernel k{
+  DecodeKernel k{
       nullptr, smem_of<S>(), S::kMaxRows, S::kKeys * kWarps, kWarps * S::kStages * S::kStepBytes};
-  k.fn = q_dtype == kBF16 ? handle<qsdpa_mma_kernel<BITS, D, GS, ST, false>>()
-                          : handle<qsdpa_mma_kernel<BITS, D, GS, ST, true>>();
+  k.fn = q_dtype == kBF16 ? handle<decode_kernel_impl<BITS, D, GS, ST, false>>()
+                          : handle<decode_kernel_impl<BITS, D, GS, ST, true>>();
   return k;
 }
 
 template <int BITS, int D, int GS>
-MmaKernel instance(int scale_dtype, int q_dtype) {
+DecodeKernel instance(int scale_dtype, int q_dtype) {
   switch (scale_dtype) {
     case kF16:
       return instance_for<BITS, D, GS, __half>(q_dtype);
@@ -856,7 +856,7 @@ MmaKernel instance(int scale_dtype, int q_dtype) {
 
 } // namespace
 
-MmaKernel sdpa_mma_kernel_4bit(int D, int gs, int scale_dtype, int q_dtype);
-MmaKernel sdpa_mma_kernel_8bit(int D, int gs, int scale_dtype, int q_dtype);
+DecodeKernel decode_kernel_4bit(int D, int gs, int scale_dtype, int q_dtype);
+DecodeKernel decode_kernel_8bit(int D, int gs, int scale_dtype, int q_dtype);
 
 } // namespace mlxq::cuda

@@ -63,7 +63,7 @@ struct Scales {
 };
 
 template <typename T, int D, int GS, int WARPS, int KEYS, int PARTS>
-__global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) qsdpa_tc_kernel(SdpaArgs a) {
+__global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) tiled_kernel_impl(SdpaArgs a) {
   constexpr int DV = D / PARTS; // output columns of this block
   constexpr int kGV = DV / GS; // their groups
   static_assert(DV % GS == 0, "a block's output columns are whole groups");
@@ -468,10 +468,10 @@ constexpr int smem_bytes(int gs) {
 }
 
 template <typename T, int D, int GS, int WARPS, int KEYS>
-TcKernel instance() {
+TiledKernel instance() {
   constexpr int kParts = D > 256 ? 2 : 1;
   return {
-      handle<qsdpa_tc_kernel<T, D, GS, WARPS, KEYS, kParts>>(),
+      handle<tiled_kernel_impl<T, D, GS, WARPS, KEYS, kParts>>(),
       smem_bytes<D, WARPS, KEYS>(GS),
       32 * WARPS,
       16 * WARPS,
@@ -480,11 +480,11 @@ TcKernel instance() {
 }
 
 // Block shapes: 4 warps x 32 keys everywhere; head dim 128 also has 8-warp
-// and 64-key variants (MLXQ_CUDA_TC_WARPS / MLXQ_CUDA_TC_KEYS). On the H200
+// and 64-key variants (MLXQ_CUDA_TILED_WARPS / MLXQ_CUDA_TILED_KEYS). On the H200
 // at L = N = 4096, 32/8/128, causal: 8 x 32 2.46 ms, 8 x 64 2.49, 4 x 32
 // 2.94, 4 x 64 3.03.
 template <typename T, int D, int GS>
-TcKernel by_block(int warps, int keys) {
+TiledKernel by_block(int warps, int keys) {
   if constexpr (D == 128) {
     if (warps == 8) {
       return keys == 64 ? instance<T, D, GS, 8, 64>() : instance<T, D, GS, 8, 32>();
@@ -497,7 +497,7 @@ TcKernel by_block(int warps, int keys) {
 }
 
 template <typename T, int D>
-TcKernel for_group(int gs, int warps, int keys) {
+TiledKernel for_group(int gs, int warps, int keys) {
   switch (gs) {
     case 32:
       return by_block<T, D, 32>(warps, keys);
@@ -512,7 +512,7 @@ TcKernel for_group(int gs, int warps, int keys) {
 }
 
 template <typename T>
-TcKernel for_dim(int D, int gs, int warps, int keys) {
+TiledKernel for_dim(int D, int gs, int warps, int keys) {
   switch (D) {
     case 64:
       return for_group<T, 64>(gs, warps, keys);
@@ -529,6 +529,6 @@ TcKernel for_dim(int D, int gs, int warps, int keys) {
 
 } // namespace
 
-TcKernel sdpa_tc_kernel_f16(int D, int gs, int warps, int keys);
+TiledKernel tiled_kernel_f16(int D, int gs, int warps, int keys);
 
 } // namespace mlxq::cuda
