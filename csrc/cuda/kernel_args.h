@@ -11,6 +11,10 @@ namespace mlxq::cuda {
 // Element types, as the kernels read them.
 enum DType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kBool = 3 };
 
+// SdpaArgs::mask_kind: the values of mlxq::MaskKind (quantized_sdpa.h, which
+// nvcc cannot include; quantized_sdpa.cpp checks they agree).
+enum MaskCode : int { kMaskNone = 0, kMaskCausal = 1, kMaskArray = 2 };
+
 // Keys per tile and the most query rows (query heads x positions of one KV
 // head) one block attends at once.
 constexpr int kTileKeys = 32;
@@ -37,7 +41,7 @@ struct SdpaArgs {
   int64_t q_st[4], kw_st[4], ks_st[4], kb_st[4], vw_st[4], vs_st[4], vb_st[4], m_st[4];
   int B, Hq, Hkv, L, N, Dk, Dv, rep, gs, bits;
   int q_dtype, s_dtype, mask_dtype;
-  int mask_kind; // 0 none, 1 causal, 2 array
+  int mask_kind; // MaskCode
   float scale;
   int rows; // rep * L rows per (batch, KV head)
   int row_tile; // rows per block (<= kMaxTileRows)

@@ -21,6 +21,11 @@ namespace {
 
 using namespace mlxq::cuda;
 
+static_assert(
+    int(MaskKind::None) == kMaskNone && int(MaskKind::Causal) == kMaskCausal &&
+        int(MaskKind::Array) == kMaskArray,
+    "the CUDA kernels' mask codes are MaskKind's values");
+
 bool aligned16(const mx::array& a) {
   const auto addr = reinterpret_cast<uintptr_t>(mx::gpu_ptr<void>(a));
   if (addr % 16 != 0 || a.strides()[3] != 1) {
@@ -165,8 +170,8 @@ bool dense_kv(const std::vector<mx::array>& in, const SdpaArgs& a) {
 
 DecodeKernel decode_kernel_for(const std::vector<mx::array>& in, const SdpaArgs& a) {
   const bool half_q = a.q_dtype == kF16 || a.q_dtype == kBF16;
-  if (!decode_allowed() || !half_q || a.Dk != a.Dv || a.mask_kind == 2 || !a.vec_loads || a.N < 1 ||
-      !head_fits_32bit(a) || !dense_kv(in, a)) {
+  if (!decode_allowed() || !half_q || a.Dk != a.Dv || a.mask_kind == kMaskArray || !a.vec_loads ||
+      a.N < 1 || !head_fits_32bit(a) || !dense_kv(in, a)) {
     return {};
   }
   const DecodeKernel k = decode_kernel(a.bits, a.Dk, a.gs, a.s_dtype, a.q_dtype);

@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
   views.vb = static_cast<const ST*>(a.vb) + b * a.vb_st[0] + kvh * a.vb_st[1];
   const int N = a.N;
   // Keys up to `clean_end` are visible to every row: no per-score masking.
-  const int clean_end = a.mask_kind == 1 ? N - a.L + 1 : N;
+  const int clean_end = a.mask_kind == kMaskCausal ? N - a.L + 1 : N;
 
   // Each warp walks its steps (every kWarps-th of the split) through a ring
   // of kStages stages (codes and scales), kStages - 1 steps ahead.
@@ -508,8 +508,8 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
   const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
 
   // Each row's visible-key limit (causal) for masked steps.
-  const int limit0 = a.mask_kind == 1 ? N - a.L + (2 * t) / a.rep : N - 1;
-  const int limit1 = a.mask_kind == 1 ? N - a.L + (2 * t + 1) / a.rep : N - 1;
+  const int limit0 = a.mask_kind == kMaskCausal ? N - a.L + (2 * t) / a.rep : N - 1;
+  const int limit1 = a.mask_kind == kMaskCausal ? N - a.L + (2 * t + 1) / a.rep : N - 1;
 
   // Fragments of one 16-key tile from a stage: lane i addresses row i % 8 of
   // matrix i / 8 = (keys 8 (i / 8 % 2) + .., chunk c + i / 16).

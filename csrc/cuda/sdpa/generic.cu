@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
   const int Gk = Dk / a.gs, Gv = Dv / a.gs;
   const int n0 = split * a.split_keys;
   int n1 = min(n0 + a.split_keys, a.N);
-  if (a.mask_kind == 1) {
+  if (a.mask_kind == kMaskCausal) {
     const int last_l = (r0 + R - 1) / a.rep;
     n1 = min(n1, last_l + a.N - a.L + 1);
   }
@@ -295,11 +295,11 @@ __global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
           float s = sc[k];
           if (n >= n1) {
             s = -INFINITY;
-          } else if (a.mask_kind == 1) {
+          } else if (a.mask_kind == kMaskCausal) {
             if (n > l + a.N - a.L) {
               s = -INFINITY;
             }
-          } else if (a.mask_kind == 2) {
+          } else if (a.mask_kind == kMaskArray) {
             const int64_t mo = b * a.m_st[0] + h * a.m_st[1] + l * a.m_st[2] + n * a.m_st[3];
             const float mv = load_float(a.mask, mo, a.mask_dtype);
             if (a.mask_dtype == kBool) {

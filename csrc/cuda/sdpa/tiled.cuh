@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) tiled_kernel_i
   const int shift = a.N - a.L; // causal: position l sees keys <= l + shift
   const int n0 = split * a.split_keys;
   int n1 = min(a.N, n0 + a.split_keys);
-  if (a.mask_kind == 1) {
+  if (a.mask_kind == kMaskCausal) {
     n1 = min(n1, (r0 + R - 1) / a.rep + shift + 1);
   }
 
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) tiled_kernel_i
     const int rr = r0 + (live[h] ? r : 0);
     lpos[h] = rr / a.rep;
     head[h] = kvh * a.rep + rr % a.rep;
-    lim[h] = a.mask_kind == 1 ? lpos[h] + shift : INT_MAX;
+    lim[h] = a.mask_kind == kMaskCausal ? lpos[h] + shift : INT_MAX;
   }
   const int warp_first_lim = (r0 + wr0) / a.rep + shift;
   const float scale2 = a.scale * kLog2e;
@@ -279,8 +279,8 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) tiled_kernel_i
     }
 
     // Scale, mask, online softmax (rows ra: s[n][0..1], rb: s[n][2..3]).
-    const bool plain = a.mask_kind != 2 && c0 + kKeys <= n1 &&
-        (a.mask_kind != 1 || c0 + kKeys - 1 <= warp_first_lim);
+    const bool plain = a.mask_kind != kMaskArray && c0 + kKeys <= n1 &&
+        (a.mask_kind != kMaskCausal || c0 + kKeys - 1 <= warp_first_lim);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kSN; ++n) {
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) tiled_kernel_i
         if (!plain) {
           const int key = c0 + 8 * n + 2 * t4 + (e & 1);
           bool vis = live[h] && key < n1 && key <= lim[h];
-          if (vis && a.mask_kind == 2) {
+          if (vis && a.mask_kind == kMaskArray) {
             const int64_t mo = b * a.m_st[0] + head[h] * a.m_st[1] + lpos[h] * a.m_st[2] +
                 int64_t(key) * a.m_st[3];
             const float mv = load_float(a.mask, mo, a.mask_dtype);
