@@ -311,6 +311,15 @@ std::vector<mx::Shape> QuantizedKVUpdate::output_shapes(const std::vector<mx::ar
     shapes.push_back(inputs[i].shape());
   }
   for (int i = 0; fetch_ >= 0 && i < 6; ++i) {
+    if (fetch_ > inputs[i].shape(2)) {
+      fail(
+          "mlxq.quantized_kv_update",
+          "fetch rows [0, ",
+          fetch_,
+          ") do not fit the buffers' ",
+          inputs[i].shape(2),
+          " rows.");
+    }
     auto view = inputs[i].shape();
     view[2] = fetch_;
     shapes.push_back(view);
@@ -325,8 +334,14 @@ void set_prefix_views(std::vector<mx::array>& outputs) {
     const mx::array& full = outputs[i - 6];
     mx::array& view = outputs[i];
     const auto& st = full.strides();
-    // The span from the first element to one past the last (0 when empty).
-    int64_t end = view.size() == 0 ? 0 : 1;
+    if (view.size() == 0) { // as MLX's slice makes an empty array
+      auto flags = full.flags();
+      flags.contiguous = flags.row_contiguous = flags.col_contiguous = true;
+      view.copy_shared_buffer(full, st, flags, 0);
+      continue;
+    }
+    // The span from the first element to one past the last.
+    int64_t end = 1;
     bool row = true;
     int64_t dense = 1;
     int wide_dims = 0;

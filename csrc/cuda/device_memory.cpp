@@ -14,9 +14,8 @@
 //   allocation measured ~10 us of host time each;
 // - behind it, a stream-ordered driver pool per GPU for cache misses (so
 //   that MLX may hand a block back with cudaFreeAsync when it moves one to
-//   managed memory for a host read). Besides kernel outputs it holds the
-//   copies a cache makes of buffers it no longer owns alone (which the cache
-//   then writes in place).
+//   managed memory for a host read). It holds kernel outputs and scratch,
+//   never a cache's buffers (see take_or_copy in ring_update.cpp).
 //
 // A block returns to the cache only once its array is gone, which allocate()
 // delays until the evaluation's work has completed: a cached block is idle
@@ -88,9 +87,19 @@ Device& device_state(int device) {
   std::lock_guard<std::mutex> lock(mutex);
   Device& d = (*devices)[device];
   if (!d.pool) {
+    // All or nothing: d is usable only once every handle exists.
     CUdevice dev = 0;
     check(cuDeviceGet(&dev, device), "cuDeviceGet");
-    check(cuDevicePrimaryCtxRetain(&d.context, dev), "cuDevicePrimaryCtxRetain");
+    if (!d.context) {
+      check(cuDevicePrimaryCtxRetain(&d.context, dev), "cuDevicePrimaryCtxRetain");
+    }
+    if (!d.free_stream) {
+      check(cuCtxPushCurrent(d.context), "cuCtxPushCurrent");
+      const CUresult made = cuStreamCreate(&d.free_stream, CU_STREAM_NON_BLOCKING);
+      CUcontext popped;
+      cuCtxPopCurrent(&popped);
+      check(made, "cuStreamCreate");
+    }
     CUmemPoolProps props{};
     props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
     props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -98,11 +107,6 @@ Device& device_state(int device) {
     // The pool's default release threshold (0): what the host-side cache
     // does not keep goes back to the driver at the next synchronization.
     check(cuMemPoolCreate(&d.pool, &props), "cuMemPoolCreate");
-    check(cuCtxPushCurrent(d.context), "cuCtxPushCurrent");
-    const CUresult made = cuStreamCreate(&d.free_stream, CU_STREAM_NON_BLOCKING);
-    CUcontext popped;
-    cuCtxPopCurrent(&popped);
-    check(made, "cuStreamCreate");
   }
   return d;
 }
@@ -135,10 +139,18 @@ void trim(Device& d) {
 void release(mx::allocator::Buffer b, Device& d, int64_t n) {
   auto* buf = static_cast<mx::cu::CudaBuffer*>(b.ptr());
   if (buf->device < 0) {
-    // MLX moved it to managed memory for a host read (Buffer::raw_ptr) and
-    // has already given our block back to the pool.
+    // MLX moved it to managed memory (pinned host memory on GPUs without
+    // managed memory) for a host read (Buffer::raw_ptr) and has already
+    // given our block back to the pool.
     if (cuCtxPushCurrent(d.context) == CUDA_SUCCESS) {
-      cuMemFree(reinterpret_cast<CUdeviceptr>(buf->data));
+      unsigned type = 0;
+      const auto ptr = reinterpret_cast<CUdeviceptr>(buf->data);
+      if (cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr) == CUDA_SUCCESS &&
+          type == CU_MEMORYTYPE_HOST) {
+        cuMemFreeHost(buf->data);
+      } else {
+        cuMemFree(ptr);
+      }
       CUcontext popped;
       cuCtxPopCurrent(&popped);
     }
@@ -162,6 +174,7 @@ void release(mx::allocator::Buffer b, Device& d, int64_t n) {
 void allocate(mx::array& a, mx::cu::CommandEncoder& enc) {
   if (a.nbytes() == 0 || !pool_enabled()) {
     a.set_data(mx::allocator::malloc(a.nbytes()));
+    enc.add_temporary(a); // scratch must outlive its graph here too
     return;
   }
   const size_t n = rounded(a.nbytes());
@@ -174,8 +187,12 @@ void allocate(mx::array& a, mx::cu::CommandEncoder& enc) {
     CUdeviceptr ptr = 0;
     CUresult r = cuMemAllocFromPoolAsync(&ptr, n, d.pool, stream);
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+      // Our cached blocks and MLX's go back to their pools; a
+      // synchronization returns the pools' unused memory to the driver.
       trim(d);
-      mx::clear_cache(); // MLX's cached buffers too, then once more
+      mx::clear_cache();
+      cuCtxSynchronize();
+      cuMemPoolTrimTo(d.pool, 0);
       r = cuMemAllocFromPoolAsync(&ptr, n, d.pool, stream);
     }
     check(r, ("allocating " + std::to_string(n) + " bytes on the GPU").c_str());

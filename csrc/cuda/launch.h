@@ -27,8 +27,8 @@ int max_smem_per_block();
 // donatable.
 void allocate(mx::array& a, mx::cu::CommandEncoder& enc);
 
-// Allocates from MLX's allocator: for ring writes' copies that are not a
-// cache's own, which MLX may later donate back to a write in place.
+// Allocates from MLX's allocator: for ring writes' copies, which a cache (or
+// MLX's donation) later updates in place.
 void allocate_cached(mx::array& a);
 
 // Fills a fresh output with NaN (floats) or 0xFF bytes when the test hook

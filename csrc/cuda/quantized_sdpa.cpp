@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -256,9 +257,12 @@ mx::array merge_counters(mx::cu::CommandEncoder& enc, const DecodeKernel& k, Sdp
     return mx::array({1}, mx::uint32, nullptr, {});
   }
   static std::mutex mutex;
-  static auto* per_stream = new std::unordered_map<const void*, mx::array>();
+  // By (device, CUDA stream): the handles a kernel of this stream runs on.
+  static auto* per_stream = new std::map<std::pair<int, const void*>, mx::array>();
+  const std::pair<int, const void*> key{
+      enc.device().cuda_device(), static_cast<cudaStream_t>(enc.stream())};
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = per_stream->find(&enc);
+  auto it = per_stream->find(key);
   const int needed = a.B * a.Hkv;
   if (it == per_stream->end() || it->second.size() < size_t(needed)) {
     mx::array counters({std::max(needed, 256)}, mx::uint32, nullptr, {});
@@ -273,7 +277,7 @@ mx::array merge_counters(mx::cu::CommandEncoder& enc, const DecodeKernel& k, Sdp
         zero,
         {},
         {&counters});
-    it = per_stream->insert_or_assign(&enc, counters).first;
+    it = per_stream->insert_or_assign(key, counters).first;
   }
   enc.add_temporary(it->second); // a replaced array outlives its last kernel
   a.counters = mx::gpu_ptr<unsigned>(it->second);

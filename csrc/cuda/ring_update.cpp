@@ -25,14 +25,11 @@ void take_or_copy(
     return;
   }
   detail::note_ring_copy();
-  // A cache's copy (owned) stays the cache's and is written in place from
-  // then on: device memory of mlxq's pool. Otherwise MLX's allocator, whose
-  // buffers MLX may donate back to the next ring write.
-  if (owned) {
-    allocate(out, enc);
-  } else {
-    allocate_cached(out);
-  }
+  // MLX's allocator (managed memory), not mlxq's pool: a cache writes this
+  // buffer in place from now on, also in graphs already committed when the
+  // host reads the cache (a save), and MLX moves a device block to managed
+  // memory on a host read, freeing the pointer those graphs hold.
+  allocate_cached(out);
   poison(out, enc);
   if (in.size() == 0) {
     return;
