@@ -202,7 +202,7 @@ def main():
             r["bare_rounds_ms"] = samples[run][0]
             r["encode_ms"] = statistics.median(samples[run][1])
             with _mlxq_enabled(run):
-                r["generate_ms"] = generate(model, caches[run], args.steps, run != runs[0])
+                r["generate_ms"] = generate(model, caches[run], args.steps, run.startswith("mlxq"))
                 r["build_ms"] = build(model, caches[run], args.steps)
             table.row(r)
             rows.append(r)

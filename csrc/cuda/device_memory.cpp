@@ -69,6 +69,26 @@ void check(CUresult r, const char* what) {
   }
 }
 
+// Makes a device's primary context current for a scope (the deleter runs on
+// MLX's completion thread, where none may be); ok() is false once the driver
+// is gone at exit.
+class ContextScope {
+ public:
+  explicit ContextScope(CUcontext context) : ok_(cuCtxPushCurrent(context) == CUDA_SUCCESS) {}
+  ~ContextScope() {
+    if (ok_) {
+      CUcontext popped;
+      cuCtxPopCurrent(&popped);
+    }
+  }
+  bool ok() const {
+    return ok_;
+  }
+
+ private:
+  bool ok_;
+};
+
 // Sizes as MLX rounds them: powers of two below a page, whole pages above.
 size_t rounded(size_t n) {
   if (n >= kPage) {
@@ -94,11 +114,9 @@ Device& device_state(int device) {
       check(cuDevicePrimaryCtxRetain(&d.context, dev), "cuDevicePrimaryCtxRetain");
     }
     if (!d.free_stream) {
-      check(cuCtxPushCurrent(d.context), "cuCtxPushCurrent");
-      const CUresult made = cuStreamCreate(&d.free_stream, CU_STREAM_NON_BLOCKING);
-      CUcontext popped;
-      cuCtxPopCurrent(&popped);
-      check(made, "cuStreamCreate");
+      ContextScope scope(d.context);
+      check(scope.ok() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT, "cuCtxPushCurrent");
+      check(cuStreamCreate(&d.free_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     }
     CUmemPoolProps props{};
     props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -142,7 +160,7 @@ void release(mx::allocator::Buffer b, Device& d, int64_t n) {
     // MLX moved it to managed memory (pinned host memory on GPUs without
     // managed memory) for a host read (Buffer::raw_ptr) and has already
     // given our block back to the pool.
-    if (cuCtxPushCurrent(d.context) == CUDA_SUCCESS) {
+    if (ContextScope scope(d.context); scope.ok()) {
       unsigned type = 0;
       const auto ptr = reinterpret_cast<CUdeviceptr>(buf->data);
       if (cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr) == CUDA_SUCCESS &&
@@ -151,18 +169,14 @@ void release(mx::allocator::Buffer b, Device& d, int64_t n) {
       } else {
         cuMemFree(ptr);
       }
-      CUcontext popped;
-      cuCtxPopCurrent(&popped);
     }
   } else {
     std::lock_guard<std::mutex> lock(d.mutex);
     if (d.cached + buf->size <= kMaxCachedBytes) {
       d.free_blocks.emplace(buf->size, buf->data);
       d.cached += buf->size;
-    } else if (cuCtxPushCurrent(d.context) == CUDA_SUCCESS) {
+    } else if (ContextScope scope(d.context); scope.ok()) {
       cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(buf->data), d.free_stream);
-      CUcontext popped;
-      cuCtxPopCurrent(&popped);
     } // else: the process is exiting and the driver is gone
   }
   delete buf;
@@ -173,7 +187,7 @@ void release(mx::allocator::Buffer b, Device& d, int64_t n) {
 
 void allocate(mx::array& a, mx::cu::CommandEncoder& enc) {
   if (a.nbytes() == 0 || !pool_enabled()) {
-    a.set_data(mx::allocator::malloc(a.nbytes()));
+    allocate_cached(a);
     enc.add_temporary(a); // scratch must outlive its graph here too
     return;
   }
