@@ -19,6 +19,7 @@ add_library(mlxq_cuda_kernels OBJECT
   csrc/cuda/sdpa/generic.cu
   csrc/cuda/sdpa/merge.cu
   csrc/cuda/fill.cu
+  csrc/cuda/dequantize.cu
   csrc/cuda/ring_update.cu)
 set_target_properties(mlxq_cuda_kernels PROPERTIES
   CUDA_STANDARD 17
@@ -32,6 +33,7 @@ target_sources(mlxq_core PRIVATE
   csrc/cuda/launch.cpp
   csrc/cuda/quantized_sdpa.cpp
   csrc/cuda/ring_update.cpp
+  csrc/cuda/dequantize_into.cpp
   $<TARGET_OBJECTS:mlxq_cuda_kernels>)
 # mlx/backend/cuda/device.h includes <fmt/format.h>, which no wheel ships.
 if(DEFINED ENV{MLXQ_FMT_INCLUDE})

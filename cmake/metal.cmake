@@ -42,7 +42,8 @@ mlx_build_metallib(
 target_sources(mlxq_core PRIVATE
   csrc/metal/kernels.cpp
   csrc/metal/quantized_sdpa.cpp
-  csrc/metal/ring_update.cpp)
+  csrc/metal/ring_update.cpp
+  csrc/metal/dequantize_into.cpp)
 target_include_directories(mlxq_core PRIVATE ${MLX_INCLUDE_DIRS})
 add_dependencies(mlxq_core mlxq_metallib)
 

@@ -5,8 +5,10 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "debug.h"
+#include "dequantize_into.h"
 #include "metal/dispatch_bindings.h"
 #include "quantization.h"
 #include "quantized_sdpa.h"
@@ -161,6 +163,38 @@ NB_MODULE(_ext, m) {
       "stream"_a = nb::none(),
       "A KV cache's write of one step: quantize K and V rows into both triples in place "
       "(fetch >= 0: also return their rows [0, fetch) as views).");
+
+  m.def(
+      "dequantize_into",
+      [](const mx::array& workspace,
+         const mx::array& packed,
+         const mx::array& scales,
+         const mx::array& biases,
+         int group_size,
+         int bits,
+         const std::vector<mx::array>& after,
+         mx::StreamOrDevice s) {
+        return translate_errors([&] {
+          return mlxq::dequantize_into(
+              workspace, packed, scales, biases, group_size, bits, after, s);
+        });
+      },
+      "workspace"_a,
+      "packed"_a,
+      "scales"_a,
+      "biases"_a,
+      nb::kw_only(),
+      "group_size"_a,
+      "bits"_a,
+      "after"_a = std::vector<mx::array>{},
+      "stream"_a = nb::none(),
+      "Dequantize a triple into the workspace's memory, after the arrays in `after` "
+      "(see mlxq.workspace).");
+
+  m.def(
+      "_take_workspace_misses",
+      &mlxq::detail::take_workspace_misses,
+      "Test hook: dequantize_into calls that could not use their workspace (then resets).");
 
   m.def(
       "_take_ring_copies",

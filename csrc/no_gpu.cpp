@@ -42,3 +42,15 @@ void QuantizedKVUpdate::eval_gpu(const std::vector<mx::array>&, std::vector<mx::
 }
 
 } // namespace mlxq
+
+#include "dequantize_into.h"
+
+namespace mlxq {
+
+void DequantizeInto::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error(
+      "[mlxq.dequantize_into] this build of mlxq has no GPU kernels; run it on "
+      "the CPU (stream=mx.cpu).");
+}
+
+} // namespace mlxq

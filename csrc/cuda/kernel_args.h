@@ -105,6 +105,18 @@ struct QuantKVArgs {
   int B, H, T, S, dtype;
 };
 
+// DequantizeInto: codes [B, H, N, W], scales and biases [B, H, N, G]
+// (strided) into a row-contiguous [B, H, N, D] output.
+struct DequantArgs {
+  const uint32_t* w;
+  const void* s;
+  const void* z;
+  void* out;
+  int64_t w_st[4], s_st[4], z_st[4];
+  int64_t chunks; // 8-code chunks: B * H * N * D / 8
+  int H, N, D, gs, s_dtype;
+};
+
 struct FillArgs {
   void* dst;
   int64_t n_words; // 4-byte words
@@ -119,6 +131,7 @@ void* copy_kernel();
 void* quant_ring_kernel(int bits, int group_size);
 void* quant_kv_kernel(int bits, int group_size);
 void* fill_kernel();
+void* dequantize_kernel(int bits, int out_dtype);
 
 // Dynamic shared memory of the sdpa kernel for the given head dims.
 int generic_smem_bytes(int Dk, int Dv, int bits);

@@ -1,5 +1,5 @@
 # Type stubs for mlxq's compiled extension (the Python layer wraps it).
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 
@@ -24,8 +24,6 @@ def quantized_sdpa(
     group_size: Optional[int] = None,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array: ...
-def _set_poison_outputs(enabled: bool) -> None: ...
-def _take_last_sdpa_kernel() -> str: ...
 def ring_update(
     buffer: mx.array,
     update: mx.array,
@@ -63,6 +61,20 @@ def quantized_kv_update(
 ) -> Tuple[Tuple[mx.array, ...], ...]:
     """(K triple, V triple), then with fetch >= 0 also their rows [0, fetch) as views."""
 
+def dequantize_into(
+    workspace: mx.array,
+    packed: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    *,
+    group_size: int,
+    bits: int,
+    after: Sequence[mx.array] = (),
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> mx.array:
+    """[B, H, N, D] dequantized into the workspace's memory, after `after` is evaluated."""
+
+def _take_workspace_misses() -> int: ...
 def _take_ring_copies() -> int: ...
 def _take_last_sdpa_kernel() -> str: ...
 def _set_poison_outputs(enabled: bool) -> None: ...

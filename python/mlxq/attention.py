@@ -4,7 +4,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 
-from . import _ext, routing
+from . import _ext, routing, workspace
 
 QuantizedTensor = Tuple[mx.array, mx.array, mx.array]
 Mask = Union[None, str, mx.array]
@@ -98,6 +98,8 @@ def quantized_sdpa(
         )
         if routed is not None:
             return routed
+    else:  # decoding: a prefill's dense K/V buffers are no longer needed
+        workspace.release()
     return out
 
 
@@ -134,14 +136,22 @@ def _dequantized_mx_fast(
         sinks_dtype=None if sinks is None else sinks.dtype,
     ):
         return None
-    k = mx.dequantize(*keys, group_size=group_size, bits=bits, stream=stream)
-    v = mx.dequantize(*values, group_size=group_size, bits=bits, stream=stream)
+    reused = backend in workspace.BACKENDS and routing.workspace_enabled()
+    if reused:
+        k, v = workspace.dequantize_kv(
+            keys, values, group_size=group_size, bits=bits, dtype=q.dtype, stream=stream
+        )
+    else:
+        k = mx.dequantize(*keys, group_size=group_size, bits=bits, stream=stream)
+        v = mx.dequantize(*values, group_size=group_size, bits=bits, stream=stream)
     try:
         out = mx.fast.scaled_dot_product_attention(
             q, k, v, scale=scale, mask=mask, sinks=sinks, force_fused=True, stream=stream
         )
     except (ValueError, RuntimeError):  # MLX has no fused kernel here after all
         return None
+    if reused:
+        workspace.note_reader(stream, out)
     routing.note_route("mx_fast")
     return out
 

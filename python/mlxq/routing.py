@@ -39,6 +39,9 @@ METAL_FULL_HEAD_DIMS = (64, 80, 128)  # MLX's Metal full-attention kernel (L > 8
 FUSED_DTYPES = (mx.float16, mx.bfloat16)
 
 _enabled = os.environ.get("MLXQ_DEQUANTIZED_PREFILL", "1") != "0"
+# The dense K/V in one reused buffer per stream (mlxq.workspace) instead of a
+# fresh mx.dequantize per layer; MLXQ_PREFILL_WORKSPACE=0 for comparisons.
+_workspace = os.environ.get("MLXQ_PREFILL_WORKSPACE", "1") != "0"
 _routes: Counter = Counter()
 
 
@@ -62,6 +65,18 @@ def set_dequantized_prefill(enabled: bool) -> bool:
     global _enabled
     old, _enabled = _enabled, bool(enabled)
     return old
+
+
+def set_prefill_workspace(enabled: bool) -> bool:
+    """Dequantize routed layers into one reused buffer per stream (default) or
+    with ``mx.dequantize`` per layer; returns the old setting."""
+    global _workspace
+    old, _workspace = _workspace, bool(enabled)
+    return old
+
+
+def workspace_enabled() -> bool:
+    return _workspace
 
 
 def gpu_backend() -> Optional[str]:
