@@ -94,3 +94,26 @@ struct MlxqCopyParams {
   int shape[4];
 };
 static_assert(sizeof(MlxqCopyParams) == 4 * 8 + 4 * 4, "MlxqCopyParams layout");
+
+// DequantizeInto: packed [B, H, N, W] uint32 and scales / biases
+// [B, H, N, G] (MLXQ_DT_* scale_dtype), all read through their strides in
+// elements, into a row-contiguous [B, H, N, D] output.
+struct MlxqDequantParams {
+  mlxq_i64 w_strides[4];
+  mlxq_i64 s_strides[4];
+  mlxq_i64 b_strides[4];
+  int B, H, N, D;
+  int group_size, bits;
+  int scale_dtype;
+  int reserved;
+};
+static_assert(sizeof(MlxqDequantParams) == 12 * 8 + 8 * 4, "MlxqDequantParams layout");
+
+// Fill of n_words 32-bit words with one pattern, word i = y * cols + x of a
+// 2-D grid (DequantizeInto's output poisoning, in stream order).
+struct MlxqFillParams {
+  mlxq_i64 n_words;
+  unsigned int pattern;
+  int cols;
+};
+static_assert(sizeof(MlxqFillParams) == 8 + 2 * 4, "MlxqFillParams layout");

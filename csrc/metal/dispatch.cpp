@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "quantization.h"
+
 namespace mlxq::metal_dispatch {
 
 namespace {
@@ -208,6 +210,70 @@ CopyPlan plan_copy4d(const int shape[4], const int64_t strides[4], int itemsize)
     plan.params.src_strides[d] = strides[d];
   }
   return plan;
+}
+
+DequantPlan plan_dequantize_into(
+    int B,
+    int H,
+    int N,
+    int D,
+    int group_size,
+    int bits,
+    int out_dtype,
+    int scale_dtype,
+    const int64_t w_strides[4],
+    const int64_t s_strides[4],
+    const int64_t b_strides[4]) {
+  // 8 codes of a thread share one group: every supported group size is a
+  // multiple of 8.
+  if (!is_supported_bits(bits) || !is_supported_group_size(group_size) || D % group_size != 0) {
+    throw std::invalid_argument("[mlxq.metal] unsupported DequantizeInto shape");
+  }
+  DequantPlan plan;
+  plan.kernel =
+      std::string("mlxq_dequantize_into_") + dtype_tag(out_dtype) + "_b" + std::to_string(bits);
+  plan.grid = Size3{D / 8, N, int64_t(B) * H};
+  plan.group = elementwise_group(D / 8, N);
+  plan.grid_is_threads = true;
+  MlxqDequantParams& p = plan.params;
+  for (int d = 0; d < 4; ++d) {
+    p.w_strides[d] = w_strides[d];
+    p.s_strides[d] = s_strides[d];
+    p.b_strides[d] = b_strides[d];
+  }
+  p.B = B;
+  p.H = H;
+  p.N = N;
+  p.D = D;
+  p.group_size = group_size;
+  p.bits = bits;
+  p.scale_dtype = scale_dtype;
+  return plan;
+}
+
+FillPlan plan_fill_u32(int64_t n_words, uint32_t pattern) {
+  constexpr int kCols = 1 << 16; // words per grid row: y stays small, x fits 32 bits
+  FillPlan plan;
+  plan.kernel = "mlxq_fill_u32";
+  const int64_t cols = std::min<int64_t>(std::max<int64_t>(n_words, 0), kCols);
+  plan.grid = Size3{cols, cols > 0 ? ceil_div(n_words, cols) : 0, 1};
+  plan.group = elementwise_group(cols, 1);
+  plan.grid_is_threads = true;
+  plan.params.n_words = n_words;
+  plan.params.pattern = pattern;
+  plan.params.cols = static_cast<int>(std::max<int64_t>(cols, 1));
+  return plan;
+}
+
+uint32_t poison_word(int dtype) {
+  switch (dtype) {
+    case MLXQ_DT_F16:
+      return 0x7E007E00u;
+    case MLXQ_DT_BF16:
+      return 0x7FC07FC0u;
+    default:
+      return 0x7FC00000u;
+  }
 }
 
 } // namespace mlxq::metal_dispatch

@@ -31,6 +31,12 @@ constexpr int kQRingUpdate = 0, kQRingPos = 1, kQRingPacked = 2, kQRingScales = 
               kQRingParams = 5;
 // mlxq_copy4d_*
 constexpr int kCopySrc = 0, kCopyDst = 1, kCopyParams = 2;
+// mlxq_dequantize_into_* and mlxq_fill_u32. kDqOrder / kFillOrder take the
+// workspace and the `after` inputs, one after another: the kernels never
+// read that slot; binding them there lets MLX's encoder order the dispatch
+// after their writers (a barrier).
+constexpr int kDqPacked = 0, kDqScales = 1, kDqBiases = 2, kDqOut = 3, kDqParams = 4, kDqOrder = 5;
+constexpr int kFillDst = 0, kFillParams = 1, kFillOrder = 2;
 } // namespace slots
 
 struct Size3 {
@@ -130,6 +136,38 @@ RingPlan plan_quantized_ring_update(
 // A strided [s0, s1, s2, s3] array of `itemsize`-byte elements into a
 // row-contiguous one.
 CopyPlan plan_copy4d(const int shape[4], const int64_t strides[4], int itemsize);
+
+struct DequantPlan : ElementwisePlan {
+  MlxqDequantParams params{};
+};
+
+struct FillPlan : ElementwisePlan {
+  MlxqFillParams params{};
+};
+
+// DequantizeInto of packed [B, H, N, D * bits / 32] and scales / biases
+// [B, H, N, D / group_size] in `scale_dtype` into a row-contiguous
+// [B, H, N, D] output in `out_dtype` (MLXQ_DT_*): one thread per 8 codes of
+// a row, grid (D / 8, N, B * H) threads. Strides in elements.
+DequantPlan plan_dequantize_into(
+    int B,
+    int H,
+    int N,
+    int D,
+    int group_size,
+    int bits,
+    int out_dtype,
+    int scale_dtype,
+    const int64_t w_strides[4],
+    const int64_t s_strides[4],
+    const int64_t b_strides[4]);
+
+// `n_words` 32-bit words set to `pattern`, one thread per word.
+FillPlan plan_fill_u32(int64_t n_words, uint32_t pattern);
+
+// The poison word of an output in `dtype` (MLXQ_DT_*): a quiet NaN in every
+// element (debug.h's poisoning, made on the GPU).
+uint32_t poison_word(int dtype);
 
 // "f32", "f16", "bf16" for MLXQ_DT_*.
 const char* dtype_tag(int dtype);

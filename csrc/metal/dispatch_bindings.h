@@ -1,6 +1,7 @@
 // Python access to the Metal grid arithmetic (csrc/metal/dispatch.h) for the
 // emulator tests: mlxq._ext._metal_plan_sdpa / _metal_plan_ring_update /
-// _metal_plan_quantized_ring_update / _metal_plan_copy4d take a dict and
+// _metal_plan_quantized_ring_update / _metal_plan_copy4d /
+// _metal_plan_dequantize_into / _metal_plan_fill take a dict and
 // return a dict with the kernel name, grid and threadgroup sizes, the
 // argument block as bytes, and the buffer slots. Included by bindings.cpp.
 #pragma once
@@ -198,6 +199,52 @@ inline nb::dict copy4d(const nb::dict& d) {
   return r;
 }
 
+inline nb::dict dequantize_into(const nb::dict& d) {
+  int64_t w[4] = {0, 0, 0, 1}, sc[4] = {0, 0, 0, 1}, bi[4] = {0, 0, 0, 1};
+  get_strides(d, "packed_strides", w);
+  get_strides(d, "scales_strides", sc);
+  get_strides(d, "biases_strides", bi);
+  const DequantPlan plan = plan_dequantize_into(
+      get<int>(d, "B", 1),
+      get<int>(d, "H", 1),
+      get<int>(d, "N", 1),
+      get<int>(d, "D", 64),
+      get<int>(d, "group_size", 64),
+      get<int>(d, "bits", 4),
+      get<int>(d, "out_dtype", MLXQ_DT_F32),
+      get<int>(d, "scale_dtype", MLXQ_DT_F32),
+      w,
+      sc,
+      bi);
+  nb::dict r = elementwise(plan);
+  r["params"] = raw(plan.params);
+  nb::dict s;
+  s["packed"] = slots::kDqPacked;
+  s["scales"] = slots::kDqScales;
+  s["biases"] = slots::kDqBiases;
+  s["out"] = slots::kDqOut;
+  s["params"] = slots::kDqParams;
+  r["slots"] = s;
+  r["order_slot"] = slots::kDqOrder; // bound by the host, never read
+  return r;
+}
+
+inline nb::dict fill(const nb::dict& d) {
+  const int dtype = get<int>(d, "dtype", MLXQ_DT_F32);
+  const uint32_t pattern =
+      d.contains("pattern") ? nb::cast<uint32_t>(d["pattern"]) : poison_word(dtype);
+  const FillPlan plan = plan_fill_u32(get<int64_t>(d, "n_words", 0), pattern);
+  nb::dict r = elementwise(plan);
+  r["params"] = raw(plan.params);
+  r["pattern"] = plan.params.pattern;
+  nb::dict s;
+  s["dst"] = slots::kFillDst;
+  s["params"] = slots::kFillParams;
+  r["slots"] = s;
+  r["order_slot"] = slots::kFillOrder;
+  return r;
+}
+
 } // namespace py
 
 inline void add_plan_bindings(nb::module_& m) {
@@ -221,6 +268,17 @@ inline void add_plan_bindings(nb::module_& m) {
       &py::copy4d,
       nb::arg("problem"),
       "Test hook: the Metal dispatch of a strided copy.");
+  m.def(
+      "_metal_plan_dequantize_into",
+      &py::dequantize_into,
+      nb::arg("problem"),
+      "Test hook: the Metal dispatch of a DequantizeInto.");
+  m.def(
+      "_metal_plan_fill",
+      &py::fill,
+      nb::arg("problem"),
+      "Test hook: the Metal dispatch of the poisoning fill (dtype's poison "
+      "word unless a pattern is given).");
 }
 
 } // namespace mlxq::metal_dispatch

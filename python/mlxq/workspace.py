@@ -5,9 +5,10 @@ its K and V dequantized: an ``O(N * D)`` copy of one layer. ``mx.dequantize``
 would make a fresh one per layer, and MLX's GPU backends keep every kernel's
 inputs until the command buffer (Metal) or CUDA graph that ran it completes,
 with several in flight: at 128k tokens on an 8B model (0.5 GB per layer)
-tens of layers' copies were alive at once. So on CUDA every layer writes
-into the same two buffers (``_ext.dequantize_into``), each write ordered
-after the previous routed attention, the last reader of their contents.
+tens of layers' copies were alive at once. So on CUDA and Metal every layer
+writes into the same two buffers (``_ext.dequantize_into``), each write
+ordered after the previous routed attention, the last reader of their
+contents.
 
 The buffers grow geometrically with the context and are dropped at the next
 decode-sized call (:func:`release`), so a generation does not keep a layer's
@@ -21,7 +22,8 @@ import mlx.core as mx
 from . import _ext
 
 # Backends with a DequantizeInto kernel (elsewhere the route uses mx.dequantize).
-BACKENDS = ("cuda",)
+# Metal's (metal/dequantize.metal) is verified on the emulator only.
+BACKENDS = ("cuda", "metal")
 
 _buffers: Dict[Tuple[str, str, str], mx.array] = {}
 _last_reader: Dict[str, mx.array] = {}

@@ -263,3 +263,49 @@ def _dispatch(emu, plan, bufs, check):
     if check:
         assert ok and not diag, diag
     plan["ok"], plan["diagnostics"] = ok, diag
+
+
+def run_fill(emu, dst, n_words, tag, *, check=True):
+    """mlxq_fill_u32 over the first `n_words` 32-bit words of `dst` with the
+    poison word of `tag`, as DequantizeInto's host code poisons its output on
+    the GPU. Returns the plan."""
+    plan = mlxq._ext._metal_plan_fill(dict(n_words=n_words, dtype=DT[tag]))
+    _dispatch(emu, plan, {"dst": dst}, check)
+    return plan
+
+
+def run_dequantize_into(
+    emu, workspace, packed, scales, biases, *, group_size, bits, s_tag, out_tag, check=True
+):
+    """DequantizeInto as csrc/metal/dequantize_into.cpp dispatches it with
+    poisoning on: `workspace` (1-D storage of `out_tag`, at least B*H*N*D
+    elements) is the output's memory; mlxq_fill_u32 poisons the output's
+    words, then mlxq_dequantize_into writes them from the packed / scales /
+    biases views (any strides). Returns ([B, H, N, D] view of the workspace,
+    plan)."""
+    B, H, N, W = packed.shape
+    D = W * 32 // bits
+    problem = dict(
+        B=B,
+        H=H,
+        N=N,
+        D=D,
+        group_size=group_size,
+        bits=bits,
+        out_dtype=DT[out_tag],
+        scale_dtype=DT[s_tag],
+    )
+    bufs = {"out": workspace}
+    for name, arr in (("packed", packed), ("scales", scales), ("biases", biases)):
+        b, st, _ = Buffer.of_view(arr)
+        bufs[name] = b
+        problem[f"{name}_strides"] = st
+    size = B * H * N * D
+    assert workspace.ndim == 1 and workspace.size >= size
+    fill = run_fill(emu, workspace, size * workspace.itemsize // 4, out_tag, check=check)
+    plan = mlxq._ext._metal_plan_dequantize_into(problem)
+    _dispatch(emu, plan, bufs, check)
+    plan["ok"] = plan["ok"] and fill["ok"]
+    plan["diagnostics"] = fill["diagnostics"] + plan["diagnostics"]
+    plan["fill"] = fill
+    return workspace[:size].reshape(B, H, N, D), plan

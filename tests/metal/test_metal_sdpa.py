@@ -390,6 +390,10 @@ def test_every_kernel_is_reachable_from_the_plan(metal_emu):
             names.add(
                 mlxq._ext._metal_plan_quantized_ring_update(dict(bits=bits, dtype=dt))["kernel"]
             )
+            names.add(
+                mlxq._ext._metal_plan_dequantize_into(dict(bits=bits, out_dtype=dt))["kernel"]
+            )
+    names.add(mlxq._ext._metal_plan_fill(dict(n_words=1))["kernel"])
     assert set(metal_emu.kernels()) == names
 
 

@@ -19,7 +19,12 @@ def prepared(tmp_path_factory):
 
 
 def test_every_metal_file_is_checked():
-    assert SOURCES == ["qsdpa_decode.metal", "qsdpa_prefill.metal", "ring_update.metal"]
+    assert SOURCES == [
+        "dequantize.metal",
+        "qsdpa_decode.metal",
+        "qsdpa_prefill.metal",
+        "ring_update.metal",
+    ]
     assert len(PLANTED) == 5
 
 
