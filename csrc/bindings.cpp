@@ -7,6 +7,7 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include "cuda/sdpa/plan_bindings.h"
 #include "debug.h"
 #include "dequantize_into.h"
 #include "metal/dispatch_bindings.h"
@@ -224,4 +225,5 @@ NB_MODULE(_ext, m) {
       "Test hook: fill every new mlxq output with NaN/0xFF before its kernel runs.");
 
   mlxq::metal_dispatch::add_plan_bindings(m);
+  mlxq::cuda::add_plan_bindings(m);
 }

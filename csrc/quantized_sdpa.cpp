@@ -231,7 +231,7 @@ mx::array quantized_sdpa(
     fail(kOp, "scale must be finite, got ", scale, ".");
   }
 
-  QuantizedSDPAParams params{scale, kb, kg, MaskKind::None, false};
+  QuantizedSDPAParams params{scale, kb, kg, kMaskNone, false};
   std::vector<mx::array> inputs = {q, k_packed, k_scales, k_biases, v_packed, v_scales, v_biases};
 
   if (!mask_mode.empty() && mask_mode != "causal") {
@@ -241,7 +241,7 @@ mx::array quantized_sdpa(
     fail(kOp, "pass either mask=\"causal\" or a mask array, not both.");
   }
   if (mask_mode == "causal") {
-    params.mask = MaskKind::Causal;
+    params.mask = kMaskCausal;
   } else if (mask) {
     const auto& m = *mask;
     if (m.dtype() != mx::bool_ && !is_float_dtype(m.dtype())) {
@@ -266,7 +266,7 @@ mx::array quantized_sdpa(
           shape_str(target),
           ".");
     }
-    params.mask = MaskKind::Array;
+    params.mask = kMaskArray;
     // A broadcast view: the kernel reads it through its (zero) strides.
     inputs.push_back(mx::broadcast_to(m, target, s));
   }

@@ -8,17 +8,17 @@
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
+#include "sdpa_codes.h"
+
 namespace mlxq {
 
 namespace mx = mlx::core;
-
-enum class MaskKind { None = 0, Causal = 1, Array = 2 };
 
 struct QuantizedSDPAParams {
   float scale;
   int bits;
   int group_size;
-  MaskKind mask;
+  MaskCode mask; // sdpa_codes.h
   bool has_sinks;
 
   bool operator==(const QuantizedSDPAParams&) const = default;

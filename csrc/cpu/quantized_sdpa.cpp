@@ -30,7 +30,8 @@
 #include "debug.h"
 #include "quantization.h"
 #include "quantized_sdpa.h"
-#include "sdpa_plan.h"
+#include "row_tiling.h"
+#include "sdpa_problem.h"
 
 namespace mlxq {
 
@@ -74,27 +75,22 @@ struct View {
   }
 };
 
-struct Problem {
-  int B, Hq, Hkv, L, N, Dk, Dv, rep, bits, gs;
-  float scale;
-  MaskKind mask;
-  mx::Dtype q_dtype = mx::float32;
-  mx::Dtype mask_dtype = mx::bool_;
-  mx::Dtype scale_dtype = mx::float32;
+// The task plan: SdpaProblem's shapes and codes, the operands' views and the
+// row / key tiling.
+struct Problem : SdpaProblem {
   View q, kw, ks, kb, vw, vs, vb, m;
   const float* sinks; // [Hq] or null
-  int rows; // rep * L rows per (batch, KV head)
   int row_tile;
   int row_tiles;
   int splits;
   int split_keys;
 };
 
-inline float load_float(const void* p, mx::Dtype dt) {
+inline float load_float(const void* p, DtypeCode dt) {
   switch (dt) {
-    case mx::float16:
+    case kF16:
       return static_cast<float>(*static_cast<const float16_t*>(p));
-    case mx::bfloat16:
+    case kBF16:
       return static_cast<float>(*static_cast<const bfloat16_t*>(p));
     default:
       return *static_cast<const float*>(p);
@@ -109,12 +105,12 @@ inline void store_row(void* dst, const float* src, int n) {
   }
 }
 
-inline void store_output(mx::Dtype dt, void* dst, const float* src, int n) {
+inline void store_output(DtypeCode dt, void* dst, const float* src, int n) {
   switch (dt) {
-    case mx::float16:
+    case kF16:
       store_row<float16_t>(dst, src, n);
       break;
-    case mx::bfloat16:
+    case kBF16:
       store_row<bfloat16_t>(dst, src, n);
       break;
     default:
@@ -144,7 +140,7 @@ struct Scratch {
   uint32_t words[kMaxHeadDim * 8 / 32 + 1];
 
   void prepare(const Problem& P) {
-    const size_t RT = P.row_tile, Gk = P.Dk / P.gs, Gv = P.Dv / P.gs;
+    const size_t RT = P.row_tile, Gk = P.Dk / P.group_size, Gv = P.Dv / P.group_size;
     const size_t sizes[] = {
         RT * P.Dk,
         RT * Gk,
@@ -201,7 +197,7 @@ struct Scratch {
 inline void load_group_params(
     const View& sv,
     const View& bv,
-    mx::Dtype dt,
+    DtypeCode dt,
     int b,
     int h,
     int n,
@@ -269,12 +265,12 @@ class TileKernel {
     const int R = r1 - r0;
     load_queries(b, kvh, r0, R);
     std::fill(S_.o, S_.o + R * Dv_, 0.0f);
-    std::fill(S_.obias, S_.obias + R * (Dv_ / P_.gs), 0.0f);
+    std::fill(S_.obias, S_.obias + R * (Dv_ / P_.group_size), 0.0f);
     std::fill(S_.m, S_.m + R, kNegInf);
     std::fill(S_.l, S_.l + R, 0.0f);
-    if (P_.mask == MaskKind::Causal) {
+    if (P_.mask == kMaskCausal) {
       // Keys past the last row's causal limit are hidden from every row.
-      int last_l = (r1 - 1) / P_.rep;
+      int last_l = P_.position(r1 - 1);
       n1 = std::min(n1, last_l + P_.N - P_.L + 1);
     }
     for (int c0 = n0; c0 < n1; c0 += kChunk) {
@@ -289,19 +285,19 @@ class TileKernel {
   // Natural-order unnormalised output of tile row rr (valid after run()).
   const float* natural_output(int rr) {
     const float* o = S_.o + size_t(rr) * Dv_;
-    const float* ob = S_.obias + size_t(rr) * (Dv_ / P_.gs);
+    const float* ob = S_.obias + size_t(rr) * (Dv_ / P_.group_size);
     for (int i = 0; i < Dv_; ++i) {
-      S_.onat[i] = o[C::slot(i, Dv_)] + ob[i / P_.gs];
+      S_.onat[i] = o[C::slot(i, Dv_)] + ob[i / P_.group_size];
     }
     return S_.onat;
   }
 
  private:
   void load_queries(int b, int kvh, int r0, int R) {
-    const int gs = P_.gs, Gk = Dk_ / gs;
+    const int gs = P_.group_size, Gk = Dk_ / gs;
     const int64_t qstep = P_.q.stride[3] * P_.q.itemsize;
     for (int rr = 0; rr < R; ++rr) {
-      const int r = r0 + rr, l = r / P_.rep, h = kvh * P_.rep + r % P_.rep;
+      const int r = r0 + rr, l = P_.position(r), h = P_.query_head(kvh, r);
       const char* qrow = P_.q.data +
           (b * P_.q.stride[0] + h * P_.q.stride[1] + l * P_.q.stride[2]) * P_.q.itemsize;
       float* qf = S_.qf + size_t(rr) * Dk_;
@@ -320,7 +316,7 @@ class TileKernel {
 
   // s[rr][j] = q_rr . (codes_j * scale_j) + sum_g bias_j,g * qsum_rr,g
   void scores(int b, int kvh, int R, int c0, int cn) {
-    const int Dk = Dk_, Gk = Dk / P_.gs;
+    const int Dk = Dk_, Gk = Dk / P_.group_size;
     for (int j = 0; j < cn; ++j) {
       load_group_params(
           P_.ks, P_.kb, P_.scale_dtype, b, kvh, c0 + j, Gk, S_.gscale, S_.kbias + j, kChunk);
@@ -328,7 +324,7 @@ class TileKernel {
           P_.kw.row<uint32_t>(b, kvh, c0 + j, Dk * BITS / 32, S_.words),
           S_.gscale,
           Dk,
-          P_.gs,
+          P_.group_size,
           S_.kbuf + size_t(j) * Dk,
           S_.wscale);
     }
@@ -343,25 +339,25 @@ class TileKernel {
   }
 
   void apply_mask(int b, int kvh, int r0, int R, int c0, int cn) {
-    if (P_.mask == MaskKind::Causal) {
+    if (P_.mask == kMaskCausal) {
       for (int rr = 0; rr < R; ++rr) {
-        const int l = (r0 + rr) / P_.rep;
+        const int l = P_.position(r0 + rr);
         const int first_hidden = std::max(l + P_.N - P_.L + 1 - c0, 0);
         float* s = S_.s + rr * kChunk;
         for (int j = first_hidden; j < cn; ++j) {
           s[j] = kNegInf;
         }
       }
-    } else if (P_.mask == MaskKind::Array) {
+    } else if (P_.mask == kMaskArray) {
       const View& mv = P_.m;
       for (int rr = 0; rr < R; ++rr) {
-        const int r = r0 + rr, l = r / P_.rep, h = kvh * P_.rep + r % P_.rep;
+        const int r = r0 + rr, l = P_.position(r), h = P_.query_head(kvh, r);
         const char* row = mv.data +
             (b * mv.stride[0] + h * mv.stride[1] + l * mv.stride[2] + c0 * mv.stride[3]) *
                 mv.itemsize;
         const int64_t step = mv.stride[3] * mv.itemsize;
         float* s = S_.s + rr * kChunk;
-        if (P_.mask_dtype == mx::bool_) {
+        if (P_.mask_dtype == kBool) {
           for (int j = 0; j < cn; ++j) {
             if (!*reinterpret_cast<const bool*>(row + j * step)) {
               s[j] = kNegInf;
@@ -379,7 +375,7 @@ class TileKernel {
   // Online softmax: turns the chunk's scores into weights relative to each
   // row's running max, rescaling what was accumulated under the old max.
   void softmax_update(int R, int cn) {
-    const int Dv = Dv_, Gv = Dv / P_.gs;
+    const int Dv = Dv_, Gv = Dv / P_.group_size;
     for (int rr = 0; rr < R; ++rr) {
       float* s = S_.s + rr * kChunk;
       float chunk_max = kNegInf;
@@ -411,7 +407,7 @@ class TileKernel {
   // o_rr += sum_j p_rr,j * codes_j * scale_j ; obias_rr,g += sum_j p_rr,j * bias_j,g
   // Only keys some row gives weight to are unpacked (masked keys are skipped).
   void values(int b, int kvh, int R, int c0, int cn) {
-    const int Dv = Dv_, Gv = Dv / P_.gs;
+    const int Dv = Dv_, Gv = Dv / P_.group_size;
     int na = 0;
     for (int j = 0; j < cn; ++j) {
       bool any = false;
@@ -427,7 +423,7 @@ class TileKernel {
           P_.vw.row<uint32_t>(b, kvh, c0 + j, Dv * BITS / 32, S_.words),
           S_.gscale,
           Dv,
-          P_.gs,
+          P_.group_size,
           S_.vbuf + size_t(na) * Dv,
           S_.wscale);
       S_.act[na++] = j;
@@ -476,7 +472,7 @@ inline float inverse_denominator(float m, float l, const float* sink) {
 template <int BITS, int DK, int DV>
 void run_problem(const Problem& P, void* out_data) {
   const int n_tasks = P.B * P.Hkv * P.row_tiles * P.splits;
-  const size_t out_row = size_t(P.Dv) * mx::size_of(P.q_dtype);
+  const size_t out_row = size_t(P.Dv) * (P.q_dtype == kF32 ? 4 : 2);
   auto out_ptr = [&](int b, int h, int l) {
     return static_cast<char*>(out_data) + ((size_t(b) * P.Hq + h) * P.L + l) * out_row;
   };
@@ -499,7 +495,7 @@ void run_problem(const Problem& P, void* out_data) {
     const int kvh = t % P.Hkv;
     const int b = t / P.Hkv;
     const int r0 = tile * P.row_tile;
-    const int r1 = std::min(r0 + P.row_tile, P.rows);
+    const int r1 = std::min(r0 + P.row_tile, P.rows());
     const int n0 = split * P.split_keys;
     const int n1 = std::min(n0 + P.split_keys, P.N);
     Scratch& S = scratch[worker];
@@ -507,7 +503,7 @@ void run_problem(const Problem& P, void* out_data) {
     TileKernel<BITS, DK, DV> kernel(P, S);
     kernel.run(b, kvh, r0, r1, n0, n1);
     for (int rr = 0; rr < r1 - r0; ++rr) {
-      const int r = r0 + rr, l = r / P.rep, h = kvh * P.rep + r % P.rep;
+      const int r = r0 + rr, l = P.position(r), h = P.query_head(kvh, r);
       const float* o = kernel.natural_output(rr);
       if (P.splits > 1) {
         const size_t slot = size_t(task) * P.row_tile + rr;
@@ -529,13 +525,13 @@ void run_problem(const Problem& P, void* out_data) {
   }
 
   // Merge the splits of each row by log-sum-exp.
-  const int merge_rows = P.B * P.Hkv * P.rows;
+  const int merge_rows = P.B * P.Hkv * P.rows();
   cpu::parallel_for(merge_rows, [&](int row, int worker) {
-    const int r = row % P.rows;
-    const int bk = row / P.rows; // b * Hkv + kvh
+    const int r = row % P.rows();
+    const int bk = row / P.rows(); // b * Hkv + kvh
     const int kvh = bk % P.Hkv, b = bk / P.Hkv;
     const int tile = r / P.row_tile, rr = r % P.row_tile;
-    const int l = r / P.rep, h = kvh * P.rep + r % P.rep;
+    const int l = P.position(r), h = P.query_head(kvh, r);
     auto slot = [&](int split) {
       return (size_t(bk * P.row_tiles + tile) * P.splits + split) * P.row_tile + rr;
     };
@@ -631,7 +627,7 @@ int split_tasks_per_thread() {
 }
 
 void plan(Problem& P) {
-  const auto p = plan_sdpa(
+  const auto p = plan_row_tiles(
       P.B,
       P.Hkv,
       P.rep,
@@ -641,7 +637,6 @@ void plan(Problem& P) {
       long(split_tasks_per_thread()) * cpu::num_threads(),
       kMinSplitKeys,
       1);
-  P.rows = p.rows;
   P.row_tile = p.row_tile;
   P.row_tiles = p.row_tiles;
   P.splits = p.splits;
@@ -660,37 +655,16 @@ void QuantizedSDPA::eval_cpu(const std::vector<mx::array>& in, mx::array& out) {
   enc.set_output_array(out);
 
   Problem P{};
-  const auto& q = in[0];
-  P.B = q.shape(0);
-  P.Hq = q.shape(1);
-  P.L = q.shape(2);
-  P.Dk = q.shape(3);
-  P.Hkv = in[1].shape(1);
-  P.N = in[1].shape(2);
-  P.Dv = out.shape(3);
-  P.rep = P.Hq / P.Hkv;
-  P.bits = params_.bits;
-  P.gs = params_.group_size;
-  P.scale = params_.scale;
-  P.mask = params_.mask;
-  P.q_dtype = q.dtype();
-  P.q = view_of(q);
-  P.kw = view_of(in[1]);
-  P.ks = view_of(in[2]);
-  P.kb = view_of(in[3]);
-  P.vw = view_of(in[4]);
-  P.vs = view_of(in[5]);
-  P.vb = view_of(in[6]);
-  size_t next = 7;
-  if (P.mask == MaskKind::Array) {
-    P.m = view_of(in[next]);
-    P.mask_dtype = in[next].dtype();
-    ++next;
+  static_cast<SdpaProblem&>(P) = SdpaProblem::from(in, params_, out);
+  P.q = view_of(in[kInQ]);
+  View* kv[6] = {&P.kw, &P.ks, &P.kb, &P.vw, &P.vs, &P.vb};
+  for (int i = 0; i < 6; ++i) {
+    *kv[i] = view_of(in[kInKPacked + i]);
   }
-  const mx::array* sinks = params_.has_sinks ? &in[next] : nullptr;
-  P.scale_dtype = in[2].dtype();
-
-  P.sinks = sinks ? sinks->data<float>() : nullptr;
+  if (P.mask_input >= 0) {
+    P.m = view_of(in[P.mask_input]);
+  }
+  P.sinks = P.sinks_input >= 0 ? in[P.sinks_input].data<float>() : nullptr;
   plan(P);
   // `in` is captured to keep the input buffers alive until the task runs.
   enc.dispatch([P, in, out_data = out.data<void>()]() {

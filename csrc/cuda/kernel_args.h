@@ -6,14 +6,14 @@
 
 #include <cstdint>
 
+#include "sdpa_codes.h"
+
 namespace mlxq::cuda {
 
-// Element types, as the kernels read them.
-enum DType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kBool = 3 };
-
-// SdpaArgs::mask_kind: the values of mlxq::MaskKind (quantized_sdpa.h, which
-// nvcc cannot include; quantized_sdpa.cpp checks they agree).
-enum MaskCode : int { kMaskNone = 0, kMaskCausal = 1, kMaskArray = 2 };
+// Element types (DtypeCode: kF32, kF16, kBF16, kBool) and mask codes
+// (MaskCode: kMaskNone, kMaskCausal, kMaskArray) are mlxq's one set, in
+// sdpa_codes.h.
+using DType = DtypeCode;
 
 // Keys per tile and the most query rows (query heads x positions of one KV
 // head) one block attends at once.

@@ -7,19 +7,6 @@
 
 namespace mlxq::cuda {
 
-DType dtype_code(mx::Dtype dtype) {
-  switch (dtype) {
-    case mx::float16:
-      return kF16;
-    case mx::bfloat16:
-      return kBF16;
-    case mx::bool_:
-      return kBool;
-    default:
-      return kF32;
-  }
-}
-
 // One attribute of the current device, looked up once per attribute.
 template <cudaDeviceAttr kAttr>
 int device_attribute(int fallback) {

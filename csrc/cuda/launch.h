@@ -7,12 +7,11 @@
 #include "mlx/backend/cuda/device.h"
 
 #include "cuda/kernel_args.h"
+#include "sdpa_problem.h" // dtype_code
 
 namespace mlxq::cuda {
 
 namespace mx = mlx::core;
-
-DType dtype_code(mx::Dtype dtype);
 
 // Streaming multiprocessors of the current device (queried once).
 int sm_count();

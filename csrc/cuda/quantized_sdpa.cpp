@@ -1,7 +1,9 @@
-// eval_gpu of QuantizedSDPA on CUDA: picks the tensor-core decode kernel
-// (sdpa/decode.cuh) for a few query rows, the tensor-core tiled
-// kernel (sdpa/tiled_*.cu) for many, else the generic one
-// (sdpa/generic.cu); plans the grid and merges the key splits.
+// eval_gpu of QuantizedSDPA on CUDA: problem -> plan -> bind -> launch.
+// SdpaProblem::from reads the inputs; sdpa/plan.cpp (pure, tested on every
+// platform) picks the tensor-core decode kernel (sdpa/decode.cuh) for a few
+// query rows, the tensor-core tiled kernel (sdpa/tiled_*.cu) for many, else
+// the generic one (sdpa/generic.cu), with its grid, key splits and merge;
+// this file gathers the plan's inputs, binds SdpaArgs and launches.
 #include <cuda.h>
 
 #include <algorithm>
@@ -11,21 +13,16 @@
 #include <unordered_map>
 
 #include "cuda/launch.h"
+#include "cuda/sdpa/plan.h"
 #include "debug.h"
 #include "mlx/backend/cuda/utils.h"
 #include "quantized_sdpa.h"
-#include "sdpa_plan.h"
 
 namespace mlxq {
 
 namespace {
 
 using namespace mlxq::cuda;
-
-static_assert(
-    int(MaskKind::None) == kMaskNone && int(MaskKind::Causal) == kMaskCausal &&
-        int(MaskKind::Array) == kMaskArray,
-    "the CUDA kernels' mask codes are MaskKind's values");
 
 bool aligned16(const mx::array& a) {
   const auto addr = reinterpret_cast<uintptr_t>(mx::gpu_ptr<void>(a));
@@ -40,24 +37,11 @@ bool aligned16(const mx::array& a) {
   return a.shape(3) % 4 == 0;
 }
 
-// Enough blocks for a few per SM at any N (decode splits keys), in whole
-// tiles of at least 4 x kTileKeys keys per split.
-void plan(SdpaArgs& a) {
-  const auto p = plan_sdpa(
-      a.B, a.Hkv, a.rep, a.L, a.N, kMaxTileRows, 4L * sm_count(), 4 * kTileKeys, kTileKeys);
-  a.rows = p.rows;
-  a.row_tile = p.row_tile;
-  a.row_tiles = p.row_tiles;
-  a.splits = p.splits;
-  a.split_keys = p.split_keys;
-}
-
 // Per-split partial outputs (o) and (max, sum) pairs (ml), scratch of one
 // evaluation, in one allocation (o first; both are float arrays).
 struct Partials {
   mx::array scratch{{1}, mx::float32, nullptr, {}};
-  Partials(SdpaArgs& a, mx::cu::CommandEncoder& enc) {
-    const long slots = long(a.B) * a.Hkv * a.row_tiles * a.splits * a.row_tile;
+  Partials(SdpaArgs& a, int64_t slots, mx::cu::CommandEncoder& enc) {
     scratch = mx::array({int(slots * (a.Dv + 2))}, mx::float32, nullptr, {});
     allocate(scratch, enc);
     a.part_o = mx::gpu_ptr<float>(scratch);
@@ -94,28 +78,9 @@ void merge(mx::cu::CommandEncoder& enc, const SdpaArgs& a, const Partials& parts
       {&out});
 }
 
-// Launches a kernel that writes `out` itself (one split) or, with several
-// splits, per-split partials that merge() then combines into `out`.
-void launch_split(
-    mx::cu::CommandEncoder& enc,
-    void* kernel,
-    dim3 grid,
-    int threads,
-    int smem,
-    SdpaArgs& a,
-    mx::array& out) {
-  if (a.splits == 1) {
-    // `out` is read too: the kernel must run after the poisoning fill.
-    launch(enc, kernel, grid, dim3(threads), smem, a, {&out}, {&out});
-    return;
-  }
-  Partials parts(a, enc);
-  launch(enc, kernel, grid, dim3(threads), smem, a, {&out}, {&parts.scratch});
-  merge(enc, a, parts, out);
-}
-
 // MLXQ_CUDA_DECODE=0 / MLXQ_CUDA_TILED=0 turn the tensor-core decode / tiled
-// kernels off (for comparisons); MLXQ_CUDA_TILED_WARPS=4 and
+// kernels off and MLXQ_CUDA_FUSED_MERGE=0 leaves the decode kernel's split
+// merge to merge_kernel (for comparisons); MLXQ_CUDA_TILED_WARPS=4 and
 // MLXQ_CUDA_TILED_KEYS=64 ask for the tiled kernel's other block shapes
 // (8 x 32 measured best at head dim 128 on the H200).
 int env_int(const char* name, int fallback) {
@@ -123,14 +88,17 @@ int env_int(const char* name, int fallback) {
   return v && *v ? std::atoi(v) : fallback;
 }
 
-bool decode_allowed() {
-  static const bool on = env_int("MLXQ_CUDA_DECODE", 1) != 0;
-  return on;
-}
-
-bool tiled_allowed() {
-  static const bool on = env_int("MLXQ_CUDA_TILED", 1) != 0;
-  return on;
+Limits device_limits() {
+  static const Limits limits = [] {
+    Limits l;
+    l.sm_count = sm_count();
+    l.max_smem = max_smem_per_block();
+    l.decode_on = env_int("MLXQ_CUDA_DECODE", 1) != 0;
+    l.tiled_on = env_int("MLXQ_CUDA_TILED", 1) != 0;
+    l.fused_merge_on = env_int("MLXQ_CUDA_FUSED_MERGE", 1) != 0;
+    return l;
+  }();
+  return limits;
 }
 
 // 8-warp blocks (128 rows) measured best for prefill; 64 rows or fewer use
@@ -147,13 +115,17 @@ int tiled_keys() {
 
 // Both tensor-core kernels index within one (batch, KV head) with 32-bit
 // offsets.
-bool head_fits_32bit(const SdpaArgs& a) {
+bool head_fits_32bit(const SdpaProblem& p) {
   auto fits = [&](const int64_t* st, int64_t unit) {
-    return (int64_t(a.N) * std::abs(st[2]) + int64_t(a.Dk) * std::abs(st[3])) * unit <
+    return (int64_t(p.N) * std::abs(st[2]) + int64_t(p.Dk) * std::abs(st[3])) * unit <
         (int64_t(1) << 31);
   };
-  return fits(a.kw_st, 4) && fits(a.vw_st, 4) && fits(a.ks_st, 1) && fits(a.kb_st, 1) &&
-      fits(a.vs_st, 1) && fits(a.vb_st, 1);
+  for (int i = 0; i < 6; ++i) {
+    if (!fits(p.kv_st[i], i % 3 == 0 ? 4 : 1)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 // The decode kernel reads dense rows: a key's packed words, scales and biases
@@ -163,34 +135,17 @@ bool dense_rows(const mx::array& a, int64_t row) {
   return (a.shape(2) == 1 || a.strides()[2] == row) && (a.shape(3) == 1 || a.strides()[3] == 1);
 }
 
-bool dense_kv(const std::vector<mx::array>& in, const SdpaArgs& a) {
-  const int64_t words = int64_t(a.Dk) * a.bits / 32, groups = a.Dk / a.gs;
-  return dense_rows(in[1], words) && dense_rows(in[4], words) && dense_rows(in[2], groups) &&
-      dense_rows(in[3], groups) && dense_rows(in[5], groups) && dense_rows(in[6], groups);
-}
-
-DecodeKernel decode_kernel_for(const std::vector<mx::array>& in, const SdpaArgs& a) {
-  const bool half_q = a.q_dtype == kF16 || a.q_dtype == kBF16;
-  if (!decode_allowed() || !half_q || a.Dk != a.Dv || a.mask_kind == kMaskArray || !a.vec_loads ||
-      a.N < 1 || !head_fits_32bit(a) || !dense_kv(in, a)) {
-    return {};
+Layout layout_of(const std::vector<mx::array>& in, const SdpaProblem& p) {
+  Layout l;
+  l.vec_loads = aligned16(in[kInKPacked]) && aligned16(in[kInVPacked]);
+  const int64_t words = int64_t(p.Dk) * p.bits / 32, groups = p.Dk / p.group_size;
+  l.dense_kv = true;
+  for (int i = 0; i < 6; ++i) {
+    l.dense_kv = l.dense_kv && dense_rows(in[kInKPacked + i], i % 3 == 0 ? words : groups);
   }
-  const DecodeKernel k = decode_kernel(a.bits, a.Dk, a.gs, a.s_dtype, a.q_dtype);
-  // 8-bit codes at head dim 256 need more shared memory than GPUs with 99 KB
-  // per block have: those take the other kernels.
-  return a.rep * a.L <= k.max_rows && k.smem <= max_smem_per_block() ? k : DecodeKernel{};
-}
-
-// The tiled kernel for many query rows: f16/bf16 queries, Dk = Dv, packed
-// words with unit stride along the row.
-TiledKernel tiled_kernel_for(const SdpaArgs& a) {
-  const bool half_q = a.q_dtype == kF16 || a.q_dtype == kBF16;
-  if (!tiled_allowed() || !half_q || a.Dk != a.Dv || a.rows <= kMaxTileRows || a.N < 1 ||
-      a.kw_st[3] != 1 || a.vw_st[3] != 1 || !head_fits_32bit(a)) {
-    return {};
-  }
-  const TiledKernel k = tiled_kernel(a.q_dtype, a.Dk, a.gs, tiled_warps(a.rows), tiled_keys());
-  return k.smem <= max_smem_per_block() ? k : TiledKernel{};
+  l.head_fits_32bit = head_fits_32bit(p);
+  l.packed_unit_stride = p.kv_st[0][3] == 1 && p.kv_st[3][3] == 1;
+  return l;
 }
 
 // Blocks of a kernel that fit on one SM (one wave: a second, partial wave
@@ -215,33 +170,97 @@ int blocks_per_sm(void* kernel, int threads, int smem) {
   return per_sm;
 }
 
-// MLXQ_CUDA_FUSED_MERGE=0 leaves the decode kernel's split merge to
-// merge_kernel (for comparisons).
-bool fused_merge_allowed() {
-  static const bool on = env_int("MLXQ_CUDA_FUSED_MERGE", 1) != 0;
-  return on;
+// The plan's candidates: the instances the problem could use, with their
+// occupancy (queried only for kernels that fit this device).
+struct Candidates {
+  DecodeKernel decode;
+  TiledKernel tiled;
+  DecodeShape decode_shape;
+  TiledShape tiled_shape;
+};
+
+Candidates candidates_for(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
+  Candidates c;
+  if (decode_candidate(p, layout, limits)) {
+    c.decode = decode_kernel(p.bits, p.Dk, p.group_size, p.scale_dtype, p.q_dtype);
+    DecodeShape& d = c.decode_shape;
+    d.available = c.decode.fn != nullptr;
+    d.smem = c.decode.smem;
+    d.max_rows = c.decode.max_rows;
+    d.step_keys = c.decode.step_keys;
+    d.merge_smem = c.decode.merge_smem;
+    if (d.available && d.smem <= limits.max_smem && p.rows() <= d.max_rows) {
+      d.blocks_per_sm = blocks_per_sm(c.decode.fn, kDecodeWarps * 32, d.smem);
+      return c; // the plan takes it
+    }
+  }
+  if (tiled_candidate(p, layout, limits)) {
+    c.tiled = tiled_kernel(p.q_dtype, p.Dk, p.group_size, tiled_warps(p.rows()), tiled_keys());
+    TiledShape& t = c.tiled_shape;
+    t.available = c.tiled.fn != nullptr;
+    t.smem = c.tiled.smem;
+    t.threads = c.tiled.threads;
+    t.rows = c.tiled.rows;
+    t.keys = c.tiled.keys;
+    t.parts = c.tiled.parts;
+    if (t.available && t.smem <= limits.max_smem) {
+      t.blocks_per_sm = blocks_per_sm(c.tiled.fn, t.threads, t.smem);
+    }
+  }
+  return c;
 }
 
-// The tensor-core decode path's grid: one partial per block of kDecodeWarps
-// warps, splits of whole warp steps, enough blocks for a few per SM at any N.
-void plan_decode(const DecodeKernel& k, SdpaArgs& a) {
-  const long units = long(a.B) * a.Hkv;
-  const long want = long(blocks_per_sm(k.fn, kDecodeWarps * 32, k.smem)) * sm_count();
-  long splits = std::max(1L, (want + units - 1) / units);
-  splits = std::min<long>(splits, (a.N + k.step_keys - 1) / k.step_keys);
-  int keys = int((a.N + splits - 1) / splits);
-  keys = (keys + k.step_keys - 1) / k.step_keys * k.step_keys;
-  a.row_tile = a.rows; // plan() set rows = rep * L
-  a.row_tiles = 1;
-  a.split_keys = keys;
-  a.splits = (a.N + keys - 1) / keys;
+// SdpaArgs from the problem, the arrays' device pointers and the plan.
+SdpaArgs bind(
+    const SdpaProblem& p,
+    const Layout& layout,
+    const Plan& plan,
+    const std::vector<mx::array>& in,
+    mx::array& out) {
+  SdpaArgs a{};
+  a.B = p.B;
+  a.Hq = p.Hq;
+  a.L = p.L;
+  a.Dk = p.Dk;
+  a.Hkv = p.Hkv;
+  a.N = p.N;
+  a.Dv = p.Dv;
+  a.rep = p.rep;
+  a.gs = p.group_size;
+  a.bits = p.bits;
+  a.scale = p.scale;
+  a.q_dtype = p.q_dtype;
+  a.s_dtype = p.scale_dtype;
+  a.mask_kind = p.mask;
+  a.q = mx::gpu_ptr<void>(in[kInQ]);
+  a.kw = mx::gpu_ptr<uint32_t>(in[kInKPacked]);
+  a.ks = mx::gpu_ptr<void>(in[kInKScales]);
+  a.kb = mx::gpu_ptr<void>(in[kInKBiases]);
+  a.vw = mx::gpu_ptr<uint32_t>(in[kInVPacked]);
+  a.vs = mx::gpu_ptr<void>(in[kInVScales]);
+  a.vb = mx::gpu_ptr<void>(in[kInVBiases]);
+  std::copy_n(p.q_st, 4, a.q_st);
+  int64_t* kv_st[6] = {a.kw_st, a.ks_st, a.kb_st, a.vw_st, a.vs_st, a.vb_st};
+  for (int i = 0; i < 6; ++i) {
+    std::copy_n(p.kv_st[i], 4, kv_st[i]);
+  }
+  if (p.mask_input >= 0) {
+    a.mask = mx::gpu_ptr<void>(in[p.mask_input]);
+    a.mask_dtype = p.mask_dtype;
+    std::copy_n(p.m_st, 4, a.m_st);
+  }
+  a.sinks = p.sinks_input >= 0 ? mx::gpu_ptr<float>(in[p.sinks_input]) : nullptr;
+  a.out = mx::gpu_ptr<void>(out);
+  a.vec_loads = layout.vec_loads;
+  a.rows = plan.rows;
+  a.row_tile = plan.row_tile;
+  a.row_tiles = plan.row_tiles;
+  a.splits = plan.splits;
+  a.split_keys = plan.split_keys;
+  return a;
 }
 
-// Tickets of the decode kernel's fused merge, one per (batch, KV head), when
-// its weights fit the kernel's shared memory and one block can fold a head's
-// partials quickly: with few KV heads the splits multiply and merge_kernel's
-// many blocks win (128 KB: 32/8/128 at 128k keys folds 100 KB per head,
-// measured faster fused).
+// The decode kernel's fused-merge tickets, one per (batch, KV head).
 //
 // The tickets wrap back to zero at every launch's last block (see
 // sdpa/merge.cuh), so each stream keeps one zeroed array and reuses it: no
@@ -250,12 +269,7 @@ void plan_decode(const DecodeKernel& k, SdpaArgs& a) {
 // MLX orders those kernels one after another within a graph (the layers of
 // a decode step are ordered by their data anyway); graphs of one stream run
 // in order.
-mx::array merge_counters(mx::cu::CommandEncoder& enc, const DecodeKernel& k, SdpaArgs& a) {
-  const long head_partials = long(a.splits) * a.rows * a.Dv * 4;
-  if (!fused_merge_allowed() || (long(a.splits) * a.rows + a.rows) * 4 > k.merge_smem ||
-      head_partials > 128 * 1024) {
-    return mx::array({1}, mx::uint32, nullptr, {});
-  }
+mx::array merge_counters(mx::cu::CommandEncoder& enc, const SdpaProblem& p) {
   static std::mutex mutex;
   // By (device, CUDA stream): the handles a kernel of this stream runs on.
   static auto* per_stream = new std::map<std::pair<int, const void*>, mx::array>();
@@ -263,7 +277,7 @@ mx::array merge_counters(mx::cu::CommandEncoder& enc, const DecodeKernel& k, Sdp
       enc.device().cuda_device(), static_cast<cudaStream_t>(enc.stream())};
   std::lock_guard<std::mutex> lock(mutex);
   auto it = per_stream->find(key);
-  const int needed = a.B * a.Hkv;
+  const int needed = p.B * p.Hkv;
   if (it == per_stream->end() || it->second.size() < size_t(needed)) {
     mx::array counters({std::max(needed, 256)}, mx::uint32, nullptr, {});
     allocate(counters, enc);
@@ -280,52 +294,18 @@ mx::array merge_counters(mx::cu::CommandEncoder& enc, const DecodeKernel& k, Sdp
     it = per_stream->insert_or_assign(key, counters).first;
   }
   enc.add_temporary(it->second); // a replaced array outlives its last kernel
-  a.counters = mx::gpu_ptr<unsigned>(it->second);
   return it->second;
 }
 
-void eval_decode(
-    mx::cu::CommandEncoder& enc,
-    const DecodeKernel& k,
-    SdpaArgs& a,
-    const mx::array& counters,
-    mx::array& out) {
-  Partials parts(a, enc);
-  if (a.counters) {
-    launch(
-        enc,
-        k.fn,
-        dim3(a.splits, a.Hkv, a.B),
-        dim3(kDecodeWarps * 32),
-        k.smem,
-        a,
-        {&counters, &out},
-        {&parts.scratch, &out, &counters});
-    return;
+void* kernel_of(const Plan& plan, const Candidates& c, int bits) {
+  switch (plan.family) {
+    case Family::Decode:
+      return c.decode.fn;
+    case Family::Tiled:
+      return c.tiled.fn;
+    default:
+      return generic_kernel(bits);
   }
-  launch(
-      enc,
-      k.fn,
-      dim3(a.splits, a.Hkv, a.B),
-      dim3(kDecodeWarps * 32),
-      k.smem,
-      a,
-      {},
-      {&parts.scratch});
-  merge(enc, a, parts, out);
-}
-
-// The tiled path: row tiles of k.rows, keys split only while the row tiles
-// alone leave SMs idle (few rows over many keys).
-void eval_tiled(mx::cu::CommandEncoder& enc, const TiledKernel& k, SdpaArgs& a, mx::array& out) {
-  const long want = long(blocks_per_sm(k.fn, k.threads, k.smem)) * sm_count();
-  const auto p = plan_sdpa(a.B, a.Hkv, a.rep, a.L, a.N, k.rows, want / k.parts, 256, k.keys);
-  a.row_tile = p.row_tile;
-  a.row_tiles = p.row_tiles;
-  a.splits = p.splits;
-  a.split_keys = p.split_keys;
-  launch_split(
-      enc, k.fn, dim3(a.Hkv * a.row_tiles, a.splits * k.parts, a.B), k.threads, k.smem, a, out);
 }
 
 } // namespace
@@ -334,57 +314,27 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   auto& enc = mx::cu::get_command_encoder(stream());
   allocate(out, enc);
   poison(out, enc);
-
-  SdpaArgs a{};
-  const auto& q = in[0];
-  a.B = q.shape(0);
-  a.Hq = q.shape(1);
-  a.L = q.shape(2);
-  a.Dk = q.shape(3);
-  a.Hkv = in[1].shape(1);
-  a.N = in[1].shape(2);
-  a.Dv = out.shape(3);
-  a.rep = a.Hq / a.Hkv;
-  a.gs = params_.group_size;
-  a.bits = params_.bits;
-  a.scale = params_.scale;
-  a.q_dtype = dtype_code(q.dtype());
-  a.s_dtype = dtype_code(in[2].dtype());
-  a.mask_kind = static_cast<int>(params_.mask);
-  a.q = mx::gpu_ptr<void>(q);
-  a.kw = mx::gpu_ptr<uint32_t>(in[1]);
-  a.ks = mx::gpu_ptr<void>(in[2]);
-  a.kb = mx::gpu_ptr<void>(in[3]);
-  a.vw = mx::gpu_ptr<uint32_t>(in[4]);
-  a.vs = mx::gpu_ptr<void>(in[5]);
-  a.vb = mx::gpu_ptr<void>(in[6]);
-  copy_strides(q, a.q_st);
-  copy_strides(in[1], a.kw_st);
-  copy_strides(in[2], a.ks_st);
-  copy_strides(in[3], a.kb_st);
-  copy_strides(in[4], a.vw_st);
-  copy_strides(in[5], a.vs_st);
-  copy_strides(in[6], a.vb_st);
-  size_t next = 7;
-  if (params_.mask == MaskKind::Array) {
-    a.mask = mx::gpu_ptr<void>(in[next]);
-    a.mask_dtype = dtype_code(in[next].dtype());
-    copy_strides(in[next], a.m_st);
-    ++next;
-  }
-  a.sinks = params_.has_sinks ? mx::gpu_ptr<float>(in[next]) : nullptr;
-  a.out = mx::gpu_ptr<void>(out);
-  a.vec_loads = aligned16(in[1]) && aligned16(in[4]);
-  if (a.B == 0 || a.Hq == 0 || a.L == 0) {
+  const SdpaProblem p = SdpaProblem::from(in, params_, out);
+  if (p.empty()) {
     return;
   }
-  plan(a);
-
-  const DecodeKernel mk = decode_kernel_for(in, a);
+  const Limits& limits = device_limits();
+  const Layout layout = layout_of(in, p);
+  const Candidates c = candidates_for(p, layout, limits);
+  const int generic_smem = generic_smem_bytes(p.Dk, p.Dv, p.bits);
+  const Plan plan = plan_sdpa(p, layout, limits, c.decode_shape, c.tiled_shape, generic_smem);
+  SdpaArgs a = bind(p, layout, plan, in, out);
+  void* kernel = kernel_of(plan, c, p.bits);
+  if (plan.family == Family::Generic) {
+    cuFuncSetAttribute(
+        static_cast<CUfunction>(kernel),
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        plan.smem);
+  }
   mx::array counters({1}, mx::uint32, nullptr, {});
-  if (mk.fn) {
-    plan_decode(mk, a);
-    counters = merge_counters(enc, mk, a);
+  if (plan.fused_merge) {
+    counters = merge_counters(enc, p);
+    a.counters = mx::gpu_ptr<unsigned>(counters);
   }
   for (const auto& x : in) {
     enc.set_input_array(x);
@@ -394,25 +344,31 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   // the last writer of each buffer, and caches write their buffers in place
   // (QuantizedKVUpdate): this makes a later write into rows this kernel
   // reads, in the same graph, wait for it.
-  for (int i = 1; i <= 6; ++i) {
+  for (int i = kInKPacked; i <= kInVBiases; ++i) {
     enc.set_output_array(in[i]);
   }
-  if (mk.fn) {
-    note_sdpa_kernel("cuda_decode");
-    eval_decode(enc, mk, a, counters, out);
+  note_sdpa_kernel(family_name(plan.family));
+  const dim3 grid(unsigned(plan.grid[0]), unsigned(plan.grid[1]), unsigned(plan.grid[2]));
+  if (!plan.merge_kernel && !plan.fused_merge) {
+    // `out` is read too: the kernel must run after the poisoning fill.
+    launch(enc, kernel, grid, dim3(plan.threads), plan.smem, a, {&out}, {&out});
     return;
   }
-  if (const TiledKernel k = tiled_kernel_for(a); k.fn) {
-    note_sdpa_kernel("cuda_tiled");
-    eval_tiled(enc, k, a, out);
+  Partials parts(a, plan.partial_slots, enc);
+  if (plan.fused_merge) {
+    launch(
+        enc,
+        kernel,
+        grid,
+        dim3(plan.threads),
+        plan.smem,
+        a,
+        {&counters, &out},
+        {&parts.scratch, &out, &counters});
     return;
   }
-  note_sdpa_kernel("cuda_generic");
-  void* kernel = generic_kernel(a.bits);
-  const int smem = generic_smem_bytes(a.Dk, a.Dv, a.bits);
-  cuFuncSetAttribute(
-      static_cast<CUfunction>(kernel), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
-  launch_split(enc, kernel, dim3(a.Hkv * a.row_tiles, a.splits, a.B), kBlockThreads, smem, a, out);
+  launch(enc, kernel, grid, dim3(plan.threads), plan.smem, a, {&out}, {&parts.scratch});
+  merge(enc, a, parts, out);
 }
 
 } // namespace mlxq

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "sdpa_problem.h"
+
 namespace mlxq::metal_host {
 
 namespace {
@@ -66,13 +68,11 @@ void dispatch(
 }
 
 int dtype_code(mx::Dtype t) {
-  if (t == mx::float16) {
-    return MLXQ_DT_F16;
-  }
-  if (t == mx::bfloat16) {
-    return MLXQ_DT_BF16;
-  }
-  return MLXQ_DT_F32;
+  static_assert(
+      MLXQ_DT_F32 == kF32 && MLXQ_DT_F16 == kF16 && MLXQ_DT_BF16 == kBF16,
+      "metal/mlxq_params.h's element codes are sdpa_codes.h's");
+  const DtypeCode c = mlxq::dtype_code(t);
+  return c == kBool ? MLXQ_DT_F32 : c; // the kernels read floats only
 }
 
 void copy4d(const mx::array& src, mx::array& dst, const mx::Stream& s) {

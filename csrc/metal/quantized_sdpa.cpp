@@ -4,6 +4,7 @@
 
 #include "debug.h"
 #include "quantized_sdpa.h"
+#include "sdpa_problem.h"
 
 namespace mlxq {
 
@@ -12,20 +13,20 @@ namespace {
 namespace mh = metal_host;
 namespace md = metal_dispatch;
 
-int mask_kind(MaskKind kind, const mx::array* mask) {
-  if (kind == MaskKind::Causal) {
+// The Metal kernels take the mask's kind and element type as one code.
+int mask_code(const SdpaProblem& p) {
+  if (p.mask == kMaskCausal) {
     return MLXQ_MASK_CAUSAL;
   }
-  if (kind != MaskKind::Array) {
+  if (p.mask != kMaskArray) {
     return MLXQ_MASK_NONE;
   }
-  if (mask->dtype() == mx::bool_) {
-    return MLXQ_MASK_BOOL;
-  }
-  switch (mh::dtype_code(mask->dtype())) {
-    case MLXQ_DT_F16:
+  switch (p.mask_dtype) {
+    case kBool:
+      return MLXQ_MASK_BOOL;
+    case kF16:
       return MLXQ_MASK_F16;
-    case MLXQ_DT_BF16:
+    case kBF16:
       return MLXQ_MASK_BF16;
     default:
       return MLXQ_MASK_F32;
@@ -50,28 +51,29 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& inputs, mx::array& ou
   for (int i = 1; i <= 6; ++i) {
     kv.push_back(mh::rows_contiguous(inputs[i], s));
   }
-  size_t next = 7;
-  const mx::array* mask = params_.mask == MaskKind::Array ? &inputs[next++] : nullptr;
-  const mx::array* sinks = params_.has_sinks ? &inputs[next] : nullptr;
-
+  const SdpaProblem p = SdpaProblem::from(inputs, params_, out);
+  const mx::array* mask = p.mask_input >= 0 ? &inputs[p.mask_input] : nullptr;
+  const mx::array* sinks = p.sinks_input >= 0 ? &inputs[p.sinks_input] : nullptr;
+  // Metal's plan problem: SdpaProblem's fields, the K/V strides of the
+  // (possibly copied) rows, and what the kernels' vector loads need.
   md::SdpaProblem pr;
-  pr.B = q.shape(0);
-  pr.Hq = q.shape(1);
-  pr.L = q.shape(2);
-  pr.Dk = q.shape(3);
-  pr.Hkv = kv[0].shape(1);
-  pr.N = kv[0].shape(2);
-  pr.Dv = out.shape(3);
-  pr.bits = params_.bits;
-  pr.group_size = params_.group_size;
-  pr.q_dtype = mh::dtype_code(q.dtype());
-  pr.scale_dtype = mh::dtype_code(kv[1].dtype());
-  pr.mask_kind = mask_kind(params_.mask, mask);
-  pr.has_sinks = sinks != nullptr;
-  pr.scale = params_.scale;
+  pr.B = p.B;
+  pr.Hq = p.Hq;
+  pr.L = p.L;
+  pr.Dk = p.Dk;
+  pr.Hkv = p.Hkv;
+  pr.N = p.N;
+  pr.Dv = p.Dv;
+  pr.bits = p.bits;
+  pr.group_size = p.group_size;
+  pr.q_dtype = p.q_dtype;
+  pr.scale_dtype = p.scale_dtype;
+  pr.mask_kind = mask_code(p);
+  pr.has_sinks = p.has_sinks;
+  pr.scale = p.scale;
   for (int i = 0; i < 4; ++i) {
-    pr.q_strides[i] = q.strides()[i];
-    pr.m_strides[i] = mask ? mask->strides()[i] : 0;
+    pr.q_strides[i] = p.q_st[i];
+    pr.m_strides[i] = p.m_st[i];
   }
   for (int part = 0; part < 3; ++part) {
     for (int i = 0; i < 3; ++i) {
@@ -83,7 +85,7 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& inputs, mx::array& ou
   pr.v_packed_offset = kv[3].offset() / static_cast<int64_t>(sizeof(uint32_t));
   pr.k_base_aligned16 = mh::base_aligned16(kv[0]);
   pr.v_base_aligned16 = mh::base_aligned16(kv[3]);
-  pr.sinks_stride = sinks ? sinks->strides()[0] : 1;
+  pr.sinks_stride = p.sinks_stride;
 
   md::SdpaPlan plan = md::plan_sdpa(pr);
   auto* pipeline = mh::kernel(d, plan.kernel);

@@ -1,5 +1,6 @@
-// How a QuantizedSDPA problem is cut into tasks, shared by the CPU and CUDA
-// backends (the Metal plan in csrc/metal/dispatch.cpp has its own limits).
+// How a QuantizedSDPA problem's rows and keys are cut into tasks, shared by
+// the CPU task plan and CUDA's plan (csrc/cuda/sdpa/plan.cpp); the Metal plan
+// in csrc/metal/dispatch.cpp has its own limits.
 //
 // The rep * L rows of one KV head (query heads x positions) go in tiles of at
 // most `max_rows`, so each K/V row is unpacked once per tile for all of them.
@@ -13,7 +14,7 @@
 
 namespace mlxq {
 
-struct SdpaPlan {
+struct RowTiling {
   int rows;
   int row_tile;
   int row_tiles;
@@ -21,7 +22,7 @@ struct SdpaPlan {
   int split_keys;
 };
 
-inline SdpaPlan plan_sdpa(
+inline RowTiling plan_row_tiles(
     int B,
     int Hkv,
     int rep,
@@ -31,7 +32,7 @@ inline SdpaPlan plan_sdpa(
     long want_tasks,
     int min_split_keys,
     int key_multiple) {
-  SdpaPlan p{};
+  RowTiling p{};
   p.rows = rep * L;
   const int tiles = (p.rows + max_rows - 1) / max_rows;
   p.row_tile = std::max(1, (p.rows + tiles - 1) / std::max(1, tiles));

@@ -1,0 +1,138 @@
+#include "cuda/sdpa/plan.h"
+
+#include <algorithm>
+
+#include "cuda/kernel_args.h"
+#include "row_tiling.h"
+
+namespace mlxq::cuda {
+
+namespace {
+
+bool half_queries(const SdpaProblem& p) {
+  return p.q_dtype == kF16 || p.q_dtype == kBF16;
+}
+
+// A fused split merge holds every split's (max, sum) of a head in shared
+// memory and folds its partial outputs in one block: worth it while a head's
+// partials are small (128 KB: 32/8/128 at 128k keys folds 100 KB per head,
+// measured faster fused); with few KV heads the splits multiply and
+// merge_kernel's many blocks win.
+bool fuse_merge(const Plan& plan, const SdpaProblem& p, const DecodeShape& d, bool on) {
+  const long head_partials = long(plan.splits) * plan.rows * p.Dv * 4;
+  return on && (long(plan.splits) * plan.rows + plan.rows) * 4 <= d.merge_smem &&
+      head_partials <= 128 * 1024;
+}
+
+// Decode: one partial per block of kDecodeWarps warps, splits of whole warp
+// steps, enough blocks for one wave of the kernel's occupancy at any N.
+void plan_decode(Plan& plan, const SdpaProblem& p, const Limits& limits, const DecodeShape& d) {
+  const long units = long(p.B) * p.Hkv;
+  const long want = long(d.blocks_per_sm) * limits.sm_count;
+  long splits = std::max(1L, (want + units - 1) / units);
+  splits = std::min<long>(splits, (p.N + d.step_keys - 1) / d.step_keys);
+  int keys = int((p.N + splits - 1) / splits);
+  keys = (keys + d.step_keys - 1) / d.step_keys * d.step_keys;
+  plan.family = Family::Decode;
+  plan.row_tile = plan.rows;
+  plan.row_tiles = 1;
+  plan.split_keys = keys;
+  plan.splits = (p.N + keys - 1) / keys;
+  plan.grid[0] = plan.splits;
+  plan.grid[1] = p.Hkv;
+  plan.grid[2] = p.B;
+  plan.threads = kDecodeWarps * 32;
+  plan.smem = d.smem;
+  plan.fused_merge = fuse_merge(plan, p, d, limits.fused_merge_on);
+  plan.merge_kernel = !plan.fused_merge; // a decode block always writes a partial
+}
+
+void set_tiling(Plan& plan, const RowTiling& t) {
+  plan.row_tile = t.row_tile;
+  plan.row_tiles = t.row_tiles;
+  plan.splits = t.splits;
+  plan.split_keys = t.split_keys;
+}
+
+} // namespace
+
+const char* family_name(Family f) {
+  switch (f) {
+    case Family::Decode:
+      return "cuda_decode";
+    case Family::Tiled:
+      return "cuda_tiled";
+    default:
+      return "cuda_generic";
+  }
+}
+
+bool decode_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
+  return limits.decode_on && half_queries(p) && p.Dk == p.Dv && p.mask != kMaskArray &&
+      layout.vec_loads && p.N >= 1 && layout.head_fits_32bit && layout.dense_kv;
+}
+
+bool tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
+  return limits.tiled_on && half_queries(p) && p.Dk == p.Dv && p.rows() > kMaxTileRows &&
+      p.N >= 1 && layout.packed_unit_stride && layout.head_fits_32bit;
+}
+
+Plan plan_sdpa(
+    const SdpaProblem& p,
+    const Layout& layout,
+    const Limits& limits,
+    const DecodeShape& decode,
+    const TiledShape& tiled,
+    int generic_smem) {
+  Plan plan;
+  plan.rows = p.rows();
+  if (decode_candidate(p, layout, limits) && decode.available && p.rows() <= decode.max_rows &&
+      decode.smem <= limits.max_smem) {
+    plan_decode(plan, p, limits, decode);
+  } else if (
+      tiled_candidate(p, layout, limits) && tiled.available && tiled.smem <= limits.max_smem) {
+    // Row tiles of the block's rows; keys split only while the row tiles
+    // alone leave SMs idle (few rows over many keys).
+    const long want = long(tiled.blocks_per_sm) * limits.sm_count;
+    set_tiling(
+        plan,
+        plan_row_tiles(
+            p.B, p.Hkv, p.rep, p.L, p.N, tiled.rows, want / tiled.parts, 256, tiled.keys));
+    plan.family = Family::Tiled;
+    plan.grid[0] = int64_t(p.Hkv) * plan.row_tiles;
+    plan.grid[1] = int64_t(plan.splits) * tiled.parts;
+    plan.grid[2] = p.B;
+    plan.threads = tiled.threads;
+    plan.smem = tiled.smem;
+    plan.merge_kernel = plan.splits > 1;
+  } else {
+    // Enough blocks for a few per SM at any N, in whole tiles of at least
+    // 4 x kTileKeys keys per split.
+    set_tiling(
+        plan,
+        plan_row_tiles(
+            p.B,
+            p.Hkv,
+            p.rep,
+            p.L,
+            p.N,
+            kMaxTileRows,
+            4L * limits.sm_count,
+            4 * kTileKeys,
+            kTileKeys));
+    plan.family = Family::Generic;
+    plan.grid[0] = int64_t(p.Hkv) * plan.row_tiles;
+    plan.grid[1] = plan.splits;
+    plan.grid[2] = p.B;
+    plan.threads = kBlockThreads;
+    plan.smem = generic_smem;
+    plan.merge_kernel = plan.splits > 1;
+  }
+  if (plan.merge_kernel || plan.fused_merge) {
+    plan.partial_slots =
+        int64_t(p.B) * p.Hkv * plan.row_tiles * plan.splits * int64_t(plan.row_tile);
+  }
+  return plan;
+}
+
+} // namespace mlxq::cuda

@@ -1,0 +1,91 @@
+// Which CUDA attention kernel runs a QuantizedSDPA problem, and how it is cut
+// into blocks, splits and merges: one pure function of the problem, the
+// operands' layout, the device's limits and the candidate kernels' shapes.
+//
+// Plain C++ (no CUDA or MLX GPU headers): compiled on every platform and
+// tested without a GPU through `_ext._cuda_plan_sdpa`. The CUDA host code
+// (csrc/cuda/quantized_sdpa.cpp) fills the inputs from the arrays and the
+// kernel instance tables (occupancy included), then binds and launches what
+// the plan says.
+#pragma once
+
+#include <cstdint>
+
+#include "sdpa_problem.h"
+
+namespace mlxq::cuda {
+
+enum class Family : int { Decode = 0, Tiled = 1, Generic = 2 };
+const char* family_name(Family f); // the test hook's "cuda_decode", ...
+
+// Facts about the operands that the kernels' fast paths need.
+struct Layout {
+  bool vec_loads = true; // K/V packed rows and bases allow 16-byte loads
+  bool dense_kv = true; // each key's words, scales and biases consecutive
+  bool head_fits_32bit = true; // one (batch, KV head) indexes in 32 bits
+  bool packed_unit_stride = true; // packed words contiguous along a row
+};
+
+// The device and the switches (MLXQ_CUDA_DECODE / _TILED / _FUSED_MERGE).
+struct Limits {
+  int sm_count = 132;
+  int max_smem = 227 * 1024; // dynamic shared memory a block may opt into
+  bool decode_on = true;
+  bool tiled_on = true;
+  bool fused_merge_on = true;
+};
+
+// A decode instance for the problem's (bits, D, group, dtypes), if any.
+struct DecodeShape {
+  bool available = false;
+  int smem = 0;
+  int max_rows = 0; // query rows per KV head it attends at most
+  int step_keys = 0; // a split is a whole number of these
+  int merge_smem = 0; // shared bytes its fused split merge may use
+  int blocks_per_sm = 1; // occupancy at `smem`
+};
+
+// The tiled instance for the problem's (q dtype, D, group) and block shape.
+struct TiledShape {
+  bool available = false;
+  int smem = 0;
+  int threads = 0;
+  int rows = 0; // query rows per block
+  int keys = 0; // keys per tile
+  int parts = 1; // blocks per (row tile, split), each a slice of the output
+  int blocks_per_sm = 1;
+};
+
+struct Plan {
+  Family family = Family::Generic;
+  int rows = 0; // rep * L rows per (batch, KV head)
+  int row_tile = 0;
+  int row_tiles = 0;
+  int splits = 1;
+  int split_keys = 0;
+  int64_t grid[3] = {1, 1, 1};
+  int threads = 0;
+  int smem = 0;
+  // How the splits become the output: one split writes it; with several, a
+  // decode kernel's last block per head merges them (fused) or merge_kernel
+  // does (merge_kernel).
+  bool merge_kernel = false;
+  bool fused_merge = false;
+  int64_t partial_slots = 0; // rows of per-split partials (scratch)
+};
+
+// generic_smem: the generic kernel's shared memory for the problem.
+Plan plan_sdpa(
+    const SdpaProblem& p,
+    const Layout& layout,
+    const Limits& limits,
+    const DecodeShape& decode,
+    const TiledShape& tiled,
+    int generic_smem);
+
+// The decode candidate is worth asking for (and its occupancy querying)
+// only if this holds; plan_sdpa checks the rest.
+bool decode_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits);
+bool tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits);
+
+} // namespace mlxq::cuda

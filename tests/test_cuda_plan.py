@@ -1,0 +1,102 @@
+"""CUDA's attention plan (csrc/cuda/sdpa/plan.cpp), tested on every machine.
+
+The plan is a pure function of the problem, the operands' layout, the
+device's limits and the candidate kernels' shapes, so which kernel runs and
+how it splits and merges is checked here without a GPU. The GPU tests pin
+the same choices on real arrays (helpers.assert_cuda_kernel).
+"""
+
+import pytest
+
+from mlxq import _ext
+
+F32, F16, BF16 = 0, 1, 2
+NONE, CAUSAL, ARRAY = 0, 1, 2
+
+# Shapes of H200 instances (4-bit, D = 128, group 64).
+DECODE = dict(
+    available=True, smem=60 * 1024, max_rows=8, step_keys=32, merge_smem=48 * 1024, blocks_per_sm=3
+)
+TILED = dict(
+    available=True, smem=90 * 1024, threads=256, rows=128, keys=32, parts=1, blocks_per_sm=2
+)
+H200 = dict(sm_count=132, max_smem=227 * 1024)
+
+
+def plan(limits=H200, decode=DECODE, tiled=TILED, layout=None, **problem):
+    problem = dict(dict(B=1, Hq=32, Hkv=8, L=1, N=32768, Dk=128, q_dtype=BF16), **problem)
+    return _ext._cuda_plan_sdpa(problem, layout or {}, limits, decode, tiled, 40 * 1024)
+
+
+def test_decode_takes_few_rows_and_splits_keys_for_one_wave():
+    p = plan()
+    assert p["kernel"] == "cuda_decode"
+    assert p["row_tile"] == p["rows"] == 4 and p["row_tiles"] == 1
+    # 3 blocks per SM x 132 SMs over 8 KV heads: 50 splits wanted, of whole
+    # 32-key steps (672 keys), so 49 cover the 32768 keys.
+    assert p["split_keys"] == 672 and p["splits"] == 49
+    assert p["grid"] == (49, 8, 1) and p["threads"] == 128 and p["smem"] == DECODE["smem"]
+    assert p["partial_slots"] == 8 * 49 * 4
+
+
+def test_decode_merges_in_its_last_block_while_a_head_partials_fit():
+    assert plan()["fused_merge"] and not plan()["merge_kernel"]
+    few_heads = plan(Hq=8, Hkv=1, N=131072)  # 396 splits of one head: too many partials
+    assert few_heads["kernel"] == "cuda_decode"
+    assert few_heads["merge_kernel"] and not few_heads["fused_merge"]
+    off = plan(limits=dict(H200, fused_merge_on=False))
+    assert off["merge_kernel"] and not off["fused_merge"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(q_dtype=F32),  # f32 queries
+        dict(Dv=64),  # Dk != Dv
+        dict(mask=ARRAY),
+        dict(L=3),  # 12 rows per KV head > max_rows
+        dict(N=0),
+    ],
+)
+def test_decode_refuses_what_it_does_not_cover(change):
+    assert plan(**change)["kernel"] != "cuda_decode"
+
+
+@pytest.mark.parametrize(
+    "layout", [dict(vec_loads=False), dict(dense_kv=False), dict(head_fits_32bit=False)]
+)
+def test_decode_needs_its_layout(layout):
+    assert plan(layout=layout)["kernel"] == "cuda_generic"
+
+
+def test_decode_that_does_not_fit_shared_memory_takes_another_kernel():
+    small_gpu = dict(sm_count=84, max_smem=99 * 1024)
+    big = dict(DECODE, smem=112 * 1024)
+    assert plan(limits=small_gpu, decode=big)["kernel"] == "cuda_generic"
+    assert plan(limits=small_gpu, decode=big, L=8)["kernel"] == "cuda_tiled"
+    assert plan(decode=big)["kernel"] == "cuda_decode"
+
+
+def test_tiled_takes_many_rows_and_splits_only_idle_grids():
+    p = plan(L=2048, N=2048, mask=CAUSAL)
+    assert p["kernel"] == "cuda_tiled"
+    assert p["rows"] == 8192 and p["row_tiles"] == 64 and p["splits"] == 1
+    assert p["grid"] == (8 * 64, 1, 1) and not p["merge_kernel"]
+    few = plan(L=8, Hq=8, Hkv=1, N=65536)  # 64 rows: one row tile, keys split
+    assert few["kernel"] == "cuda_tiled" and few["splits"] > 1 and few["merge_kernel"]
+    assert few["partial_slots"] == few["splits"] * few["row_tile"]
+
+
+def test_tiled_output_parts_multiply_the_grid():
+    p = plan(L=2048, N=32768, Hq=8, Hkv=1, Dk=512, tiled=dict(TILED, parts=2, rows=64))
+    assert p["kernel"] == "cuda_tiled" and p["grid"][1] == 2 * p["splits"]
+
+
+def test_generic_takes_the_rest():
+    p = plan(q_dtype=F32, L=2048, N=2048)
+    assert p["kernel"] == "cuda_generic" and p["row_tile"] <= 16 and p["threads"] == 128
+    assert p["smem"] == 40 * 1024
+    assert plan(limits=dict(H200, tiled_on=False), L=64)["kernel"] == "cuda_generic"
+    assert plan(limits=dict(H200, decode_on=False))["kernel"] == "cuda_generic"
+    assert plan(tiled=dict(TILED, available=False), L=64)["kernel"] == "cuda_generic"
+    assert plan(layout=dict(packed_unit_stride=False), L=64)["kernel"] == "cuda_generic"
