@@ -13,12 +13,6 @@ constexpr const char* kOp = "mlxq.dequantize_into";
 
 std::atomic<int> workspace_misses{0};
 
-void check_4d(const mx::array& a, const char* name) {
-  if (a.ndim() != 4) {
-    fail(kOp, name, " must be 4-D [B, H, N, *], got shape ", shape_str(a.shape()), ".");
-  }
-}
-
 } // namespace
 
 namespace detail {
@@ -76,41 +70,7 @@ mx::array dequantize_into(
         dtype_str(workspace.dtype()),
         ".");
   }
-  check_4d(packed, "packed");
-  check_4d(scales, "scales");
-  check_4d(biases, "biases");
-  if (packed.dtype() != mx::uint32) {
-    fail(kOp, "packed must be uint32, got ", dtype_str(packed.dtype()), ".");
-  }
-  if (!is_float_dtype(scales.dtype()) || biases.dtype() != scales.dtype()) {
-    fail(
-        kOp,
-        "scales and biases must share one float dtype, got ",
-        dtype_str(scales.dtype()),
-        " and ",
-        dtype_str(biases.dtype()),
-        ".");
-  }
-  if (scales.shape() != biases.shape()) {
-    fail(
-        kOp,
-        "scales shape ",
-        shape_str(scales.shape()),
-        " does not match biases shape ",
-        shape_str(biases.shape()),
-        ".");
-  }
-  for (int d = 0; d < 3; ++d) {
-    if (packed.shape(d) != scales.shape(d)) {
-      fail(
-          kOp,
-          "packed shape ",
-          shape_str(packed.shape()),
-          " and scales shape ",
-          shape_str(scales.shape()),
-          " disagree on [B, H, N].");
-    }
-  }
+  check_triple_arrays(kOp, "", "N", packed, scales, biases);
   const int64_t D = int64_t(packed.shape(3)) * 32 / bits;
   if (int64_t(packed.shape(3)) * 32 % bits != 0 || D % group_size != 0 ||
       scales.shape(3) != D / group_size) {

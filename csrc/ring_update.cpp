@@ -94,45 +94,8 @@ void check_triple(
     const mx::array& update,
     int group_size,
     int bits) {
-  check_rows(op, packed, "packed");
-  check_rows(op, scales, "scales");
-  check_rows(op, biases, "biases");
+  check_triple_arrays(op, what, "S", packed, scales, biases);
   check_rows(op, update, "update");
-  if (packed.dtype() != mx::uint32) {
-    fail(op, what, "packed must be uint32, got ", dtype_str(packed.dtype()), ".");
-  }
-  if (!is_float_dtype(scales.dtype()) || biases.dtype() != scales.dtype()) {
-    fail(
-        op,
-        what,
-        "scales and biases must share one float dtype, got ",
-        dtype_str(scales.dtype()),
-        " and ",
-        dtype_str(biases.dtype()),
-        ".");
-  }
-  if (scales.shape() != biases.shape()) {
-    fail(
-        op,
-        what,
-        "scales shape ",
-        shape_str(scales.shape()),
-        " does not match biases shape ",
-        shape_str(biases.shape()),
-        ".");
-  }
-  for (int d = 0; d < 3; ++d) {
-    if (packed.shape(d) != scales.shape(d)) {
-      fail(
-          op,
-          what,
-          "packed shape ",
-          shape_str(packed.shape()),
-          " and scales shape ",
-          shape_str(scales.shape()),
-          " disagree on [B, H, S].");
-    }
-  }
   if (update.dtype() != scales.dtype()) {
     fail(
         op,

@@ -1,6 +1,7 @@
 #include "validation.h"
 
 #include <cstdio>
+#include <utility>
 
 namespace mlxq {
 
@@ -56,6 +57,67 @@ std::string dtype_str(mx::Dtype dtype) {
 
 bool is_float_dtype(mx::Dtype dtype) {
   return dtype == mx::float32 || dtype == mx::float16 || dtype == mx::bfloat16;
+}
+
+void check_triple_arrays(
+    const char* op,
+    const char* what,
+    const char* rows,
+    const mx::array& packed,
+    const mx::array& scales,
+    const mx::array& biases) {
+  const std::pair<const mx::array*, const char*> parts[3] = {
+      {&packed, "packed"}, {&scales, "scales"}, {&biases, "biases"}};
+  for (const auto& [a, name] : parts) {
+    if (a->ndim() != 4) {
+      fail(
+          op,
+          what,
+          name,
+          " must be 4-D [B, H, ",
+          rows,
+          ", *], got shape ",
+          shape_str(a->shape()),
+          ".");
+    }
+  }
+  if (packed.dtype() != mx::uint32) {
+    fail(op, what, "packed must be uint32, got ", dtype_str(packed.dtype()), ".");
+  }
+  if (!is_float_dtype(scales.dtype()) || biases.dtype() != scales.dtype()) {
+    fail(
+        op,
+        what,
+        "scales and biases must share one float dtype, got ",
+        dtype_str(scales.dtype()),
+        " and ",
+        dtype_str(biases.dtype()),
+        ".");
+  }
+  if (scales.shape() != biases.shape()) {
+    fail(
+        op,
+        what,
+        "scales shape ",
+        shape_str(scales.shape()),
+        " does not match biases shape ",
+        shape_str(biases.shape()),
+        ".");
+  }
+  for (int d = 0; d < 3; ++d) {
+    if (packed.shape(d) != scales.shape(d)) {
+      fail(
+          op,
+          what,
+          "packed shape ",
+          shape_str(packed.shape()),
+          " and scales shape ",
+          shape_str(scales.shape()),
+          " disagree on [B, H, ",
+          rows,
+          "].");
+    }
+  }
 }
 
 } // namespace mlxq

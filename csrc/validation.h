@@ -30,6 +30,21 @@ std::string to_text(T v) {
 }
 
 template <typename... Parts>
+[[noreturn]] void fail(const char* op, const Parts&... parts);
+
+// A (packed, scales, biases) triple of 4-D arrays: uint32 codes, scales and
+// biases of one float dtype and shape, agreeing on their first three axes
+// [B, H, <rows>] (`rows` names the third axis in messages: "S" for a ring
+// buffer, "N" for keys). `what` prefixes the messages, e.g. "keys ".
+void check_triple_arrays(
+    const char* op,
+    const char* what,
+    const char* rows,
+    const mlx::core::array& packed,
+    const mlx::core::array& scales,
+    const mlx::core::array& biases);
+
+template <typename... Parts>
 [[noreturn]] void fail(const char* op, const Parts&... parts) {
   std::string msg = std::string("[") + op + "] ";
   ((msg += to_text(parts)), ...);
