@@ -9,6 +9,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include "dict_args.h"
 #include "metal/dispatch.h"
 
 namespace mlxq::metal_dispatch {
@@ -17,10 +18,7 @@ namespace nb = nanobind;
 
 namespace py {
 
-template <typename T>
-T get(const nb::dict& d, const char* key, T fallback) {
-  return d.contains(key) ? nb::cast<T>(d[key]) : fallback;
-}
+using dict_args::get;
 
 template <size_t N>
 void get_strides(const nb::dict& d, const char* key, int64_t (&out)[N]) {

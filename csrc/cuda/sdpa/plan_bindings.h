@@ -9,6 +9,7 @@
 #include <nanobind/stl/string.h>
 
 #include "cuda/sdpa/plan.h"
+#include "dict_args.h"
 
 namespace mlxq::cuda {
 
@@ -16,10 +17,7 @@ namespace nb = nanobind;
 
 namespace plan_py {
 
-template <typename T>
-T get(const nb::dict& d, const char* key, T fallback) {
-  return d.contains(key) ? nb::cast<T>(d[key]) : fallback;
-}
+using dict_args::get;
 
 inline SdpaProblem problem(const nb::dict& d) {
   SdpaProblem p;
