@@ -246,37 +246,31 @@ inline nb::dict fill(const nb::dict& d) {
 } // namespace py
 
 inline void add_plan_bindings(nb::module_& m) {
-  m.def(
-      "_metal_plan_sdpa",
-      &py::sdpa,
-      nb::arg("problem"),
-      "Test hook: the Metal dispatch of a QuantizedSDPA problem (dict in, dict out).");
-  m.def(
-      "_metal_plan_ring_update",
-      &py::ring,
-      nb::arg("problem"),
-      "Test hook: the Metal dispatch of a RingUpdate.");
-  m.def(
-      "_metal_plan_quantized_ring_update",
-      &py::quantized_ring,
-      nb::arg("problem"),
-      "Test hook: the Metal dispatch of a QuantizedRingUpdate.");
-  m.def(
-      "_metal_plan_copy4d",
-      &py::copy4d,
-      nb::arg("problem"),
-      "Test hook: the Metal dispatch of a strided copy.");
-  m.def(
-      "_metal_plan_dequantize_into",
-      &py::dequantize_into,
-      nb::arg("problem"),
-      "Test hook: the Metal dispatch of a DequantizeInto.");
-  m.def(
-      "_metal_plan_fill",
-      &py::fill,
-      nb::arg("problem"),
-      "Test hook: the Metal dispatch of the poisoning fill (dtype's poison "
-      "word unless a pattern is given).");
+  struct Hook {
+    const char* name;
+    nb::dict (*plan)(const nb::dict&);
+    const char* doc;
+  };
+  const Hook hooks[] = {
+      {"_metal_plan_sdpa",
+       &py::sdpa,
+       "Test hook: the Metal dispatch of a QuantizedSDPA problem (dict in, dict out)."},
+      {"_metal_plan_ring_update", &py::ring, "Test hook: the Metal dispatch of a RingUpdate."},
+      {"_metal_plan_quantized_ring_update",
+       &py::quantized_ring,
+       "Test hook: the Metal dispatch of a QuantizedRingUpdate."},
+      {"_metal_plan_copy4d", &py::copy4d, "Test hook: the Metal dispatch of a strided copy."},
+      {"_metal_plan_dequantize_into",
+       &py::dequantize_into,
+       "Test hook: the Metal dispatch of a DequantizeInto."},
+      {"_metal_plan_fill",
+       &py::fill,
+       "Test hook: the Metal dispatch of the poisoning fill (dtype's poison word unless a "
+       "pattern is given)."},
+  };
+  for (const Hook& h : hooks) {
+    m.def(h.name, h.plan, nb::arg("problem"), h.doc);
+  }
 }
 
 } // namespace mlxq::metal_dispatch
