@@ -249,7 +249,7 @@ def prefill(args, comp):
         r["mlxq_ms"] = common.time_fn(f_mlxq, warmup=2, repeats=5)["median_ms"]
         r["routed"] = "mx.fast" if routing.take_route_counts() else "mlxq"
         # Its dense K/V buffers included (mlxq.workspace keeps them between calls).
-        r["mlxq_mib"] = peak_of(f_mlxq, before=workspace.release)
+        r["mlxq_mib"] = peak_of(f_mlxq, before=workspace.release_all)
         old = routing.set_dequantized_prefill(False)
         r["tiled_ms"] = common.time_fn(f_mlxq, warmup=2, repeats=5)["median_ms"]
         routing.set_dequantized_prefill(old)

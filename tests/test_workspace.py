@@ -133,7 +133,7 @@ def test_bad_input_raises_value_error(rng):
 
 
 def test_buffers_grow_and_are_released_at_decode(rng, device):
-    workspace.release()
+    workspace.release_all()
     k = cache_view(rng, 1, 2, 40, 64, 40, 64, 4, BF16)
     v = cache_view(rng, 1, 2, 40, 64, 40, 64, 4, BF16)
     dk, dv = workspace.dequantize_kv(k, v, group_size=64, bits=4, dtype=BF16, stream=None)
@@ -147,8 +147,12 @@ def test_buffers_grow_and_are_released_at_decode(rng, device):
     assert workspace.held_bytes() == 2 * held  # both doubled (at least the new need)
     assert_rounded(dk2, dequantize64(*k2, 64, 4))
     assert_rounded(dv2, dequantize64(*v2, 64, 4))
+    other = mx.new_stream(mx.default_device())
+    workspace.dequantize_kv(k, v, group_size=64, bits=4, dtype=BF16, stream=other)
     q = mx.random.normal((1, 4, 1, 64)).astype(BF16)
-    mx.eval(mlxq.sdpa(q, k2, v2, scale=0.125))  # a decode step
+    mx.eval(mlxq.sdpa(q, k2, v2, scale=0.125))  # a decode step on the default stream
+    assert workspace.held_bytes() == workspace.held_bytes(other) == held  # only its own went
+    workspace.release(other)
     assert workspace.held_bytes() == 0
 
 
@@ -176,7 +180,7 @@ def test_routed_layers_share_one_buffer(rng):
     for reuse in (True, False):
         old = routing.set_prefill_workspace(reuse)
         try:
-            workspace.release()
+            workspace.release_all()
             mx.eval(run())
             mx.synchronize()
             routing.take_route_counts()
@@ -189,5 +193,5 @@ def test_routed_layers_share_one_buffer(rng):
             assert routing.take_route_counts().get("mx_fast") == layers
         finally:
             routing.set_prefill_workspace(old)
-    workspace.release()
+    workspace.release_all()
     assert peaks[True] <= 3 * per_layer, peaks

@@ -98,8 +98,8 @@ def quantized_sdpa(
         )
         if routed is not None:
             return routed
-    else:  # decoding: a prefill's dense K/V buffers are no longer needed
-        workspace.release()
+    else:  # decoding: this stream's prefill dense K/V buffers are no longer needed
+        workspace.release(stream)
     return out
 
 

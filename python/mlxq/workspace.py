@@ -11,7 +11,7 @@ ordered after the previous routed attention, the last reader of their
 contents.
 
 The buffers grow geometrically with the context and are dropped at the next
-decode-sized call (:func:`release`), so a generation does not keep a layer's
+decode-sized call on the same stream (:func:`release`), so a generation does not keep a layer's
 worth of dense K/V after its prefill.
 """
 
@@ -80,11 +80,21 @@ def note_reader(stream, out: mx.array) -> None:
     _last_reader[_stream_key(stream)] = out
 
 
-def release() -> None:
-    """Drops the workspaces (their memory returns once in-flight work is done)."""
-    if _buffers or _last_reader:
-        _buffers.clear()
-        _last_reader.clear()
+def release(stream=None) -> None:
+    """Drops the workspaces of ``stream`` (a stream or device; None: the
+    default stream); their memory returns once in-flight work is done."""
+    if not (_buffers or _last_reader):
+        return
+    skey = _stream_key(stream)
+    for key in [k for k in _buffers if k[0] == skey]:
+        del _buffers[key]
+    _last_reader.pop(skey, None)
+
+
+def release_all() -> None:
+    """Drops every stream's workspaces."""
+    _buffers.clear()
+    _last_reader.clear()
 
 
 def held_bytes(stream: Optional[mx.Stream] = None) -> int:
