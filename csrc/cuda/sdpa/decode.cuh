@@ -306,6 +306,291 @@ issue_codes(uint8_t* stage, int k0, int N, int lane, const uint8_t* k, const uin
   }
 }
 
+// The kernel's per-step stages, always inlined: issue_step and decode_step
+// were lambdas of decode_kernel_impl and take its values by const reference
+// as the lambdas captured them, so the sm_90 SASS is identical to the
+// single-function kernel. The query fragments and the block merge stay
+// inline in the kernel: moved into functions, they changed its register
+// allocation (same instruction count, different code), which would need a
+// benchmark to show it changed nothing.
+
+// Ring issue: one step's codes (K and V rows of S::kKeys keys from kk, zero
+// past N) and its four scale arrays into a ring stage, as one cp.async group.
+// The lane's scale copies j start at scale_src[j] (offset scale_off[j] into
+// their array).
+template <typename S, typename ST>
+__device__ __forceinline__ void issue_step(
+    const Views<ST>& views,
+    const uint8_t* const (&scale_src)[S::kScaleCopies],
+    const int (&scale_off)[S::kScaleCopies],
+    const int& N,
+    const int& lane,
+    uint8_t* stage,
+    int kk) {
+  constexpr int G = S::kGroups;
+  const bool full = kk + S::kKeys <= N;
+  if (full) {
+    issue_codes<true, S>(stage, kk, N, lane, views.k, views.v);
+  } else {
+    issue_codes<false, S>(stage, kk, N, lane, views.k, views.v);
+  }
+  const uint32_t dst = smem_addr(stage + S::kCodeBytes);
+  const size_t step = size_t(kk) * G * sizeof(ST);
+  // Bytes of each array that exist for this step (keys past N: zeros).
+  const int have = min(N - kk, S::kKeys) * G * int(sizeof(ST));
+#pragma unroll
+  for (int j = 0; j < S::kScaleCopies; ++j) {
+    const int i = lane + 32 * j;
+    if (S::kScaleChunks % 32 == 0 || i < S::kScaleChunks) {
+      const int bytes = full ? 16 : max(0, min(16, have - scale_off[j]));
+      const int mis = int(reinterpret_cast<uintptr_t>(scale_src[j]) & 15);
+      if (full && mis == 0) {
+        cp_async_zfill<16>(dst + 16 * i, scale_src[j] + step, 16);
+      } else {
+        copy_scale_chunk<sizeof(ST)>(
+            dst + 16 * i, scale_src[j] + step, scale_src[j] - scale_off[j], bytes, mis);
+      }
+    }
+  }
+  cp_async_commit();
+}
+
+// Step: one warp step of S::kKeys keys from a landed ring stage: the scores
+// on tensor cores (fed K codes against the query fragments), the masks where
+// `masked` (std::true_type: keys past N or causal), the online softmax update
+// of (m, l) and the value products into acc, poff and vbias.
+template <
+    int BITS,
+    typename S,
+    typename ST,
+    bool kTwoTerms,
+    typename QFrag,
+    typename TileRows,
+    typename Masked>
+__device__ __forceinline__ void decode_step(
+    const QFrag& qfrag,
+    const TileRows& tile_rows,
+    const int& q,
+    const int& t,
+    const int& N,
+    const int& limit0,
+    const int& limit1,
+    const float (&inv)[2],
+    const float (&off)[S::kGroups][2],
+    const float (&qs)[S::kGroups][2],
+    const uint32_t (&ones)[4],
+    float (&m)[2],
+    float (&l)[2],
+    float (&vbias)[S::kGroups][2],
+    float (&acc)[S::kVTiles][4],
+    float (&poff)[S::kGroups][4],
+    int k0,
+    const uint8_t* stg,
+    Masked masked) {
+  constexpr int G = S::kGroups;
+  constexpr float kVOff = kVOffset<BITS>;
+  constexpr int kChunksPerGroup = S::kKSteps * 16 / S::kGroups / S::kChunkDims; // GS / kChunkDims
+  constexpr bool clean = !decltype(masked)::value;
+  // The step's scales: [ks, kb, vs, vb][key][G] after the codes.
+  const ST* sc = reinterpret_cast<const ST*>(stg + S::kCodeBytes);
+  auto key_params = [&](int arr, int key, float* out) {
+    load_row<G>(sc + (arr * S::kKeys + key) * G, out);
+  };
+
+  // Scores of keys 16 mt + q (e = 0, 1) and 16 mt + q + 8 (e = 2, 3) for
+  // rows 2t + (e & 1), in log2 units.
+  float s[S::kKeyTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+    float sk[2][2 * G]; // K scales and biases of keys q, q + 8
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      key_params(0, 16 * mt + 8 * h + q, sk[h]);
+      key_params(1, 16 * mt + 8 * h + q, sk[h] + G);
+    }
+    // kx[c][h]: word t of chunk c of key q + 8h.
+    uint32_t kx[S::kChunks][2];
+#pragma unroll
+    for (int c = 0; c < S::kChunks; c += 2) {
+      uint32_t r[4];
+      ldsm_x4(r, tile_rows(stg, mt, c));
+      kx[c][0] = r[0], kx[c][1] = r[1], kx[c + 1][0] = r[2], kx[c + 1][1] = r[3];
+    }
+    float d[G][4];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      d[g][0] = d[g][1] = d[g][2] = d[g][3] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < S::kGroupKSteps; ++j) {
+        const int J = g * S::kGroupKSteps + j, c = J / S::kChunkKSteps;
+        uint32_t af[4];
+        if constexpr (BITS == 4) {
+          const uint32_t x0 = kx[c][0] >> (8 * (J & 1));
+          const uint32_t x1 = kx[c][1] >> (8 * (J & 1));
+          af[0] = and_or(x0, 0x000F000Fu, kF16Magic);
+          af[1] = and_or(x1, 0x000F000Fu, kF16Magic);
+          af[2] = and_or(x0, 0x00F000F0u, kF16Magic);
+          af[3] = and_or(x1, 0x00F000F0u, kF16Magic);
+        } else {
+          const uint32_t x0 = kx[c][0], x1 = kx[c][1];
+          af[0] = __byte_perm(x0, kF16Magic, 0x7250);
+          af[1] = __byte_perm(x1, kF16Magic, 0x7250);
+          af[2] = __byte_perm(x0, kF16Magic, 0x7351);
+          af[3] = __byte_perm(x1, kF16Magic, 0x7351);
+        }
+        const uint2 bq = qfrag(g, j);
+        mma<__half>(d[g], af, bq.x, bq.y);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float* kk = sk[e >> 1];
+      float v = 0.0f;
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        v = fmaf(kk[g], fmaf(d[g][e], inv[e & 1], off[g][e & 1]), v);
+        v = fmaf(kk[G + g], qs[g][e & 1], v);
+      }
+      s[mt][e] = v;
+    }
+  }
+  if constexpr (!clean) {
+#pragma unroll
+    for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + 16 * mt + q + 8 * (e >> 1);
+        const bool visible = key < N && key <= ((e & 1) ? limit1 : limit0);
+        s[mt][e] = visible ? s[mt][e] : -INFINITY;
+      }
+    }
+  }
+
+  // Online softmax (log2 domain), rows 2t + i. A row's running max moves
+  // only when a step's max passes it by more than kMaxSlack: p stays below
+  // 2^kMaxSlack (exact enough in f32 sums and bf16 P'), and the rescale of
+  // O and l is skipped in almost every step instead of whenever a max grows.
+  float tmax[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    tmax[i] = -INFINITY;
+#pragma unroll
+    for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+      tmax[i] = fmaxf(tmax[i], fmaxf(s[mt][i], s[mt][2 + i]));
+    }
+    tmax[i] = lanes_max<4, 16>(tmax[i]);
+  }
+  // (m = -inf: any finite score grows it.)
+  const bool grow = tmax[0] > m[0] + kMaxSlack || tmax[1] > m[1] + kMaxSlack;
+  if (__any_sync(0xffffffffu, grow)) {
+    float corr[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float m_new = fmaxf(m[i], tmax[i]);
+      corr[i] = m_new == -INFINITY ? 1.0f : fast_exp2(m[i] - m_new);
+      m[i] = m_new;
+      l[i] *= corr[i];
+    }
+#pragma unroll
+    for (int i = 0; i < S::kVTiles; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        acc[i][e] *= corr[e & 1];
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        poff[g][e] *= corr[e & 1];
+      vbias[g][0] *= corr[0];
+      vbias[g][1] *= corr[1];
+    }
+  }
+  const float ms[2] = {m[0] == -INFINITY ? 0.0f : m[0], m[1] == -INFINITY ? 0.0f : m[1]};
+  float p[S::kKeyTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      p[mt][e] = fast_exp2(s[mt][e] - ms[e & 1]);
+      l[e & 1] += p[mt][e];
+    }
+  }
+
+  // O^T += V_codes^T . P'^T per group, P' = p * V scale (0 where p is 0 in
+  // steps with hidden keys, so their scales never reach the sums).
+#pragma unroll
+  for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+    // vx[c][h]: chunk c of keys 2t, 2t + 1 (h = 0) or 2t + 8, 2t + 9 (h = 1).
+    uint32_t vx[S::kChunks][2];
+#pragma unroll
+    for (int c = 0; c < S::kChunks; c += 2) {
+      uint32_t r[4];
+      ldsm_x4_trans(r, tile_rows(stg + S::kKeys * S::kRow, mt, c));
+      vx[c][0] = r[0], vx[c][1] = r[1], vx[c + 1][0] = r[2], vx[c + 1][1] = r[3];
+    }
+    float sv[2][2 * G]; // V scales and biases of keys q, q + 8
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      key_params(2, 16 * mt + 8 * h + q, sv[h]);
+      key_params(3, 16 * mt + 8 * h + q, sv[h] + G);
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float x[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float* vv = sv[e >> 1];
+        const float pe = p[mt][e];
+        x[e] = pe * vv[g];
+        float vbt = pe * vv[G + g];
+        if constexpr (!clean) {
+          x[e] = pe != 0.0f ? x[e] : 0.0f;
+          vbt = pe != 0.0f ? vbt : 0.0f;
+        }
+        vbias[g][e & 1] += vbt;
+      }
+      uint32_t bh[2];
+      [[maybe_unused]] uint32_t bl[2] = {0u, 0u}; // the f16-query low term
+#pragma unroll
+      for (int h = 0; h < 2; ++h) { // keys q + 8h, rows 2t, 2t + 1
+        const uint32_t hi = pack2<__nv_bfloat16>(x[2 * h], x[2 * h + 1]);
+        bh[h] = transpose8x8(hi);
+        if constexpr (kTwoTerms) {
+          bl[h] = transpose8x8(bf16_rest(x[2 * h], x[2 * h + 1], hi));
+        }
+      }
+      if constexpr (kVOff != 0.0f) {
+        mma<__nv_bfloat16>(poff[g], ones, bh[0], bh[1]);
+        if constexpr (kTwoTerms) {
+          mma<__nv_bfloat16>(poff[g], ones, bl[0], bl[1]);
+        }
+      }
+      // Chunks of group g; lane: codes of keys 2t (low half), 2t + 1 (high)
+      // at bytes 2q, 2q + 1 of the chunk (and keys 2t + 8, 2t + 9).
+#pragma unroll
+      for (int cg = 0; cg < kChunksPerGroup; ++cg) {
+        const int c = g * kChunksPerGroup + cg;
+#pragma unroll
+        for (int jj = 0; jj < S::kTilesPerChunk; ++jj) {
+          uint32_t av[4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) { // h = 0: row q; 1: row q + 8 (the next dim)
+            const int shift = (2 * jj + h) * BITS;
+            av[h] = v_code_pair<BITS>(vx[c][0] >> shift);
+            av[2 + h] = v_code_pair<BITS>(vx[c][1] >> shift);
+          }
+          float (&o)[4] = acc[c * S::kTilesPerChunk + jj];
+          mma<__nv_bfloat16>(o, av, bh[0], bh[1]);
+          if constexpr (kTwoTerms) {
+            mma<__nv_bfloat16>(o, av, bl[0], bl[1]);
+          }
+        }
+      }
+    }
+  }
+}
+
 template <int BITS, int D, int GS, typename ST, bool kTwoTerms>
 __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlocks)
     decode_kernel_impl(SdpaArgs a) {
@@ -362,39 +647,12 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
     scale_off[j] = 16 * (i % kArrayChunks);
     scale_src[j] = reinterpret_cast<const uint8_t*>(base) + scale_off[j];
   }
-  auto issue = [&](uint8_t* stage, int kk) {
-    const bool full = kk + S::kKeys <= N;
-    if (full) {
-      issue_codes<true, S>(stage, kk, N, lane, views.k, views.v);
-    } else {
-      issue_codes<false, S>(stage, kk, N, lane, views.k, views.v);
-    }
-    const uint32_t dst = smem_addr(stage + S::kCodeBytes);
-    const size_t step = size_t(kk) * G * sizeof(ST);
-    // Bytes of each array that exist for this step (keys past N: zeros).
-    const int have = min(N - kk, S::kKeys) * G * int(sizeof(ST));
-#pragma unroll
-    for (int j = 0; j < S::kScaleCopies; ++j) {
-      const int i = lane + 32 * j;
-      if (S::kScaleChunks % 32 == 0 || i < S::kScaleChunks) {
-        const int bytes = full ? 16 : max(0, min(16, have - scale_off[j]));
-        const int mis = int(reinterpret_cast<uintptr_t>(scale_src[j]) & 15);
-        if (full && mis == 0) {
-          cp_async_zfill<16>(dst + 16 * i, scale_src[j] + step, 16);
-        } else {
-          copy_scale_chunk<sizeof(ST)>(
-              dst + 16 * i, scale_src[j] + step, scale_src[j] - scale_off[j], bytes, mis);
-        }
-      }
-    }
-    cp_async_commit();
-  };
   int k0 = split_begin + warp * S::kKeys;
 #pragma unroll
   for (int i = 0; i < S::kStages - 1; ++i) {
     const int kk = k0 + i * kStride;
     if (kk < split_end) {
-      issue(ring + i * S::kStepBytes, kk);
+      issue_step<S>(views, scale_src, scale_off, N, lane, ring + i * S::kStepBytes, kk);
     } else {
       cp_async_commit();
     }
@@ -526,223 +784,60 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
   };
   // `masked` (std::true_type) for steps with keys hidden from some row (past
   // N or causal): only those pay for the per-score masks.
-  auto process = [&](int k0, const uint8_t* stg, auto masked) {
-    constexpr bool clean = !decltype(masked)::value;
-    // The step's scales: [ks, kb, vs, vb][key][G] after the codes.
-    const ST* sc = reinterpret_cast<const ST*>(stg + S::kCodeBytes);
-    auto key_params = [&](int arr, int key, float* out) {
-      load_row<G>(sc + (arr * S::kKeys + key) * G, out);
-    };
-
-    // Scores of keys 16 mt + q (e = 0, 1) and 16 mt + q + 8 (e = 2, 3) for
-    // rows 2t + (e & 1), in log2 units.
-    float s[S::kKeyTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < S::kKeyTiles; ++mt) {
-      float sk[2][2 * G]; // K scales and biases of keys q, q + 8
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        key_params(0, 16 * mt + 8 * h + q, sk[h]);
-        key_params(1, 16 * mt + 8 * h + q, sk[h] + G);
-      }
-      // kx[c][h]: word t of chunk c of key q + 8h.
-      uint32_t kx[S::kChunks][2];
-#pragma unroll
-      for (int c = 0; c < S::kChunks; c += 2) {
-        uint32_t r[4];
-        ldsm_x4(r, tile_rows(stg, mt, c));
-        kx[c][0] = r[0], kx[c][1] = r[1], kx[c + 1][0] = r[2], kx[c + 1][1] = r[3];
-      }
-      float d[G][4];
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        d[g][0] = d[g][1] = d[g][2] = d[g][3] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < S::kGroupKSteps; ++j) {
-          const int J = g * S::kGroupKSteps + j, c = J / S::kChunkKSteps;
-          uint32_t af[4];
-          if constexpr (BITS == 4) {
-            const uint32_t x0 = kx[c][0] >> (8 * (J & 1));
-            const uint32_t x1 = kx[c][1] >> (8 * (J & 1));
-            af[0] = and_or(x0, 0x000F000Fu, kF16Magic);
-            af[1] = and_or(x1, 0x000F000Fu, kF16Magic);
-            af[2] = and_or(x0, 0x00F000F0u, kF16Magic);
-            af[3] = and_or(x1, 0x00F000F0u, kF16Magic);
-          } else {
-            const uint32_t x0 = kx[c][0], x1 = kx[c][1];
-            af[0] = __byte_perm(x0, kF16Magic, 0x7250);
-            af[1] = __byte_perm(x1, kF16Magic, 0x7250);
-            af[2] = __byte_perm(x0, kF16Magic, 0x7351);
-            af[3] = __byte_perm(x1, kF16Magic, 0x7351);
-          }
-          const uint2 bq = qfrag(g, j);
-          mma<__half>(d[g], af, bq.x, bq.y);
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float* kk = sk[e >> 1];
-        float v = 0.0f;
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-          v = fmaf(kk[g], fmaf(d[g][e], inv[e & 1], off[g][e & 1]), v);
-          v = fmaf(kk[G + g], qs[g][e & 1], v);
-        }
-        s[mt][e] = v;
-      }
-    }
-    if constexpr (!clean) {
-#pragma unroll
-      for (int mt = 0; mt < S::kKeyTiles; ++mt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + 16 * mt + q + 8 * (e >> 1);
-          const bool visible = key < N && key <= ((e & 1) ? limit1 : limit0);
-          s[mt][e] = visible ? s[mt][e] : -INFINITY;
-        }
-      }
-    }
-
-    // Online softmax (log2 domain), rows 2t + i. A row's running max moves
-    // only when a step's max passes it by more than kMaxSlack: p stays below
-    // 2^kMaxSlack (exact enough in f32 sums and bf16 P'), and the rescale of
-    // O and l is skipped in almost every step instead of whenever a max grows.
-    float tmax[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      tmax[i] = -INFINITY;
-#pragma unroll
-      for (int mt = 0; mt < S::kKeyTiles; ++mt) {
-        tmax[i] = fmaxf(tmax[i], fmaxf(s[mt][i], s[mt][2 + i]));
-      }
-      tmax[i] = lanes_max<4, 16>(tmax[i]);
-    }
-    // (m = -inf: any finite score grows it.)
-    const bool grow = tmax[0] > m[0] + kMaxSlack || tmax[1] > m[1] + kMaxSlack;
-    if (__any_sync(0xffffffffu, grow)) {
-      float corr[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float m_new = fmaxf(m[i], tmax[i]);
-        corr[i] = m_new == -INFINITY ? 1.0f : fast_exp2(m[i] - m_new);
-        m[i] = m_new;
-        l[i] *= corr[i];
-      }
-#pragma unroll
-      for (int i = 0; i < S::kVTiles; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          acc[i][e] *= corr[e & 1];
-      }
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          poff[g][e] *= corr[e & 1];
-        vbias[g][0] *= corr[0];
-        vbias[g][1] *= corr[1];
-      }
-    }
-    const float ms[2] = {m[0] == -INFINITY ? 0.0f : m[0], m[1] == -INFINITY ? 0.0f : m[1]};
-    float p[S::kKeyTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < S::kKeyTiles; ++mt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        p[mt][e] = fast_exp2(s[mt][e] - ms[e & 1]);
-        l[e & 1] += p[mt][e];
-      }
-    }
-
-    // O^T += V_codes^T . P'^T per group, P' = p * V scale (0 where p is 0 in
-    // steps with hidden keys, so their scales never reach the sums).
-#pragma unroll
-    for (int mt = 0; mt < S::kKeyTiles; ++mt) {
-      // vx[c][h]: chunk c of keys 2t, 2t + 1 (h = 0) or 2t + 8, 2t + 9 (h = 1).
-      uint32_t vx[S::kChunks][2];
-#pragma unroll
-      for (int c = 0; c < S::kChunks; c += 2) {
-        uint32_t r[4];
-        ldsm_x4_trans(r, tile_rows(stg + S::kKeys * S::kRow, mt, c));
-        vx[c][0] = r[0], vx[c][1] = r[1], vx[c + 1][0] = r[2], vx[c + 1][1] = r[3];
-      }
-      float sv[2][2 * G]; // V scales and biases of keys q, q + 8
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        key_params(2, 16 * mt + 8 * h + q, sv[h]);
-        key_params(3, 16 * mt + 8 * h + q, sv[h] + G);
-      }
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float x[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float* vv = sv[e >> 1];
-          const float pe = p[mt][e];
-          x[e] = pe * vv[g];
-          float vbt = pe * vv[G + g];
-          if constexpr (!clean) {
-            x[e] = pe != 0.0f ? x[e] : 0.0f;
-            vbt = pe != 0.0f ? vbt : 0.0f;
-          }
-          vbias[g][e & 1] += vbt;
-        }
-        uint32_t bh[2];
-        [[maybe_unused]] uint32_t bl[2] = {0u, 0u}; // the f16-query low term
-#pragma unroll
-        for (int h = 0; h < 2; ++h) { // keys q + 8h, rows 2t, 2t + 1
-          const uint32_t hi = pack2<__nv_bfloat16>(x[2 * h], x[2 * h + 1]);
-          bh[h] = transpose8x8(hi);
-          if constexpr (kTwoTerms) {
-            bl[h] = transpose8x8(bf16_rest(x[2 * h], x[2 * h + 1], hi));
-          }
-        }
-        if constexpr (kVOff != 0.0f) {
-          mma<__nv_bfloat16>(poff[g], ones, bh[0], bh[1]);
-          if constexpr (kTwoTerms) {
-            mma<__nv_bfloat16>(poff[g], ones, bl[0], bl[1]);
-          }
-        }
-        // Chunks of group g; lane: codes of keys 2t (low half), 2t + 1 (high)
-        // at bytes 2q, 2q + 1 of the chunk (and keys 2t + 8, 2t + 9).
-#pragma unroll
-        for (int cg = 0; cg < kChunksPerGroup; ++cg) {
-          const int c = g * kChunksPerGroup + cg;
-#pragma unroll
-          for (int jj = 0; jj < S::kTilesPerChunk; ++jj) {
-            uint32_t av[4];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) { // h = 0: row q; 1: row q + 8 (the next dim)
-              const int shift = (2 * jj + h) * BITS;
-              av[h] = v_code_pair<BITS>(vx[c][0] >> shift);
-              av[2 + h] = v_code_pair<BITS>(vx[c][1] >> shift);
-            }
-            float (&o)[4] = acc[c * S::kTilesPerChunk + jj];
-            mma<__nv_bfloat16>(o, av, bh[0], bh[1]);
-            if constexpr (kTwoTerms) {
-              mma<__nv_bfloat16>(o, av, bl[0], bl[1]);
-            }
-          }
-        }
-      }
-    }
-  };
 
   int cur_stage = 0;
   for (; k0 < split_end; k0 += kStride) {
     const int refill = cur_stage == 0 ? S::kStages - 1 : cur_stage - 1;
     const int kk = k0 + (S::kStages - 1) * kStride;
     if (kk < split_end) {
-      issue(ring + refill * S::kStepBytes, kk);
+      issue_step<S>(views, scale_src, scale_off, N, lane, ring + refill * S::kStepBytes, kk);
     } else {
       cp_async_commit();
     }
     cp_async_wait<S::kStages - 1>();
     __syncwarp();
     if (k0 + S::kKeys <= clean_end) {
-      process(k0, ring + cur_stage * S::kStepBytes, std::false_type{});
+      decode_step<BITS, S, ST, kTwoTerms>(
+          qfrag,
+          tile_rows,
+          q,
+          t,
+          N,
+          limit0,
+          limit1,
+          inv,
+          off,
+          qs,
+          ones,
+          m,
+          l,
+          vbias,
+          acc,
+          poff,
+          k0,
+          ring + cur_stage * S::kStepBytes,
+          std::false_type{});
     } else {
-      process(k0, ring + cur_stage * S::kStepBytes, std::true_type{});
+      decode_step<BITS, S, ST, kTwoTerms>(
+          qfrag,
+          tile_rows,
+          q,
+          t,
+          N,
+          limit0,
+          limit1,
+          inv,
+          off,
+          qs,
+          ones,
+          m,
+          l,
+          vbias,
+          acc,
+          poff,
+          k0,
+          ring + cur_stage * S::kStepBytes,
+          std::true_type{});
     }
     __syncwarp(); // every lane is done with this stage before it is refilled
     cur_stage = cur_stage == S::kStages - 1 ? 0 : cur_stage + 1;
