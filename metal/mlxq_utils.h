@@ -14,6 +14,15 @@ using namespace metal;
 // signed zero included.
 typedef bfloat mlxq_bfloat16;
 
+// Query row r of a KV head's rows (its rep query heads x the positions, head
+// fastest): its position and its query head.
+METAL_FUNC int mlxq_row_position(int r, int rep) {
+  return r / rep;
+}
+METAL_FUNC int mlxq_row_head(int kvh, int r, int rep) {
+  return kvh * rep + r % rep;
+}
+
 METAL_FUNC float mlxq_to_float(float x) {
   return x;
 }

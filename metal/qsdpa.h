@@ -133,8 +133,8 @@ METAL_FUNC void mlxq_attend(
   const int rep = p.rep;
   const bool active = sg < rt; // SIMD-uniform
   const int r = r0 + sg;
-  const int l = active ? r / rep : 0;
-  const int h = kvh * rep + (active ? r % rep : 0);
+  const int l = mlxq_row_position(active ? r : 0, rep);
+  const int h = mlxq_row_head(kvh, active ? r : 0, rep);
   const int dkc = p.Dk >> 5;
   const int dvc = p.Dv >> 5;
   const int cpg = p.group_size >> 5; // chunks per group: 1, 2 or 4
@@ -187,7 +187,7 @@ METAL_FUNC void mlxq_attend(
   int n_end = n1;
   if (p.mask_kind == MLXQ_MASK_CAUSAL) {
     // Keys past the last row's limit are hidden from every row here.
-    const int last_l = (r0 + rt - 1) / rep;
+    const int last_l = mlxq_row_position(r0 + rt - 1, rep);
     n_end = min(n1, max(last_l + shift + 1, n0));
   }
 

@@ -94,8 +94,8 @@ template <typename T>
   const int bk = row / p.rows;
   const int kvh = bk % p.Hkv;
   const int b = bk / p.Hkv;
-  const int l = r / p.rep;
-  const int h = kvh * p.rep + r % p.rep;
+  const int l = mlxq_row_position(r, p.rep);
+  const int h = mlxq_row_head(kvh, r, p.rep);
   const int nb = p.n_blocks;
   const int dvc = p.Dv >> 5;
   const mlxq_i64 slot0 = mlxq_i64(row) * nb;

@@ -26,6 +26,15 @@ void* handle() {
   return fn;
 }
 
+// Query row r of a KV head's rows (its rep query heads x the positions, head
+// fastest): its position and its query head.
+__device__ __forceinline__ int row_position(int r, int rep) {
+  return r / rep;
+}
+__device__ __forceinline__ int row_head(int kvh, int r, int rep) {
+  return kvh * rep + r % rep;
+}
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 

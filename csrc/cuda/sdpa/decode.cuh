@@ -766,8 +766,8 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
   const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
 
   // Each row's visible-key limit (causal) for masked steps.
-  const int limit0 = a.mask_kind == kMaskCausal ? N - a.L + (2 * t) / a.rep : N - 1;
-  const int limit1 = a.mask_kind == kMaskCausal ? N - a.L + (2 * t + 1) / a.rep : N - 1;
+  const int limit0 = a.mask_kind == kMaskCausal ? N - a.L + row_position(2 * t, a.rep) : N - 1;
+  const int limit1 = a.mask_kind == kMaskCausal ? N - a.L + row_position(2 * t + 1, a.rep) : N - 1;
 
   // Fragments of one 16-key tile from a stage: lane i addresses row i % 8 of
   // matrix i / 8 = (keys 8 (i / 8 % 2) + .., chunk c + i / 16).

@@ -203,13 +203,13 @@ __global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
   const int n0 = split * a.split_keys;
   int n1 = min(n0 + a.split_keys, a.N);
   if (a.mask_kind == kMaskCausal) {
-    const int last_l = (r0 + R - 1) / a.rep;
+    const int last_l = row_position(r0 + R - 1, a.rep);
     n1 = min(n1, last_l + a.N - a.L + 1);
   }
 
   for (int idx = t; idx < R * Dk; idx += NT) {
     const int r = idx / Dk, i = idx % Dk;
-    const int l = (r0 + r) / a.rep, h = kvh * a.rep + (r0 + r) % a.rep;
+    const int l = row_position(r0 + r, a.rep), h = row_head(kvh, r0 + r, a.rep);
     const int64_t off = b * a.q_st[0] + h * a.q_st[1] + l * a.q_st[2] + i * a.q_st[3];
     sm.q[r * Dk + i] = load_float(a.q, off, a.q_dtype) * a.scale;
   }
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
       for (int k = 0; k < RT / 4; ++k) {
         const int r = warp + 4 * k;
         if (r < R) {
-          const int l = (r0 + r) / a.rep, h = kvh * a.rep + (r0 + r) % a.rep;
+          const int l = row_position(r0 + r, a.rep), h = row_head(kvh, r0 + r, a.rep);
           float s = sc[k];
           if (n >= n1) {
             s = -INFINITY;
@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
       continue;
     }
     const float m = sm.m[r], lsum = sm.l[r];
-    const int l = (r0 + r) / a.rep, h = kvh * a.rep + (r0 + r) % a.rep;
+    const int l = row_position(r0 + r, a.rep), h = row_head(kvh, r0 + r, a.rep);
     const float inv = output_scale(m, lsum, a.sinks ? a.sinks + h : nullptr);
 #pragma unroll
     for (int c = 0; c < kMaxDvPerThread; ++c) {

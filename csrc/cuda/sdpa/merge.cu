@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel_impl(MergeArgs 
   const int bk = row / a.rows; // b * Hkv + kvh
   const int kvh = bk % a.Hkv, b = bk / a.Hkv;
   const int tile = r / a.row_tile, rr = r % a.row_tile;
-  const int l = r / a.rep, h = kvh * a.rep + r % a.rep;
+  const int l = row_position(r, a.rep), h = row_head(kvh, r, a.rep);
   auto slot = [&](int split) {
     return ((int64_t(bk) * a.row_tiles + tile) * a.splits + split) * a.row_tile + rr;
   };

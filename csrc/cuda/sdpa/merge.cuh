@@ -60,7 +60,7 @@ __device__ void merge_head_splits(const SdpaArgs& a, int b, int kvh, float* wsm)
     }
     lsum = warp_sum(lsum);
     if (lane == 0) {
-      const int h = kvh * a.rep + r % a.rep;
+      const int h = row_head(kvh, r, a.rep);
       row_scale[r] = output_scale(mx, lsum, a.sinks ? a.sinks + h : nullptr);
     }
   }
@@ -83,7 +83,7 @@ __device__ void merge_head_splits(const SdpaArgs& a, int b, int kvh, float* wsm)
       o.w = fmaf(w, v.w, o.w);
     }
     const float sc = row_scale[r];
-    const int l = r / a.rep, h = kvh * a.rep + r % a.rep;
+    const int l = row_position(r, a.rep), h = row_head(kvh, r, a.rep);
     const int64_t out = ((int64_t(b) * a.Hq + h) * a.L + l) * Dv + d;
     store_float(a.out, out, a.q_dtype, o.x * sc);
     store_float(a.out, out + 1, a.q_dtype, o.y * sc);

@@ -405,7 +405,7 @@ __device__ __forceinline__ void load_queries(
     const int r = i / D, d = i % D;
     uint16_t v = 0;
     if (r < R) {
-      const int rr = r0 + r, l = rr / a.rep, h = kvh * a.rep + rr % a.rep;
+      const int rr = r0 + r, l = row_position(rr, a.rep), h = row_head(kvh, rr, a.rep);
       v = static_cast<const uint16_t*>(
           a.q)[b * a.q_st[0] + h * a.q_st[1] + l * a.q_st[2] + d * a.q_st[3]];
     }
@@ -513,7 +513,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) tiled_kernel_i
   const int n0 = split * a.split_keys;
   int n1 = min(a.N, n0 + a.split_keys);
   if (a.mask_kind == kMaskCausal) {
-    n1 = min(n1, (r0 + R - 1) / a.rep + shift + 1);
+    n1 = min(n1, row_position(r0 + R - 1, a.rep) + shift + 1);
   }
 
   load_queries<D, kRows, kThreads>(a, qs, r0, R, kvh, b);
@@ -528,11 +528,11 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) tiled_kernel_i
     const int r = wr0 + g8 + 8 * h;
     live[h] = r < R;
     const int rr = r0 + (live[h] ? r : 0);
-    lpos[h] = rr / a.rep;
-    head[h] = kvh * a.rep + rr % a.rep;
+    lpos[h] = row_position(rr, a.rep);
+    head[h] = row_head(kvh, rr, a.rep);
     lim[h] = a.mask_kind == kMaskCausal ? lpos[h] + shift : INT_MAX;
   }
-  const int warp_first_lim = (r0 + wr0) / a.rep + shift;
+  const int warp_first_lim = row_position(r0 + wr0, a.rep) + shift;
   const float scale2 = a.scale * kLog2e;
 
   const uint32_t* kw0 = a.kw + b * a.kw_st[0] + kvh * a.kw_st[1];
