@@ -782,9 +782,30 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
   auto tile_rows = [&](const uint8_t* base, int mt, int c) {
     return base + ld_off[c / 2] + mt * 16 * S::kRow;
   };
-  // `masked` (std::true_type) for steps with keys hidden from some row (past
-  // N or causal): only those pay for the per-score masks.
-
+  // One warp step; `masked` (std::true_type) for steps with keys hidden from
+  // some row (past N or causal): only those pay for the per-score masks.
+  auto step = [&](int k0, const uint8_t* stage, auto masked) {
+    decode_step<BITS, S, ST, kTwoTerms>(
+        qfrag,
+        tile_rows,
+        q,
+        t,
+        N,
+        limit0,
+        limit1,
+        inv,
+        off,
+        qs,
+        ones,
+        m,
+        l,
+        vbias,
+        acc,
+        poff,
+        k0,
+        stage,
+        masked);
+  };
   int cur_stage = 0;
   for (; k0 < split_end; k0 += kStride) {
     const int refill = cur_stage == 0 ? S::kStages - 1 : cur_stage - 1;
@@ -796,48 +817,11 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
     }
     cp_async_wait<S::kStages - 1>();
     __syncwarp();
+    const uint8_t* stage = ring + cur_stage * S::kStepBytes;
     if (k0 + S::kKeys <= clean_end) {
-      decode_step<BITS, S, ST, kTwoTerms>(
-          qfrag,
-          tile_rows,
-          q,
-          t,
-          N,
-          limit0,
-          limit1,
-          inv,
-          off,
-          qs,
-          ones,
-          m,
-          l,
-          vbias,
-          acc,
-          poff,
-          k0,
-          ring + cur_stage * S::kStepBytes,
-          std::false_type{});
+      step(k0, stage, std::false_type{});
     } else {
-      decode_step<BITS, S, ST, kTwoTerms>(
-          qfrag,
-          tile_rows,
-          q,
-          t,
-          N,
-          limit0,
-          limit1,
-          inv,
-          off,
-          qs,
-          ones,
-          m,
-          l,
-          vbias,
-          acc,
-          poff,
-          k0,
-          ring + cur_stage * S::kStepBytes,
-          std::true_type{});
+      step(k0, stage, std::true_type{});
     }
     __syncwarp(); // every lane is done with this stage before it is refilled
     cur_stage = cur_stage == S::kStages - 1 ? 0 : cur_stage + 1;
