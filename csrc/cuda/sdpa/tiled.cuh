@@ -62,548 +62,532 @@ struct Scales {
   float vs[kV], vb[kV];
 };
 
-// The kernel's stages, each a function called once per tile (or per block)
-// from tiled_kernel_impl below and always inlined. The kernel's per-thread
-// values reach compute_tile, load_queries and write_output by const
-// reference, as they did when the stages were lambdas of the kernel: passed
-// by value, nvcc allocates registers differently (8 instructions fewer of
-// ~6,300 at head dim 128, not byte-identical), and identical SASS is what
-// shows this split changed nothing.
+// The tiled kernel's constants and its stages: run() is the kernel's body, a
+// prologue and a loop over the other stages, each called once per tile (or
+// per block) and always inlined. The per-thread values reach compute_tile,
+// load_queries and write_output by const reference, as they did when the
+// stages were lambdas of the kernel: passed by value, nvcc allocates
+// registers differently (8 instructions fewer of ~6,300 at head dim 128, not
+// byte-identical), and identical SASS is what shows this split changed
+// nothing.
+template <typename T, int D, int GS, int WARPS, int KEYS, int PARTS>
+struct TiledStages {
+  static constexpr int DV = D / PARTS; // output columns of a block
+  static constexpr int kGV = DV / GS; // their groups
+  static_assert(DV % GS == 0, "a block's output columns are whole groups");
+  static constexpr int kThreads = 32 * WARPS;
+  static constexpr int kRows = 16 * WARPS;
+  static constexpr int kKeys = KEYS;
+  static constexpr int kSN = KEYS / 8; // n-tiles of scores
+  static constexpr int kKS = KEYS / 16; // 16-key steps of values
+  static constexpr int kStride = D + 8; // smem row (elements): conflict-free ldmatrix
+  static constexpr int kCPR = D / 8; // chunks per row
+  static constexpr int kG = D / GS;
+  static constexpr int kNT = DV / 8; // n-tiles of a block's output
+  static constexpr bool kTwoTerms = std::is_same_v<T, __half>;
+  using ScalesT = Scales<D, GS, kThreads, KEYS>;
+  static_assert(kKeys * kCPR % kThreads == 0, "tile layout");
 
-// Ring issue: tile c0's packed K and V words (keys below n1, W words per
-// row) into kraw / vraw, asynchronously.
-template <int kKeys, int kThreads>
-__device__ __forceinline__ void fetch_words(
-    const SdpaArgs& a,
-    const uint32_t* kw0,
-    const uint32_t* vw0,
-    uint32_t* kraw,
-    uint32_t* vraw,
-    int W,
-    int n1,
-    int c0) {
-  const int total = kKeys * W;
-  if (a.vec_loads) { // 16-byte aligned rows (host-checked)
-    for (int i = 4 * threadIdx.x; i < total; i += 4 * kThreads) {
-      const int key = i / W, col = i % W, n = c0 + key;
-      if (n < n1) {
-        cp_async<16>(kraw + i, kw0 + int64_t(n) * a.kw_st[2] + col);
-        cp_async<16>(vraw + i, vw0 + int64_t(n) * a.vw_st[2] + col);
+  // Ring issue: tile c0's packed K and V words (keys below n1, W words per
+  // row) into kraw / vraw, asynchronously.
+  __device__ __forceinline__ static void fetch_words(
+      const SdpaArgs& a,
+      const uint32_t* kw0,
+      const uint32_t* vw0,
+      uint32_t* kraw,
+      uint32_t* vraw,
+      int W,
+      int n1,
+      int c0) {
+    const int total = kKeys * W;
+    if (a.vec_loads) { // 16-byte aligned rows (host-checked)
+      for (int i = 4 * threadIdx.x; i < total; i += 4 * kThreads) {
+        const int key = i / W, col = i % W, n = c0 + key;
+        if (n < n1) {
+          cp_async<16>(kraw + i, kw0 + int64_t(n) * a.kw_st[2] + col);
+          cp_async<16>(vraw + i, vw0 + int64_t(n) * a.vw_st[2] + col);
+        }
+      }
+    } else {
+      for (int i = threadIdx.x; i < total; i += kThreads) {
+        const int key = i / W, col = i % W, n = c0 + key;
+        if (n < n1) {
+          cp_async<4>(kraw + i, kw0 + int64_t(n) * a.kw_st[2] + col);
+          cp_async<4>(vraw + i, vw0 + int64_t(n) * a.vw_st[2] + col);
+        }
       }
     }
-  } else {
-    for (int i = threadIdx.x; i < total; i += kThreads) {
-      const int key = i / W, col = i % W, n = c0 + key;
-      if (n < n1) {
-        cp_async<4>(kraw + i, kw0 + int64_t(n) * a.kw_st[2] + col);
-        cp_async<4>(vraw + i, vw0 + int64_t(n) * a.vw_st[2] + col);
-      }
-    }
   }
-}
 
-// This thread's scales and biases of tile c0 (zeros past n1), a tile ahead.
-template <int D, int GS, int kThreads, int KEYS>
-__device__ __forceinline__ void fetch_scales(
-    const SdpaArgs& a,
-    int64_t ks0,
-    int64_t kb0,
-    int64_t vs0,
-    int64_t vb0,
-    int n1,
-    Scales<D, GS, kThreads, KEYS>& sc,
-    int c0) {
-  using ScalesT = Scales<D, GS, kThreads, KEYS>;
-  constexpr int kCPR = D / 8;
-  constexpr int kG = D / GS;
-  constexpr int kKeys = KEYS;
-#pragma unroll
-  for (int u = 0; u < ScalesT::kChunks; ++u) {
-    const int i = threadIdx.x + u * kThreads;
-    const int n = c0 + i / kCPR, g = (i % kCPR) * 8 / GS;
-    const bool ok = n < n1;
-    sc.ks[u] = ok ? load_float(a.ks, ks0 + n * a.ks_st[2] + g * a.ks_st[3], a.s_dtype) : 0.0f;
-    sc.kb[u] = ok ? load_float(a.kb, kb0 + n * a.kb_st[2] + g * a.kb_st[3], a.s_dtype) : 0.0f;
-  }
-#pragma unroll
-  for (int u = 0; u < ScalesT::kV; ++u) {
-    const int i = threadIdx.x + u * kThreads;
-    const int n = c0 + i / kG, g = i % kG;
-    const bool ok = i < kKeys * kG && n < n1;
-    sc.vs[u] = ok ? load_float(a.vs, vs0 + n * a.vs_st[2] + g * a.vs_st[3], a.s_dtype) : 0.0f;
-    sc.vb[u] = ok ? load_float(a.vb, vb0 + n * a.vb_st[2] + g * a.vb_st[3], a.s_dtype) : 0.0f;
-  }
-}
-
-// Unpacks a landed tile into shared memory: K dequantized to T, V codes as
-// exact bf16, V scales and biases as f32. Words past n1 are stale but finite
-// codes, and their scales are 0.
-template <typename T, int D, int GS, int kThreads, int KEYS>
-__device__ __forceinline__ void stage(
-    const uint32_t* kraw,
-    const uint32_t* vraw,
-    uint16_t* ks,
-    uint16_t* vs,
-    float* vsc,
-    float* vbi,
-    int W,
-    int bits,
-    const Scales<D, GS, kThreads, KEYS>& sc) {
-  using ScalesT = Scales<D, GS, kThreads, KEYS>;
-  constexpr int kCPR = D / 8;
-  constexpr int kG = D / GS;
-  constexpr int kKeys = KEYS;
-  constexpr int kStride = D + 8;
-  auto body = [&](auto bits_tag) {
-    constexpr int BITS = decltype(bits_tag)::value;
+  // This thread's scales and biases of tile c0 (zeros past n1), a tile ahead.
+  __device__ __forceinline__ static void fetch_scales(
+      const SdpaArgs& a,
+      int64_t ks0,
+      int64_t kb0,
+      int64_t vs0,
+      int64_t vb0,
+      int n1,
+      ScalesT& sc,
+      int c0) {
 #pragma unroll
     for (int u = 0; u < ScalesT::kChunks; ++u) {
       const int i = threadIdx.x + u * kThreads;
-      const int key = i / kCPR, c = i % kCPR;
-      const int byte = c * BITS, wi = key * W + (byte >> 2), sh = (byte & 3) * 8;
-      const bool two = sh + 8 * BITS > 32;
-      float x[8];
-      unpack8<BITS>(kraw[wi], two ? kraw[wi + 1] : 0u, sh, x);
-      uint4 kv, vv;
-      uint32_t* kp = &kv.x;
-      uint32_t* vp = &vv.x;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        kp[j] =
-            pack2<T>(fmaf(sc.ks[u], x[2 * j], sc.kb[u]), fmaf(sc.ks[u], x[2 * j + 1], sc.kb[u]));
-      }
-      unpack8<BITS>(vraw[wi], two ? vraw[wi + 1] : 0u, sh, x);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        vp[j] = pack2<__nv_bfloat16>(x[2 * j], x[2 * j + 1]);
-      }
-      *reinterpret_cast<uint4*>(ks + key * kStride + c * 8) = kv;
-      *reinterpret_cast<uint4*>(vs + key * kStride + c * 8) = vv;
+      const int n = c0 + i / kCPR, g = (i % kCPR) * 8 / GS;
+      const bool ok = n < n1;
+      sc.ks[u] = ok ? load_float(a.ks, ks0 + n * a.ks_st[2] + g * a.ks_st[3], a.s_dtype) : 0.0f;
+      sc.kb[u] = ok ? load_float(a.kb, kb0 + n * a.kb_st[2] + g * a.kb_st[3], a.s_dtype) : 0.0f;
     }
-  };
-  switch (bits) {
-    case 2:
-      body(std::integral_constant<int, 2>{});
-      break;
-    case 3:
-      body(std::integral_constant<int, 3>{});
-      break;
-    case 4:
-      body(std::integral_constant<int, 4>{});
-      break;
-    case 5:
-      body(std::integral_constant<int, 5>{});
-      break;
-    case 6:
-      body(std::integral_constant<int, 6>{});
-      break;
-    default:
-      body(std::integral_constant<int, 8>{});
-      break;
-  }
 #pragma unroll
-  for (int u = 0; u < ScalesT::kV; ++u) {
-    const int i = threadIdx.x + u * kThreads;
-    if (i < kKeys * kG) {
-      vsc[i] = sc.vs[u];
-      vbi[i] = sc.vb[u];
-    }
-  }
-}
-
-// Step: one tile of keys for this warp's 16 rows: scores S = Q . K^T on
-// tensor cores, masks, the online softmax update of (m, l), and the value
-// products O += (P * scale_v) . codes + sum(P * bias_v) per group.
-template <typename T, int D, int GS, int KEYS, int PARTS>
-__device__ __forceinline__ void compute_tile(
-    const SdpaArgs& a,
-    const uint16_t* const& qs,
-    const uint16_t* const& ks,
-    const uint16_t* const& vs,
-    const float* const& vsc,
-    const float* const& vbi,
-    const int& lane,
-    const int& t4,
-    const int& wr0,
-    const int& b,
-    const int& n1,
-    const int& warp_first_lim,
-    const int& gv0,
-    const int& dv0,
-    const float& scale2,
-    const bool (&live)[2],
-    const int (&lim)[2],
-    const int (&head)[2],
-    const int (&lpos)[2],
-    float (&m)[2],
-    float (&l)[2],
-    float (&vbias)[2][D / PARTS / GS],
-    float (&acc)[D / PARTS / 8][4],
-    int c0) {
-  constexpr int kGV = D / PARTS / GS;
-  constexpr int kKeys = KEYS;
-  constexpr int kSN = KEYS / 8;
-  constexpr int kKS = KEYS / 16;
-  constexpr int kStride = D + 8;
-  constexpr int kG = D / GS;
-  constexpr int kNT = D / PARTS / 8;
-  constexpr bool kTwoTerms = std::is_same_v<T, __half>;
-  // S = Q . K^T: 16 rows x KEYS keys (n-tiles of 8 keys).
-  float s[kSN][4];
-#pragma unroll
-  for (int n = 0; n < kSN; ++n)
-    s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-  const uint16_t* qrow =
-      qs + (wr0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4);
-  const uint16_t* krow = ks + ((lane & 7) + 8 * (lane >> 4)) * kStride + 8 * ((lane >> 3) & 1);
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t qa[4];
-    ldsm_x4(qa, qrow + kk * 16);
-#pragma unroll
-    for (int np = 0; np < kKS; ++np) {
-      uint32_t kb4[4];
-      ldsm_x4(kb4, krow + np * 16 * kStride + kk * 16);
-      mma<T>(s[2 * np], qa, kb4[0], kb4[1]);
-      mma<T>(s[2 * np + 1], qa, kb4[2], kb4[3]);
+    for (int u = 0; u < ScalesT::kV; ++u) {
+      const int i = threadIdx.x + u * kThreads;
+      const int n = c0 + i / kG, g = i % kG;
+      const bool ok = i < kKeys * kG && n < n1;
+      sc.vs[u] = ok ? load_float(a.vs, vs0 + n * a.vs_st[2] + g * a.vs_st[3], a.s_dtype) : 0.0f;
+      sc.vb[u] = ok ? load_float(a.vb, vb0 + n * a.vb_st[2] + g * a.vb_st[3], a.s_dtype) : 0.0f;
     }
   }
 
-  // Scale, mask, online softmax (rows ra: s[n][0..1], rb: s[n][2..3]).
-  const bool plain = a.mask_kind != kMaskArray && c0 + kKeys <= n1 &&
-      (a.mask_kind != kMaskCausal || c0 + kKeys - 1 <= warp_first_lim);
-  float mx[2] = {-INFINITY, -INFINITY};
+  // Unpacks a landed tile into shared memory: K dequantized to T, V codes as
+  // exact bf16, V scales and biases as f32. Words past n1 are stale but finite
+  // codes, and their scales are 0.
+  __device__ __forceinline__ static void stage(
+      const uint32_t* kraw,
+      const uint32_t* vraw,
+      uint16_t* ks,
+      uint16_t* vs,
+      float* vsc,
+      float* vbi,
+      int W,
+      int bits,
+      const ScalesT& sc) {
+    auto body = [&](auto bits_tag) {
+      constexpr int BITS = decltype(bits_tag)::value;
 #pragma unroll
-  for (int n = 0; n < kSN; ++n) {
+      for (int u = 0; u < ScalesT::kChunks; ++u) {
+        const int i = threadIdx.x + u * kThreads;
+        const int key = i / kCPR, c = i % kCPR;
+        const int byte = c * BITS, wi = key * W + (byte >> 2), sh = (byte & 3) * 8;
+        const bool two = sh + 8 * BITS > 32;
+        float x[8];
+        unpack8<BITS>(kraw[wi], two ? kraw[wi + 1] : 0u, sh, x);
+        uint4 kv, vv;
+        uint32_t* kp = &kv.x;
+        uint32_t* vp = &vv.x;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = e >> 1;
-      float x = s[n][e] * scale2;
-      if (!plain) {
-        const int key = c0 + 8 * n + 2 * t4 + (e & 1);
-        bool vis = live[h] && key < n1 && key <= lim[h];
-        if (vis && a.mask_kind == kMaskArray) {
-          const int64_t mo =
-              b * a.m_st[0] + head[h] * a.m_st[1] + lpos[h] * a.m_st[2] + int64_t(key) * a.m_st[3];
-          const float mv = load_float(a.mask, mo, a.mask_dtype);
-          if (a.mask_dtype == kBool) {
-            vis = mv != 0.0f;
-          } else {
-            // A finite bias stays finite in log2 units (finfo.min fills).
-            x += mv == -INFINITY ? mv : fmaxf(mv * kLog2e, -FLT_MAX);
-          }
+        for (int j = 0; j < 4; ++j) {
+          kp[j] =
+              pack2<T>(fmaf(sc.ks[u], x[2 * j], sc.kb[u]), fmaf(sc.ks[u], x[2 * j + 1], sc.kb[u]));
         }
-        x = vis ? x : -INFINITY;
+        unpack8<BITS>(vraw[wi], two ? vraw[wi + 1] : 0u, sh, x);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          vp[j] = pack2<__nv_bfloat16>(x[2 * j], x[2 * j + 1]);
+        }
+        *reinterpret_cast<uint4*>(ks + key * kStride + c * 8) = kv;
+        *reinterpret_cast<uint4*>(vs + key * kStride + c * 8) = vv;
       }
-      s[n][e] = x;
-      mx[h] = fmaxf(mx[h], x);
+    };
+    switch (bits) {
+      case 2:
+        body(std::integral_constant<int, 2>{});
+        break;
+      case 3:
+        body(std::integral_constant<int, 3>{});
+        break;
+      case 4:
+        body(std::integral_constant<int, 4>{});
+        break;
+      case 5:
+        body(std::integral_constant<int, 5>{});
+        break;
+      case 6:
+        body(std::integral_constant<int, 6>{});
+        break;
+      default:
+        body(std::integral_constant<int, 8>{});
+        break;
+    }
+#pragma unroll
+    for (int u = 0; u < ScalesT::kV; ++u) {
+      const int i = threadIdx.x + u * kThreads;
+      if (i < kKeys * kG) {
+        vsc[i] = sc.vs[u];
+        vbi[i] = sc.vb[u];
+      }
     }
   }
-  float corr[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    mx[h] = lanes_max<1, 2>(mx[h]);
-    const float m_new = fmaxf(m[h], mx[h]);
-    corr[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
-    m[h] = m_new;
-  }
-#pragma unroll
-  for (int n = 0; n < kSN; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = e >> 1;
-      s[n][e] = m[h] == -INFINITY ? 0.0f : exp2f(s[n][e] - m[h]);
-    }
-  }
-  if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
-#pragma unroll
-    for (int i = 0; i < kNT; ++i) {
-      acc[i][0] *= corr[0];
-      acc[i][1] *= corr[0];
-      acc[i][2] *= corr[1];
-      acc[i][3] *= corr[1];
-    }
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = 0.0f;
+
+  // Step: one tile of keys for this warp's 16 rows: scores S = Q . K^T on
+  // tensor cores, masks, the online softmax update of (m, l), and the value
+  // products O += (P * scale_v) . codes + sum(P * bias_v) per group.
+  __device__ __forceinline__ static void compute_tile(
+      const SdpaArgs& a,
+      const uint16_t* const& qs,
+      const uint16_t* const& ks,
+      const uint16_t* const& vs,
+      const float* const& vsc,
+      const float* const& vbi,
+      const int& lane,
+      const int& t4,
+      const int& wr0,
+      const int& b,
+      const int& n1,
+      const int& warp_first_lim,
+      const int& gv0,
+      const int& dv0,
+      const float& scale2,
+      const bool (&live)[2],
+      const int (&lim)[2],
+      const int (&head)[2],
+      const int (&lpos)[2],
+      float (&m)[2],
+      float (&l)[2],
+      float (&vbias)[2][kGV],
+      float (&acc)[kNT][4],
+      int c0) {
+    // S = Q . K^T: 16 rows x KEYS keys (n-tiles of 8 keys).
+    float s[kSN][4];
 #pragma unroll
     for (int n = 0; n < kSN; ++n)
-      sum += s[n][2 * h] + s[n][2 * h + 1];
-    l[h] = l[h] * corr[h] + sum;
-  }
-  // Keys of this thread: 8 n + 2 t4 + (e & 1), scales at vsc[key * kG + g].
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    const uint16_t* qrow =
+        qs + (wr0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4);
+    const uint16_t* krow = ks + ((lane & 7) + 8 * (lane >> 4)) * kStride + 8 * ((lane >> 3) & 1);
 #pragma unroll
-  for (int g = 0; g < kGV; ++g) {
-    float add[2] = {0.0f, 0.0f};
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qa[4];
+      ldsm_x4(qa, qrow + kk * 16);
+#pragma unroll
+      for (int np = 0; np < kKS; ++np) {
+        uint32_t kb4[4];
+        ldsm_x4(kb4, krow + np * 16 * kStride + kk * 16);
+        mma<T>(s[2 * np], qa, kb4[0], kb4[1]);
+        mma<T>(s[2 * np + 1], qa, kb4[2], kb4[3]);
+      }
+    }
+
+    // Scale, mask, online softmax (rows ra: s[n][0..1], rb: s[n][2..3]).
+    const bool plain = a.mask_kind != kMaskArray && c0 + kKeys <= n1 &&
+        (a.mask_kind != kMaskCausal || c0 + kKeys - 1 <= warp_first_lim);
+    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kSN; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float bv = vbi[(8 * n + 2 * t4 + (e & 1)) * kG + gv0 + g];
-        add[e >> 1] += s[n][e] != 0.0f ? s[n][e] * bv : 0.0f;
+        const int h = e >> 1;
+        float x = s[n][e] * scale2;
+        if (!plain) {
+          const int key = c0 + 8 * n + 2 * t4 + (e & 1);
+          bool vis = live[h] && key < n1 && key <= lim[h];
+          if (vis && a.mask_kind == kMaskArray) {
+            const int64_t mo = b * a.m_st[0] + head[h] * a.m_st[1] + lpos[h] * a.m_st[2] +
+                int64_t(key) * a.m_st[3];
+            const float mv = load_float(a.mask, mo, a.mask_dtype);
+            if (a.mask_dtype == kBool) {
+              vis = mv != 0.0f;
+            } else {
+              // A finite bias stays finite in log2 units (finfo.min fills).
+              x += mv == -INFINITY ? mv : fmaxf(mv * kLog2e, -FLT_MAX);
+            }
+          }
+          x = vis ? x : -INFINITY;
+        }
+        s[n][e] = x;
+        mx[h] = fmaxf(mx[h], x);
       }
     }
-    vbias[0][g] = vbias[0][g] * corr[0] + add[0];
-    vbias[1][g] = vbias[1][g] * corr[1] + add[1];
-  }
-
-  // O += (P * scale_v) . codes, per 16-key step and group.
-  const uint16_t* vrow =
-      vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4) + dv0;
+    float corr[2];
 #pragma unroll
-  for (int j = 0; j < kKS; ++j) {
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = lanes_max<1, 2>(mx[h]);
+      const float m_new = fmaxf(m[h], mx[h]);
+      corr[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
+      m[h] = m_new;
+    }
+#pragma unroll
+    for (int n = 0; n < kSN; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        s[n][e] = m[h] == -INFINITY ? 0.0f : exp2f(s[n][e] - m[h]);
+      }
+    }
+    if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+      for (int i = 0; i < kNT; ++i) {
+        acc[i][0] *= corr[0];
+        acc[i][1] *= corr[0];
+        acc[i][2] *= corr[1];
+        acc[i][3] *= corr[1];
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kSN; ++n)
+        sum += s[n][2 * h] + s[n][2 * h + 1];
+      l[h] = l[h] * corr[h] + sum;
+    }
+    // Keys of this thread: 8 n + 2 t4 + (e & 1), scales at vsc[key * kG + g].
 #pragma unroll
     for (int g = 0; g < kGV; ++g) {
-      float w[4][2]; // a-register order: (ra, keys lo), (rb, lo), (ra, hi), (rb, hi)
+      float add[2] = {0.0f, 0.0f};
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int n = 2 * j + (q >> 1), h = q & 1;
+      for (int n = 0; n < kSN; ++n) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = s[n][2 * h + e];
-          const float sc = vsc[(8 * n + 2 * t4 + e) * kG + gv0 + g];
-          w[q][e] = p != 0.0f ? p * sc : 0.0f;
+        for (int e = 0; e < 4; ++e) {
+          const float bv = vbi[(8 * n + 2 * t4 + (e & 1)) * kG + gv0 + g];
+          add[e >> 1] += s[n][e] != 0.0f ? s[n][e] * bv : 0.0f;
         }
       }
-      uint32_t ahi[4], alo[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        ahi[q] = pack2<__nv_bfloat16>(w[q][0], w[q][1]);
-        if constexpr (kTwoTerms) {
-          alo[q] = bf16_rest(w[q][0], w[q][1], ahi[q]);
-        }
-      }
-#pragma unroll
-      for (int np = 0; np < GS / 16; ++np) {
-        const int nt = g * (GS / 8) + 2 * np;
-        uint32_t vb4[4];
-        ldsm_x4_trans(vb4, vrow + j * 16 * kStride + nt * 8);
-        mma<__nv_bfloat16>(acc[nt], ahi, vb4[0], vb4[1]);
-        mma<__nv_bfloat16>(acc[nt + 1], ahi, vb4[2], vb4[3]);
-        if constexpr (kTwoTerms) {
-          mma<__nv_bfloat16>(acc[nt], alo, vb4[0], vb4[1]);
-          mma<__nv_bfloat16>(acc[nt + 1], alo, vb4[2], vb4[3]);
-        }
-      }
+      vbias[0][g] = vbias[0][g] * corr[0] + add[0];
+      vbias[1][g] = vbias[1][g] * corr[1] + add[1];
     }
-  }
-}
 
-// Query fragments: the block's query rows (query heads x positions of one KV
-// head) into shared memory, zeros past the R live rows.
-template <int D, int kRows, int kThreads>
-__device__ __forceinline__ void load_queries(
-    const SdpaArgs& a,
-    uint16_t* const& qs,
-    const int& r0,
-    const int& R,
-    const int& kvh,
-    const int& b) {
-  constexpr int kStride = D + 8;
-  for (int i = threadIdx.x; i < kRows * D; i += kThreads) {
-    const int r = i / D, d = i % D;
-    uint16_t v = 0;
-    if (r < R) {
-      const int rr = r0 + r, l = row_position(rr, a.rep), h = row_head(kvh, rr, a.rep);
-      v = static_cast<const uint16_t*>(
-          a.q)[b * a.q_st[0] + h * a.q_st[1] + l * a.q_st[2] + d * a.q_st[3]];
+    // O += (P * scale_v) . codes, per 16-key step and group.
+    const uint16_t* vrow =
+        vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4) + dv0;
+#pragma unroll
+    for (int j = 0; j < kKS; ++j) {
+#pragma unroll
+      for (int g = 0; g < kGV; ++g) {
+        float w[4][2]; // a-register order: (ra, keys lo), (rb, lo), (ra, hi), (rb, hi)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int n = 2 * j + (q >> 1), h = q & 1;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = s[n][2 * h + e];
+            const float sc = vsc[(8 * n + 2 * t4 + e) * kG + gv0 + g];
+            w[q][e] = p != 0.0f ? p * sc : 0.0f;
+          }
+        }
+        uint32_t ahi[4], alo[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          ahi[q] = pack2<__nv_bfloat16>(w[q][0], w[q][1]);
+          if constexpr (kTwoTerms) {
+            alo[q] = bf16_rest(w[q][0], w[q][1], ahi[q]);
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < GS / 16; ++np) {
+          const int nt = g * (GS / 8) + 2 * np;
+          uint32_t vb4[4];
+          ldsm_x4_trans(vb4, vrow + j * 16 * kStride + nt * 8);
+          mma<__nv_bfloat16>(acc[nt], ahi, vb4[0], vb4[1]);
+          mma<__nv_bfloat16>(acc[nt + 1], ahi, vb4[2], vb4[3]);
+          if constexpr (kTwoTerms) {
+            mma<__nv_bfloat16>(acc[nt], alo, vb4[0], vb4[1]);
+            mma<__nv_bfloat16>(acc[nt + 1], alo, vb4[2], vb4[3]);
+          }
+        }
+      }
     }
-    qs[r * kStride + d] = v;
   }
-}
 
-// Block merge: sums over the quad, then the output (one split) or this
-// split's partial and (max, sum) for merge_kernel.
-template <typename T, int D, int GS, int PARTS>
-__device__ __forceinline__ void write_output(
-    const SdpaArgs& a,
-    const int& b,
-    const int& kvh,
-    const int& tile,
-    const int& split,
-    const int& part,
-    const int& wr0,
-    const int& g8,
-    const int& t4,
-    const int& dv0,
-    const bool (&live)[2],
-    const int (&head)[2],
-    const int (&lpos)[2],
-    const float (&m)[2],
-    float (&l)[2],
-    float (&vbias)[2][D / PARTS / GS],
-    const float (&acc)[D / PARTS / 8][4]) {
-  constexpr int kGV = D / PARTS / GS;
-  constexpr int kNT = D / PARTS / 8;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] = lanes_sum<1, 2>(l[h]);
-#pragma unroll
-    for (int g = 0; g < kGV; ++g) {
-      vbias[h][g] = lanes_sum<1, 2>(vbias[h][g]);
+  // Query fragments: the block's query rows (query heads x positions of one KV
+  // head) into shared memory, zeros past the R live rows.
+  __device__ __forceinline__ static void load_queries(
+      const SdpaArgs& a,
+      uint16_t* const& qs,
+      const int& r0,
+      const int& R,
+      const int& kvh,
+      const int& b) {
+    for (int i = threadIdx.x; i < kRows * D; i += kThreads) {
+      const int r = i / D, d = i % D;
+      uint16_t v = 0;
+      if (r < R) {
+        const int rr = r0 + r, l = row_position(rr, a.rep), h = row_head(kvh, rr, a.rep);
+        v = static_cast<const uint16_t*>(
+            a.q)[b * a.q_st[0] + h * a.q_st[1] + l * a.q_st[2] + d * a.q_st[3]];
+      }
+      qs[r * kStride + d] = v;
     }
   }
-  const int64_t blk = ((int64_t(b) * a.Hkv + kvh) * a.row_tiles + tile) * a.splits + split;
+
+  // Block merge: sums over the quad, then the output (one split) or this
+  // split's partial and (max, sum) for merge_kernel.
+  __device__ __forceinline__ static void write_output(
+      const SdpaArgs& a,
+      const int& b,
+      const int& kvh,
+      const int& tile,
+      const int& split,
+      const int& part,
+      const int& wr0,
+      const int& g8,
+      const int& t4,
+      const int& dv0,
+      const bool (&live)[2],
+      const int (&head)[2],
+      const int (&lpos)[2],
+      const float (&m)[2],
+      float (&l)[2],
+      float (&vbias)[2][kGV],
+      const float (&acc)[kNT][4]) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (!live[h]) {
-      continue;
+    for (int h = 0; h < 2; ++h) {
+      l[h] = lanes_sum<1, 2>(l[h]);
+#pragma unroll
+      for (int g = 0; g < kGV; ++g) {
+        vbias[h][g] = lanes_sum<1, 2>(vbias[h][g]);
+      }
     }
-    const int r = wr0 + g8 + 8 * h;
-    const float m_nat = m[h] == -INFINITY ? -INFINITY : m[h] * kLn2;
-    if (a.splits == 1) {
-      const float inv = output_scale(m_nat, l[h], a.sinks ? a.sinks + head[h] : nullptr);
-      T* out = static_cast<T*>(a.out) + ((int64_t(b) * a.Hq + head[h]) * a.L + lpos[h]) * D + dv0;
+    const int64_t blk = ((int64_t(b) * a.Hkv + kvh) * a.row_tiles + tile) * a.splits + split;
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const float bv = vbias[h][nt * 8 / GS];
-        const uint32_t v = pack2<T>((acc[nt][2 * h] + bv) * inv, (acc[nt][2 * h + 1] + bv) * inv);
-        *reinterpret_cast<uint32_t*>(out + nt * 8 + 2 * t4) = v;
+    for (int h = 0; h < 2; ++h) {
+      if (!live[h]) {
+        continue;
       }
-    } else {
-      float* po = a.part_o + (blk * a.row_tile + r) * D + dv0;
+      const int r = wr0 + g8 + 8 * h;
+      const float m_nat = m[h] == -INFINITY ? -INFINITY : m[h] * kLn2;
+      if (a.splits == 1) {
+        const float inv = output_scale(m_nat, l[h], a.sinks ? a.sinks + head[h] : nullptr);
+        T* out = static_cast<T*>(a.out) + ((int64_t(b) * a.Hq + head[h]) * a.L + lpos[h]) * D + dv0;
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const float bv = vbias[h][nt * 8 / GS];
-        *reinterpret_cast<float2*>(po + nt * 8 + 2 * t4) =
-            make_float2(acc[nt][2 * h] + bv, acc[nt][2 * h + 1] + bv);
-      }
-      if (t4 == 0 && part == 0) { // every part has the same (max, sum)
-        a.part_ml[(blk * a.row_tile + r) * 2] = m_nat;
-        a.part_ml[(blk * a.row_tile + r) * 2 + 1] = l[h];
+        for (int nt = 0; nt < kNT; ++nt) {
+          const float bv = vbias[h][nt * 8 / GS];
+          const uint32_t v = pack2<T>((acc[nt][2 * h] + bv) * inv, (acc[nt][2 * h + 1] + bv) * inv);
+          *reinterpret_cast<uint32_t*>(out + nt * 8 + 2 * t4) = v;
+        }
+      } else {
+        float* po = a.part_o + (blk * a.row_tile + r) * D + dv0;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          const float bv = vbias[h][nt * 8 / GS];
+          *reinterpret_cast<float2*>(po + nt * 8 + 2 * t4) =
+              make_float2(acc[nt][2 * h] + bv, acc[nt][2 * h + 1] + bv);
+        }
+        if (t4 == 0 && part == 0) { // every part has the same (max, sum)
+          a.part_ml[(blk * a.row_tile + r) * 2] = m_nat;
+          a.part_ml[(blk * a.row_tile + r) * 2 + 1] = l[h];
+        }
       }
     }
   }
-}
+
+  __device__ __forceinline__ static void run(const SdpaArgs& a) {
+    extern __shared__ float4 smem4[];
+    uint16_t* qs = reinterpret_cast<uint16_t*>(smem4); // [kRows][kStride], T
+    uint16_t* ks = qs + kRows * kStride; // [kKeys][kStride], T (dequantized)
+    uint16_t* vs = ks + kKeys * kStride; // [kKeys][kStride], bf16 codes
+    float* vsc = reinterpret_cast<float*>(vs + kKeys * kStride); // [kKeys][kG]
+    float* vbi = vsc + kKeys * kG;
+    uint32_t* kraw = reinterpret_cast<uint32_t*>(vbi + kKeys * kG); // [kKeys][W]
+    uint32_t* vraw = kraw + kKeys * D / 4;
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g8 = lane >> 2, t4 = lane & 3;
+    const int split = blockIdx.y / PARTS, part = blockIdx.y % PARTS;
+    const int dv0 = part * DV, gv0 = part * kGV; // first output column, group
+    const int tile = a.row_tiles - 1 - blockIdx.x / a.Hkv;
+    const int kvh = blockIdx.x % a.Hkv, b = blockIdx.z;
+    const int r0 = tile * a.row_tile;
+    const int R = min(a.row_tile, a.rows - r0);
+    const int shift = a.N - a.L; // causal: position l sees keys <= l + shift
+    const int n0 = split * a.split_keys;
+    int n1 = min(a.N, n0 + a.split_keys);
+    if (a.mask_kind == kMaskCausal) {
+      n1 = min(n1, row_position(r0 + R - 1, a.rep) + shift + 1);
+    }
+
+    load_queries(a, qs, r0, R, kvh, b);
+
+    // This thread's rows (tile-local): ra = 16 warp + g8 and rb = ra + 8.
+    const int wr0 = 16 * warp;
+    const bool warp_live = wr0 < R;
+    int lim[2], lpos[2], head[2];
+    bool live[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wr0 + g8 + 8 * h;
+      live[h] = r < R;
+      const int rr = r0 + (live[h] ? r : 0);
+      lpos[h] = row_position(rr, a.rep);
+      head[h] = row_head(kvh, rr, a.rep);
+      lim[h] = a.mask_kind == kMaskCausal ? lpos[h] + shift : INT_MAX;
+    }
+    const int warp_first_lim = row_position(r0 + wr0, a.rep) + shift;
+    const float scale2 = a.scale * kLog2e;
+
+    const uint32_t* kw0 = a.kw + b * a.kw_st[0] + kvh * a.kw_st[1];
+    const uint32_t* vw0 = a.vw + b * a.vw_st[0] + kvh * a.vw_st[1];
+    const int64_t ks0 = b * a.ks_st[0] + kvh * a.ks_st[1];
+    const int64_t kb0 = b * a.kb_st[0] + kvh * a.kb_st[1];
+    const int64_t vs0 = b * a.vs_st[0] + kvh * a.vs_st[1];
+    const int64_t vb0 = b * a.vb_st[0] + kvh * a.vb_st[1];
+    const int bits = a.bits;
+    const int W = D * bits / 32; // words per row
+
+    // Running state of rows ra (index 0) and rb (1): max (log2 units), this
+    // thread's share of the sum of weights and of sum(P * bias_v) per group,
+    // and the output columns 8 nt + 2 t4 (+1).
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float vbias[2][kGV];
+    float acc[kNT][4];
+#pragma unroll
+    for (int g = 0; g < kGV; ++g)
+      vbias[0][g] = vbias[1][g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kNT; ++i)
+      acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+    // One tile ahead: the next tile's words and scales load while this one
+    // computes.
+    ScalesT sc;
+    if (n0 < n1) {
+      fetch_words(a, kw0, vw0, kraw, vraw, W, n1, n0);
+      fetch_scales(a, ks0, kb0, vs0, vb0, n1, sc, n0);
+    }
+    for (int c0 = n0; c0 < n1; c0 += kKeys) {
+      cp_async_wait_all();
+      __syncthreads(); // words landed; the previous tile's readers are done
+      stage(kraw, vraw, ks, vs, vsc, vbi, W, bits, sc);
+      __syncthreads();
+      if (c0 + kKeys < n1) {
+        fetch_words(a, kw0, vw0, kraw, vraw, W, n1, c0 + kKeys);
+        fetch_scales(a, ks0, kb0, vs0, vb0, n1, sc, c0 + kKeys);
+      }
+      if (warp_live) {
+        compute_tile(
+            a,
+            qs,
+            ks,
+            vs,
+            vsc,
+            vbi,
+            lane,
+            t4,
+            wr0,
+            b,
+            n1,
+            warp_first_lim,
+            gv0,
+            dv0,
+            scale2,
+            live,
+            lim,
+            head,
+            lpos,
+            m,
+            l,
+            vbias,
+            acc,
+            c0);
+      }
+    }
+
+    write_output(
+        a, b, kvh, tile, split, part, wr0, g8, t4, dv0, live, head, lpos, m, l, vbias, acc);
+  }
+};
 
 template <typename T, int D, int GS, int WARPS, int KEYS, int PARTS>
 __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) tiled_kernel_impl(SdpaArgs a) {
-  constexpr int DV = D / PARTS; // output columns of this block
-  constexpr int kGV = DV / GS; // their groups
-  static_assert(DV % GS == 0, "a block's output columns are whole groups");
-  constexpr int kThreads = 32 * WARPS;
-  constexpr int kRows = 16 * WARPS;
-  constexpr int kKeys = KEYS;
-  constexpr int kStride = D + 8; // smem row (elements): conflict-free ldmatrix
-  constexpr int kCPR = D / 8; // chunks per row
-  constexpr int kG = D / GS;
-  constexpr int kNT = DV / 8; // n-tiles of this block's output
-  using ScalesT = Scales<D, GS, kThreads, KEYS>;
-  static_assert(kKeys * kCPR % kThreads == 0, "tile layout");
-
-  extern __shared__ float4 smem4[];
-  uint16_t* qs = reinterpret_cast<uint16_t*>(smem4); // [kRows][kStride], T
-  uint16_t* ks = qs + kRows * kStride; // [kKeys][kStride], T (dequantized)
-  uint16_t* vs = ks + kKeys * kStride; // [kKeys][kStride], bf16 codes
-  float* vsc = reinterpret_cast<float*>(vs + kKeys * kStride); // [kKeys][kG]
-  float* vbi = vsc + kKeys * kG;
-  uint32_t* kraw = reinterpret_cast<uint32_t*>(vbi + kKeys * kG); // [kKeys][W]
-  uint32_t* vraw = kraw + kKeys * D / 4;
-
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g8 = lane >> 2, t4 = lane & 3;
-  const int split = blockIdx.y / PARTS, part = blockIdx.y % PARTS;
-  const int dv0 = part * DV, gv0 = part * kGV; // first output column, group
-  const int tile = a.row_tiles - 1 - blockIdx.x / a.Hkv;
-  const int kvh = blockIdx.x % a.Hkv, b = blockIdx.z;
-  const int r0 = tile * a.row_tile;
-  const int R = min(a.row_tile, a.rows - r0);
-  const int shift = a.N - a.L; // causal: position l sees keys <= l + shift
-  const int n0 = split * a.split_keys;
-  int n1 = min(a.N, n0 + a.split_keys);
-  if (a.mask_kind == kMaskCausal) {
-    n1 = min(n1, row_position(r0 + R - 1, a.rep) + shift + 1);
-  }
-
-  load_queries<D, kRows, kThreads>(a, qs, r0, R, kvh, b);
-
-  // This thread's rows (tile-local): ra = 16 warp + g8 and rb = ra + 8.
-  const int wr0 = 16 * warp;
-  const bool warp_live = wr0 < R;
-  int lim[2], lpos[2], head[2];
-  bool live[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = wr0 + g8 + 8 * h;
-    live[h] = r < R;
-    const int rr = r0 + (live[h] ? r : 0);
-    lpos[h] = row_position(rr, a.rep);
-    head[h] = row_head(kvh, rr, a.rep);
-    lim[h] = a.mask_kind == kMaskCausal ? lpos[h] + shift : INT_MAX;
-  }
-  const int warp_first_lim = row_position(r0 + wr0, a.rep) + shift;
-  const float scale2 = a.scale * kLog2e;
-
-  const uint32_t* kw0 = a.kw + b * a.kw_st[0] + kvh * a.kw_st[1];
-  const uint32_t* vw0 = a.vw + b * a.vw_st[0] + kvh * a.vw_st[1];
-  const int64_t ks0 = b * a.ks_st[0] + kvh * a.ks_st[1];
-  const int64_t kb0 = b * a.kb_st[0] + kvh * a.kb_st[1];
-  const int64_t vs0 = b * a.vs_st[0] + kvh * a.vs_st[1];
-  const int64_t vb0 = b * a.vb_st[0] + kvh * a.vb_st[1];
-  const int bits = a.bits;
-  const int W = D * bits / 32; // words per row
-
-  // Running state of rows ra (index 0) and rb (1): max (log2 units), this
-  // thread's share of the sum of weights and of sum(P * bias_v) per group,
-  // and the output columns 8 nt + 2 t4 (+1).
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float vbias[2][kGV];
-  float acc[kNT][4];
-#pragma unroll
-  for (int g = 0; g < kGV; ++g)
-    vbias[0][g] = vbias[1][g] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kNT; ++i)
-    acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-
-  // One tile ahead: the next tile's words and scales load while this one
-  // computes.
-  ScalesT sc;
-  if (n0 < n1) {
-    fetch_words<kKeys, kThreads>(a, kw0, vw0, kraw, vraw, W, n1, n0);
-    fetch_scales(a, ks0, kb0, vs0, vb0, n1, sc, n0);
-  }
-  for (int c0 = n0; c0 < n1; c0 += kKeys) {
-    cp_async_wait_all();
-    __syncthreads(); // words landed; the previous tile's readers are done
-    stage<T>(kraw, vraw, ks, vs, vsc, vbi, W, bits, sc);
-    __syncthreads();
-    if (c0 + kKeys < n1) {
-      fetch_words<kKeys, kThreads>(a, kw0, vw0, kraw, vraw, W, n1, c0 + kKeys);
-      fetch_scales(a, ks0, kb0, vs0, vb0, n1, sc, c0 + kKeys);
-    }
-    if (warp_live) {
-      compute_tile<T, D, GS, KEYS, PARTS>(
-          a,
-          qs,
-          ks,
-          vs,
-          vsc,
-          vbi,
-          lane,
-          t4,
-          wr0,
-          b,
-          n1,
-          warp_first_lim,
-          gv0,
-          dv0,
-          scale2,
-          live,
-          lim,
-          head,
-          lpos,
-          m,
-          l,
-          vbias,
-          acc,
-          c0);
-    }
-  }
-
-  write_output<T, D, GS, PARTS>(
-      a, b, kvh, tile, split, part, wr0, g8, t4, dv0, live, head, lpos, m, l, vbias, acc);
+  TiledStages<T, D, GS, WARPS, KEYS, PARTS>::run(a);
 }
 
 template <int D, int WARPS, int KEYS>
