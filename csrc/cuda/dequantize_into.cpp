@@ -11,15 +11,15 @@ void DequantizeInto::eval_gpu(const std::vector<mx::array>& inputs, mx::array& o
   if (!detail::share_workspace(inputs[0], out)) {
     allocate(out, enc);
   }
+  if (out.size() == 0) {
+    return;
+  }
   // Every input is a dependency of the poisoning fill too: it must not
   // overwrite the workspace before its previous readers ran.
   for (const auto& a : inputs) {
     enc.set_input_array(a);
   }
   poison(out, enc);
-  if (out.size() == 0) {
-    return;
-  }
   const auto& packed = inputs[1];
   DequantArgs d{};
   d.w = mx::gpu_ptr<uint32_t>(packed);

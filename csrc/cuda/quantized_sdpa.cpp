@@ -88,7 +88,7 @@ int env_int(const char* name, int fallback) {
   return v && *v ? std::atoi(v) : fallback;
 }
 
-Limits device_limits() {
+const Limits& device_limits() {
   static const Limits limits = [] {
     Limits l;
     l.sm_count = sm_count();
@@ -189,7 +189,7 @@ Candidates candidates_for(const SdpaProblem& p, const Layout& layout, const Limi
     d.max_rows = c.decode.max_rows;
     d.step_keys = c.decode.step_keys;
     d.merge_smem = c.decode.merge_smem;
-    if (d.available && d.smem <= limits.max_smem && p.rows() <= d.max_rows) {
+    if (decode_fits(p, limits, d)) {
       d.blocks_per_sm = blocks_per_sm(c.decode.fn, kDecodeWarps * 32, d.smem);
       return c; // the plan takes it
     }
@@ -203,7 +203,7 @@ Candidates candidates_for(const SdpaProblem& p, const Layout& layout, const Limi
     t.rows = c.tiled.rows;
     t.keys = c.tiled.keys;
     t.parts = c.tiled.parts;
-    if (t.available && t.smem <= limits.max_smem) {
+    if (tiled_fits(limits, t)) {
       t.blocks_per_sm = blocks_per_sm(c.tiled.fn, t.threads, t.smem);
     }
   }

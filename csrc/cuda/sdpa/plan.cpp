@@ -77,6 +77,14 @@ bool tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& l
       p.N >= 1 && layout.packed_unit_stride && layout.head_fits_32bit;
 }
 
+bool decode_fits(const SdpaProblem& p, const Limits& limits, const DecodeShape& decode) {
+  return decode.available && p.rows() <= decode.max_rows && decode.smem <= limits.max_smem;
+}
+
+bool tiled_fits(const Limits& limits, const TiledShape& tiled) {
+  return tiled.available && tiled.smem <= limits.max_smem;
+}
+
 Plan plan_sdpa(
     const SdpaProblem& p,
     const Layout& layout,
@@ -86,11 +94,9 @@ Plan plan_sdpa(
     int generic_smem) {
   Plan plan;
   plan.rows = p.rows();
-  if (decode_candidate(p, layout, limits) && decode.available && p.rows() <= decode.max_rows &&
-      decode.smem <= limits.max_smem) {
+  if (decode_candidate(p, layout, limits) && decode_fits(p, limits, decode)) {
     plan_decode(plan, p, limits, decode);
-  } else if (
-      tiled_candidate(p, layout, limits) && tiled.available && tiled.smem <= limits.max_smem) {
+  } else if (tiled_candidate(p, layout, limits) && tiled_fits(limits, tiled)) {
     // Row tiles of the block's rows; keys split only while the row tiles
     // alone leave SMs idle (few rows over many keys).
     const long want = long(tiled.blocks_per_sm) * limits.sm_count;

@@ -83,9 +83,15 @@ Plan plan_sdpa(
     const TiledShape& tiled,
     int generic_smem);
 
-// The decode candidate is worth asking for (and its occupancy querying)
-// only if this holds; plan_sdpa checks the rest.
+// Whether the problem and layout suit a decode / tiled kernel at all: only
+// then is its instance looked up.
 bool decode_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits);
 bool tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits);
+
+// Whether a looked-up instance exists and fits the problem and the device:
+// plan_sdpa takes the first kernel that does, and only those need their
+// occupancy queried.
+bool decode_fits(const SdpaProblem& p, const Limits& limits, const DecodeShape& decode);
+bool tiled_fits(const Limits& limits, const TiledShape& tiled);
 
 } // namespace mlxq::cuda
