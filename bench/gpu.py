@@ -13,6 +13,11 @@ stock MLX in one process.
            rows over 32k keys: mlxq as routed (MLX's fused attention over the
            layer's dequantized K/V where it has a fused kernel), mlxq's tiled
            kernel, mx.fast on bf16 K/V; time and peak memory.
+  wide     Gemma 4's prefill shapes (8 query / 1 KV head, 4-bit, L = 2048): head
+           dim 256 under its sliding-window mask (an array over window + L - 1
+           keys) and 512 causal over 2k-32k keys, which MLX has no fused kernel
+           for on CUDA: mlxq's tiled kernel vs mx.fast on bf16 K/V (MLX's
+           unfused fallback there, which materialises the scores).
   ring     per-token cache write into [1, 8, N, 128] at N in {1k, 128k}: mlxq
            ring_update / quantized_ring_update with an array position (what a
            compiled decode step passes) vs mx.slice_update with an array position
@@ -265,6 +270,57 @@ def prefill(args, comp):
     return rows
 
 
+WIDE_SHAPES = [  # (D, N, mask) at L = 2048
+    (256, 2559, "window"),
+    (256, 2048, "causal"),
+    (512, 2048, "causal"),
+    (512, 8192, "causal"),
+    (512, 32768, "causal"),
+]
+QUICK_WIDE_SHAPES = [(256, 2559, "window"), (512, 2048, "causal")]
+
+
+def wide(args):
+    """Gemma 4's prefill attention shapes (see the module docstring)."""
+    from mlxq import routing
+
+    cols = [
+        ("D", "D", "{}"),
+        ("N", "N", "{}"),
+        ("mask", "mask", "{}"),
+        ("mlxq ms", "mlxq_ms", "{:.3f}"),
+        ("fast bf16 ms", "fast_ms", "{:.3f}"),
+        ("x fast", "x_fast", "{:.2f}"),
+        ("mlxq TFLOP/s", "mlxq_tflops", "{:.1f}"),
+    ]
+    table, rows = common.Table(cols), []
+    table.header()
+    Hq, Hkv, L, bits = 8, 1, 2048, 4
+    for D, N, kind in QUICK_WIDE_SHAPES if args.quick else WIDE_SHAPES:
+        q, k, v, kq, vq = inputs(Hq, Hkv, D, L, N, bits)
+        pos = mx.arange(L)[:, None] + (N - L)
+        keys = mx.arange(N)[None]
+        mask = (keys <= pos) & (keys > pos - 512) if kind == "window" else "causal"
+        visible = (mx.sum(keys <= pos) if kind == "causal" else mx.sum(mask)).item()
+        scale = D**-0.5
+        f_mlxq = lambda: mlxq.sdpa(q, kq, vq, scale=scale, mask=mask)  # noqa: E731
+        f_fast = lambda: mx.fast.scaled_dot_product_attention(  # noqa: E731
+            q, k, v, scale=scale, mask=mask
+        )
+        routing.take_route_counts()
+        r = dict(D=D, N=N, L=L, mask=kind, Hq=Hq, Hkv=Hkv)
+        r["mlxq_ms"] = common.time_fn(f_mlxq, warmup=2, repeats=5)["median_ms"]
+        r["routed"] = bool(routing.take_route_counts())
+        r["fast_ms"] = common.time_fn(f_fast, warmup=2, repeats=5)["median_ms"]
+        r["x_fast"] = r["fast_ms"] / r["mlxq_ms"]
+        # Both products over the visible (query, key) pairs of every head.
+        r["mlxq_tflops"] = 4 * Hq * visible * D / (r["mlxq_ms"] * 1e-3) / 1e12
+        table.row(r)
+        rows.append(r)
+        del q, k, v, kq, vq
+    return rows
+
+
 def cache_writes(args):
     """One decode step's cache write, pipelined as generate_step runs it (step
     t+1 async_eval'ed before step t is waited on, the step reading the cache):
@@ -400,7 +456,7 @@ def main():
     p.add_argument("--out")
     p.add_argument(
         "--only",
-        choices=["decode", "prefill", "ring", "cache"],
+        choices=["decode", "prefill", "wide", "ring", "cache"],
         action="append",
         help="run only these parts (repeatable)",
     )
@@ -416,13 +472,16 @@ def main():
     comp_name, comp = composition()
     print(f"comp    : {comp_name}\n")
     results = {"machine": info, "composition": comp_name}
-    parts = args.only or ["decode", "prefill", "ring", "cache"]
+    parts = args.only or ["decode", "prefill", "wide", "ring", "cache"]
     if "decode" in parts:
         print("decode (B=1, L=1, bf16 q, group 64)")
         results["decode"] = decode(args, comp)
     if "prefill" in parts:
         print("\nprefill (causal, L = N, 32/8/128, 4-bit)")
         results["prefill"] = prefill(args, comp)
+    if "wide" in parts:
+        print("\nGemma 4 prefill (8/1 heads, L = 2048, 4-bit; x fast > 1: mlxq faster)")
+        results["wide"] = wide(args)
     if "ring" in parts:
         print("\nring updates (per token, [1, 8, N, 128] bf16; quantized: 4-bit)")
         results["ring"] = ring(args)

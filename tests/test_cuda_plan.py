@@ -17,9 +17,7 @@ NONE, CAUSAL, ARRAY = 0, 1, 2
 DECODE = dict(
     available=True, smem=60 * 1024, max_rows=8, step_keys=32, merge_smem=48 * 1024, blocks_per_sm=3
 )
-TILED = dict(
-    available=True, smem=90 * 1024, threads=256, rows=128, keys=32, parts=1, blocks_per_sm=2
-)
+TILED = dict(available=True, smem=90 * 1024, threads=256, rows=128, keys=32, blocks_per_sm=2)
 H200 = dict(sm_count=132, max_smem=227 * 1024)
 
 
@@ -87,9 +85,12 @@ def test_tiled_takes_many_rows_and_splits_only_idle_grids():
     assert few["partial_slots"] == few["splits"] * few["row_tile"]
 
 
-def test_tiled_output_parts_multiply_the_grid():
-    p = plan(L=2048, N=32768, Hq=8, Hkv=1, Dk=512, tiled=dict(TILED, parts=2, rows=64))
-    assert p["kernel"] == "cuda_tiled" and p["grid"][1] == 2 * p["splits"]
+def test_tiled_wide_heads_take_the_instance_block():
+    # Head dim 512: 4 row warps x 4 column warps share a block of 64 rows.
+    til = dict(TILED, threads=512, rows=64, smem=200 * 1024, blocks_per_sm=1)
+    p = plan(L=2048, N=32768, Hq=8, Hkv=1, Dk=512, tiled=til)
+    assert p["kernel"] == "cuda_tiled" and p["threads"] == 512 and p["row_tile"] == 64
+    assert p["grid"][1] == p["splits"] and p["grid"][0] == p["row_tiles"]
 
 
 def test_generic_takes_the_rest():

@@ -370,7 +370,7 @@ def test_causal_result_ignores_hidden_keys(rng, L, offset, q_dtype, mask_kind):
     assert np.isnan(got[:, :, P - offset :]).all()
 
 
-def test_causal_skips_hidden_chunks(rng):
+def test_causal_skips_hidden_chunks(rng, device):
     """Causal attention over L = N costs about half of unmasked attention.
 
     Each row tile stops at its causal limit, so about half of the K/V chunks
@@ -379,6 +379,12 @@ def test_causal_skips_hidden_chunks(rng):
     0.75x, the fastest of 3 runs each, so a loaded machine does not flake it.
     """
     import time
+
+    if device == mx.gpu:
+        # ~0.1 ms of kernel on an H200, under the per-call overhead (4-5 ms
+        # with 12 test processes sharing it): the times say nothing there.
+        # The poisoned-key test above checks every device.
+        pytest.skip("the kernel time is below the per-call overhead on a GPU")
 
     L, D = 2048, 128
     q, k, v = random_inputs(

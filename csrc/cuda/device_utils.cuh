@@ -122,6 +122,12 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::);
 }
 
+// Waits for `threads` threads (whole warps) at barrier `id` (1-15; 0 is
+// __syncthreads'), so a few warps can meet without stopping the others.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Four 8x8 matrices of 16-bit values from shared memory (lane i gives the
 // address of row i % 8 of matrix i / 8), as mma fragments; .trans
 // transposes each.

@@ -162,7 +162,6 @@ struct TiledKernel {
   int threads = 0;
   int rows = 0;
   int keys = 0;
-  int parts = 1; // blocks per (row tile, split), each a slice of the output columns
 };
 TiledKernel tiled_kernel(int q_dtype, int D, int group_size, int warps, int keys);
 

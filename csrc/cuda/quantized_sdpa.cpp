@@ -101,11 +101,16 @@ const Limits& device_limits() {
   return limits;
 }
 
-// 8-warp blocks (128 rows) measured best for prefill; 64 rows or fewer use
-// 4-warp blocks, which leave fewer warps without rows.
-int tiled_warps(int rows) {
+// Row warps of a tiled block. Head dim 128: 8 (128 rows) measured best for
+// prefill; 64 rows or fewer use 4, which leave fewer warps without rows.
+// Head dim 256: 4 row warps (with their column partners 8 warps of up to 255
+// registers); 512: 2 (8 warps; 4 row warps would be 16, spilling at 128).
+int tiled_warps(int rows, int D) {
   static const int forced = env_int("MLXQ_CUDA_TILED_WARPS", 0);
-  return forced ? forced : rows <= 64 ? 4 : 8;
+  if (forced) {
+    return forced;
+  }
+  return D == 512 ? 2 : D == 256 ? 4 : rows <= 64 ? 4 : 8;
 }
 
 int tiled_keys() {
@@ -195,14 +200,22 @@ Candidates candidates_for(const SdpaProblem& p, const Layout& layout, const Limi
     }
   }
   if (tiled_candidate(p, layout, limits)) {
-    c.tiled = tiled_kernel(p.q_dtype, p.Dk, p.group_size, tiled_warps(p.rows()), tiled_keys());
+    c.tiled =
+        tiled_kernel(p.q_dtype, p.Dk, p.group_size, tiled_warps(p.rows(), p.Dk), tiled_keys());
+    if (c.tiled.fn && c.tiled.smem > limits.max_smem) {
+      // A GPU with less shared memory (99 KB on sm_86) may still fit the
+      // 2-row-warp block (head dim 256).
+      const TiledKernel small = tiled_kernel(p.q_dtype, p.Dk, p.group_size, 2, tiled_keys());
+      if (small.fn && small.smem <= limits.max_smem) {
+        c.tiled = small;
+      }
+    }
     TiledShape& t = c.tiled_shape;
     t.available = c.tiled.fn != nullptr;
     t.smem = c.tiled.smem;
     t.threads = c.tiled.threads;
     t.rows = c.tiled.rows;
     t.keys = c.tiled.keys;
-    t.parts = c.tiled.parts;
     if (tiled_fits(limits, t)) {
       t.blocks_per_sm = blocks_per_sm(c.tiled.fn, t.threads, t.smem);
     }

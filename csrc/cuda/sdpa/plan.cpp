@@ -101,12 +101,10 @@ Plan plan_sdpa(
     // alone leave SMs idle (few rows over many keys).
     const long want = long(tiled.blocks_per_sm) * limits.sm_count;
     set_tiling(
-        plan,
-        plan_row_tiles(
-            p.B, p.Hkv, p.rep, p.L, p.N, tiled.rows, want / tiled.parts, 256, tiled.keys));
+        plan, plan_row_tiles(p.B, p.Hkv, p.rep, p.L, p.N, tiled.rows, want, 256, tiled.keys));
     plan.family = Family::Tiled;
     plan.grid[0] = int64_t(p.Hkv) * plan.row_tiles;
-    plan.grid[1] = int64_t(plan.splits) * tiled.parts;
+    plan.grid[1] = plan.splits;
     plan.grid[2] = p.B;
     plan.threads = tiled.threads;
     plan.smem = tiled.smem;

@@ -52,7 +52,6 @@ struct TiledShape {
   int threads = 0;
   int rows = 0; // query rows per block
   int keys = 0; // keys per tile
-  int parts = 1; // blocks per (row tile, split), each a slice of the output
   int blocks_per_sm = 1;
 };
 

@@ -70,7 +70,6 @@ inline nb::dict sdpa(
   tiled.threads = get<int>(til, "threads", 0);
   tiled.rows = get<int>(til, "rows", 0);
   tiled.keys = get<int>(til, "keys", 0);
-  tiled.parts = get<int>(til, "parts", 1);
   tiled.blocks_per_sm = get<int>(til, "blocks_per_sm", 1);
   const Plan plan = plan_sdpa(p, layout, limits, decode, tiled, generic_smem);
   nb::dict out;

@@ -20,11 +20,13 @@
 //     and its scales loaded into registers while this tile computes;
 //   * a causal row tile stops at its last row's limit (hidden tiles are
 //     never read); masks are applied per score only on tiles that need it.
-//   * at head dim 512 (Gemma 4's global layers) a thread's accumulators for
-//     all 512 output columns would not fit its registers: each block then
-//     computes the scores in full but only half of the output columns
-//     (DV = 256), and two blocks share a row tile (PARTS = 2).
-// Grid: (row tiles x Hkv, splits x PARTS, B), heavier (later) causal row
+//   * at head dims 256 and 512 (Gemma's layers) a warp's accumulators for
+//     every output column would not fit its registers: PARTS = D / 128 warps
+//     then share each 16-row slice, each owning 128 output columns (DV) and
+//     a D / PARTS slice of the score products, which they sum through shared
+//     memory. So the scores are computed once, not once per column slice,
+//     and a block still stages each K/V tile for 64 rows.
+// Grid: (row tiles x Hkv, splits, B), heavier (later) causal row
 // tiles first; the row tiles go in x, whose limit is 2^31 - 1 (y and z stop
 // at 65535).
 // One split writes the output; several (few rows, long N) write partials for
@@ -75,8 +77,9 @@ struct TiledStages {
   static constexpr int DV = D / PARTS; // output columns of a block
   static constexpr int kGV = DV / GS; // their groups
   static_assert(DV % GS == 0, "a block's output columns are whole groups");
-  static constexpr int kThreads = 32 * WARPS;
-  static constexpr int kRows = 16 * WARPS;
+  static constexpr int kThreads = 32 * WARPS * PARTS;
+  static constexpr int kRows = 16 * WARPS; // WARPS row slices of 16
+  static constexpr int kKP = D / 16 / PARTS; // 16-dim score steps of a part
   static constexpr int kKeys = KEYS;
   static constexpr int kSN = KEYS / 8; // n-tiles of scores
   static constexpr int kKS = KEYS / 16; // 16-key steps of values
@@ -235,6 +238,8 @@ struct TiledStages {
       const int& warp_first_lim,
       const int& gv0,
       const int& dv0,
+      const int& part,
+      float* const& red,
       const float& scale2,
       const bool (&live)[2],
       const int (&lim)[2],
@@ -254,15 +259,41 @@ struct TiledStages {
         qs + (wr0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4);
     const uint16_t* krow = ks + ((lane & 7) + 8 * (lane >> 4)) * kStride + 8 * ((lane >> 3) & 1);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < kKP; ++kk) {
+      const int d0 = (part * kKP + kk) * 16;
       uint32_t qa[4];
-      ldsm_x4(qa, qrow + kk * 16);
+      ldsm_x4(qa, qrow + d0);
 #pragma unroll
       for (int np = 0; np < kKS; ++np) {
         uint32_t kb4[4];
-        ldsm_x4(kb4, krow + np * 16 * kStride + kk * 16);
+        ldsm_x4(kb4, krow + np * 16 * kStride + d0);
         mma<T>(s[2 * np], qa, kb4[0], kb4[1]);
         mma<T>(s[2 * np + 1], qa, kb4[2], kb4[3]);
+      }
+    }
+    if constexpr (PARTS > 1) {
+      // The parts' sums over their dims, added in one order by every part
+      // (so all of them get the same scores, maxima and sums).
+      const int slice = wr0 / 16, lane_at = threadIdx.x & 31;
+#pragma unroll
+      for (int n = 0; n < kSN; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          red[((part * WARPS + slice) * kSN * 4 + n * 4 + e) * 32 + lane_at] = s[n][e];
+        }
+      }
+      named_barrier(1 + slice, 32 * PARTS);
+#pragma unroll
+      for (int n = 0; n < kSN; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = 0.0f;
+#pragma unroll
+          for (int q = 0; q < PARTS; ++q) {
+            x += red[((q * WARPS + slice) * kSN * 4 + n * 4 + e) * 32 + lane_at];
+          }
+          s[n][e] = x;
+        }
       }
     }
 
@@ -478,10 +509,12 @@ struct TiledStages {
     float* vbi = vsc + kKeys * kG;
     uint32_t* kraw = reinterpret_cast<uint32_t*>(vbi + kKeys * kG); // [kKeys][W]
     uint32_t* vraw = kraw + kKeys * D / 4;
+    float* red = reinterpret_cast<float*>(vraw + kKeys * D / 4); // [PARTS][WARPS][16 x KEYS]
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g8 = lane >> 2, t4 = lane & 3;
-    const int split = blockIdx.y / PARTS, part = blockIdx.y % PARTS;
+    const int split = blockIdx.y;
+    const int part = PARTS == 1 ? 0 : warp / WARPS; // this warp's output columns
     const int dv0 = part * DV, gv0 = part * kGV; // first output column, group
     const int tile = a.row_tiles - 1 - blockIdx.x / a.Hkv;
     const int kvh = blockIdx.x % a.Hkv, b = blockIdx.z;
@@ -497,7 +530,7 @@ struct TiledStages {
     load_queries(a, qs, r0, R, kvh, b);
 
     // This thread's rows (tile-local): ra = 16 warp + g8 and rb = ra + 8.
-    const int wr0 = 16 * warp;
+    const int wr0 = 16 * (PARTS == 1 ? warp : warp % WARPS);
     const bool warp_live = wr0 < R;
     int lim[2], lpos[2], head[2];
     bool live[2];
@@ -567,6 +600,8 @@ struct TiledStages {
             warp_first_lim,
             gv0,
             dv0,
+            part,
+            red,
             scale2,
             live,
             lim,
@@ -585,43 +620,50 @@ struct TiledStages {
   }
 };
 
+// Two blocks of 4 warps per SM, one of 8 or more (a warp then may hold up to
+// 255 registers, which the 128 output columns of a warp need).
 template <typename T, int D, int GS, int WARPS, int KEYS, int PARTS>
-__global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) tiled_kernel_impl(SdpaArgs a) {
+__global__ void __launch_bounds__(32 * WARPS * PARTS, WARPS* PARTS == 4 ? 2 : 1)
+    tiled_kernel_impl(SdpaArgs a) {
   TiledStages<T, D, GS, WARPS, KEYS, PARTS>::run(a);
 }
 
-template <int D, int WARPS, int KEYS>
+template <int D, int WARPS, int KEYS, int PARTS>
 constexpr int smem_bytes(int gs) {
-  return (16 * WARPS + 2 * KEYS) * (D + 8) * 2 + 2 * KEYS * (D / gs) * 4 + 2 * KEYS * D;
+  return (16 * WARPS + 2 * KEYS) * (D + 8) * 2 + 2 * KEYS * (D / gs) * 4 + 2 * KEYS * D +
+      (PARTS > 1 ? PARTS * WARPS * 16 * KEYS * 4 : 0);
 }
 
 template <typename T, int D, int GS, int WARPS, int KEYS>
 TiledKernel instance() {
-  constexpr int kParts = D > 256 ? 2 : 1;
+  constexpr int kParts = D > 128 ? D / 128 : 1;
   return {
       handle<tiled_kernel_impl<T, D, GS, WARPS, KEYS, kParts>>(),
-      smem_bytes<D, WARPS, KEYS>(GS),
-      32 * WARPS,
+      smem_bytes<D, WARPS, KEYS, kParts>(GS),
+      32 * WARPS * kParts,
       16 * WARPS,
-      KEYS,
-      kParts};
+      KEYS};
 }
 
-// Block shapes: 4 warps x 32 keys everywhere; head dim 128 also has 8-warp
-// and 64-key variants (MLXQ_CUDA_TILED_WARPS / MLXQ_CUDA_TILED_KEYS). On the H200
-// at L = N = 4096, 32/8/128, causal: 8 x 32 2.46 ms, 8 x 64 2.49, 4 x 32
-// 2.94, 4 x 64 3.03.
+// Block shapes (`warps` = row warps of 16 rows; MLXQ_CUDA_TILED_WARPS /
+// MLXQ_CUDA_TILED_KEYS): 4 x 32 keys everywhere; head dim 128 also has 8-warp
+// and 64-key variants, head dim 256 a 2-warp one, and 512 has only that one
+// (with their column partners: 4 and 8 warps). On the H200 at L = N = 4096, 32/8/128, causal:
+// 8 x 32 2.46 ms, 8 x 64 2.49, 4 x 32 2.94, 4 x 64 3.03.
 template <typename T, int D, int GS>
 TiledKernel by_block(int warps, int keys) {
-  if constexpr (D == 128) {
+  if constexpr (D == 512) { // 4 row warps would be 16 warps of 128 registers: spills
+    return instance<T, D, GS, 2, 32>();
+  } else if constexpr (D == 256) {
+    return warps == 2 ? instance<T, D, GS, 2, 32>() : instance<T, D, GS, 4, 32>();
+  } else if constexpr (D == 128) {
     if (warps == 8) {
       return keys == 64 ? instance<T, D, GS, 8, 64>() : instance<T, D, GS, 8, 32>();
     }
-    if (keys == 64) {
-      return instance<T, D, GS, 4, 64>();
-    }
+    return keys == 64 ? instance<T, D, GS, 4, 64>() : instance<T, D, GS, 4, 32>();
+  } else {
+    return instance<T, D, GS, 4, 32>();
   }
-  return instance<T, D, GS, 4, 32>();
 }
 
 template <typename T, int D>
