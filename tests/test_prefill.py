@@ -297,9 +297,10 @@ def test_half_precision_many_rows(
     ref = sdpa64(q, k, v, scale=scale, mask=mask, sinks=sinks, group_size=group_size, bits=bits)
     assert_close(out, ref, dtype=qd)
     # Every case here is more than 16 rows per KV head in half precision:
-    # on CUDA, the tensor-core tiled kernel. Up to head dim 256 its instances
-    # fit 99 KB of shared memory per block; 512 needs ~166 KB, which sm_90
-    # and sm_100 GPUs (H100/H200, B200) have.
+    # on CUDA, the tensor-core tiled kernel. Up to head dim 256 an instance
+    # fits 99 KB of shared memory per block (at 256 the 2-row-warp block,
+    # ~77 KB); 512 needs ~153 KB, which sm_90 and sm_100 GPUs (H100/H200,
+    # B200) have.
     big_smem = mx.device_info().get("compute_capability_major", 0) in (9, 10)
     assert_cuda_kernel("cuda_tiled" if D <= 256 or big_smem else None)
 
