@@ -93,6 +93,22 @@ def test_tiled_wide_heads_take_the_instance_block():
     assert p["grid"][1] == p["splits"] and p["grid"][0] == p["row_tiles"]
 
 
+def test_wide_heads_with_many_rows_read_a_dense_copy():
+    # Gemma 4's prefill: 8 query heads x 2048 positions on one KV head.
+    gemma = dict(L=2048, N=32768, Hq=8, Hkv=1)
+    assert plan(Dk=512, **gemma)["dense_candidate"]
+    assert plan(Dk=256, **gemma)["dense_candidate"]
+    assert not plan(Dk=128, **gemma)["dense_candidate"]  # codes instance
+    assert not plan(Dk=512, L=31, N=32768, Hq=8, Hkv=1)["dense_candidate"]  # 248 rows
+    assert plan(Dk=512, L=32, N=32768, Hq=8, Hkv=1)["dense_candidate"]  # 256 rows
+    assert not plan(Dk=512, limits=dict(H200, dense_on=False), **gemma)["dense_candidate"]
+    assert not plan(Dk=512, q_dtype=F32, **gemma)["dense_candidate"]
+    til = dict(TILED, threads=256, rows=32, smem=182 * 1024, blocks_per_sm=1, dense=True)
+    p = plan(Dk=512, tiled=til, **gemma)
+    assert p["kernel"] == "cuda_tiled" and p["dense_copy"] and p["row_tile"] == 32
+    assert not plan(Dk=512, **gemma)["dense_copy"]
+
+
 def test_generic_takes_the_rest():
     p = plan(q_dtype=F32, L=2048, N=2048)
     assert p["kernel"] == "cuda_generic" and p["row_tile"] <= 16 and p["threads"] == 128

@@ -242,6 +242,14 @@ TILED_CASES = [
 ] + [
     # An array mask over split keys, and batches of strided views.
     (128, 64, 4, "bf16", 2, 8, 1, 5, 2500, "window", True, True, "bf16"),
+    # Head dims 256 / 512 with at least 256 rows per KV head: on CUDA the tiled
+    # kernel over a dense copy of K/V (causal, window, none; sinks; views;
+    # f32 scales with bf16 queries; a batch).
+    (256, 64, 4, "bf16", 1, 8, 1, 40, 100, "causal", True, True, "bf16"),
+    (256, 32, 3, "f16", 2, 8, 2, 70, 0, "window", False, False, "f16"),
+    (512, 32, 8, "f16", 1, 8, 1, 33, 500, "window", False, True, "f16"),
+    (512, 128, 5, "bf16", 2, 8, 2, 70, 30, None, True, False, "f32"),
+    (512, 64, 4, "bf16", 1, 8, 1, 300, 2000, "causal", False, True, "bf16"),
     (64, 32, 8, "f16", 2, 4, 2, 30, 50, "additive", False, True, "f32"),
 ]
 
@@ -302,7 +310,10 @@ def test_half_precision_many_rows(
     # ~77 KB); 512 needs ~153 KB, which sm_90 and sm_100 GPUs (H100/H200,
     # B200) have.
     big_smem = mx.device_info().get("compute_capability_major", 0) in (9, 10)
-    assert_cuda_kernel("cuda_tiled" if D <= 256 or big_smem else None)
+    dense = D >= 256 and Hq // Hkv * L >= 256 and big_smem  # kDenseMinRows
+    assert_cuda_kernel(
+        "cuda_tiled_dense" if dense else "cuda_tiled" if D <= 256 or big_smem else None
+    )
 
 
 # --- hidden keys are not read -----------------------------------------------------------

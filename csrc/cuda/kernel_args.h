@@ -49,6 +49,10 @@ struct SdpaArgs {
   int splits;
   int split_keys; // keys per split, a multiple of kTileKeys
   int vec_loads; // 1: K/V rows and bases allow 16-byte loads
+  // Dense tiled kernel only: K and V dequantized, [B, Hkv, N, D] contiguous
+  // in the query's dtype.
+  const void* kd;
+  const void* vd;
 };
 
 // merge_kernel: one block of kMergeThreads per output row and 32 columns.
@@ -162,7 +166,11 @@ struct TiledKernel {
   int threads = 0;
   int rows = 0;
   int keys = 0;
+  bool dense = false; // reads SdpaArgs::kd / vd, a dense copy of K and V
 };
 TiledKernel tiled_kernel(int q_dtype, int D, int group_size, int warps, int keys);
+// The tiled kernel over a dense copy of K and V in the query's dtype (head
+// dims 256 and 512), if any.
+TiledKernel tiled_dense_kernel(int q_dtype, int D);
 
 } // namespace mlxq::cuda

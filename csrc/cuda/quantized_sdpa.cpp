@@ -95,6 +95,7 @@ const Limits& device_limits() {
     l.max_smem = max_smem_per_block();
     l.decode_on = env_int("MLXQ_CUDA_DECODE", 1) != 0;
     l.tiled_on = env_int("MLXQ_CUDA_TILED", 1) != 0;
+    l.dense_on = env_int("MLXQ_CUDA_TILED_DENSE", 1) != 0;
     l.fused_merge_on = env_int("MLXQ_CUDA_FUSED_MERGE", 1) != 0;
     return l;
   }();
@@ -199,7 +200,13 @@ Candidates candidates_for(const SdpaProblem& p, const Layout& layout, const Limi
       return c; // the plan takes it
     }
   }
-  if (tiled_candidate(p, layout, limits)) {
+  if (dense_tiled_candidate(p, layout, limits)) {
+    c.tiled = tiled_dense_kernel(p.q_dtype, p.Dk);
+    if (!c.tiled.fn || c.tiled.smem > limits.max_smem) {
+      c.tiled = {}; // the codes instance below, then
+    }
+  }
+  if (!c.tiled.fn && tiled_candidate(p, layout, limits)) {
     c.tiled =
         tiled_kernel(p.q_dtype, p.Dk, p.group_size, tiled_warps(p.rows(), p.Dk), tiled_keys());
     if (c.tiled.fn && c.tiled.smem > limits.max_smem) {
@@ -210,12 +217,15 @@ Candidates candidates_for(const SdpaProblem& p, const Layout& layout, const Limi
         c.tiled = small;
       }
     }
+  }
+  if (c.tiled.fn) {
     TiledShape& t = c.tiled_shape;
-    t.available = c.tiled.fn != nullptr;
+    t.available = true;
     t.smem = c.tiled.smem;
     t.threads = c.tiled.threads;
     t.rows = c.tiled.rows;
     t.keys = c.tiled.keys;
+    t.dense = c.tiled.dense;
     if (tiled_fits(limits, t)) {
       t.blocks_per_sm = blocks_per_sm(c.tiled.fn, t.threads, t.smem);
     }
@@ -310,6 +320,53 @@ mx::array merge_counters(mx::cu::CommandEncoder& enc, const SdpaProblem& p) {
   return it->second;
 }
 
+// The dense tiled kernel's K and V: both dequantized into one scratch
+// allocation in the query's dtype ([2][B, Hkv, N, D]), held until the
+// evaluation completes. Each copy node is also registered as writing its
+// source buffers, so that a later cache write into them waits for it (see
+// eval_gpu).
+mx::array dense_copy(
+    mx::cu::CommandEncoder& enc,
+    const SdpaProblem& p,
+    SdpaArgs& a,
+    const std::vector<mx::array>& in,
+    const mx::array& q) {
+  const int64_t per = int64_t(p.B) * p.Hkv * p.N * p.Dk;
+  mx::array scratch({int(2 * per)}, q.dtype(), nullptr, {});
+  allocate(scratch, enc);
+  char* base = static_cast<char*>(mx::gpu_ptr<void>(scratch));
+  for (int side = 0; side < 2; ++side) {
+    const int w = side == 0 ? kInKPacked : kInVPacked;
+    DequantArgs d{};
+    d.w = mx::gpu_ptr<uint32_t>(in[w]);
+    d.s = mx::gpu_ptr<void>(in[w + 1]);
+    d.z = mx::gpu_ptr<void>(in[w + 2]);
+    d.out = base + side * per * q.itemsize();
+    copy_strides(in[w], d.w_st);
+    copy_strides(in[w + 1], d.s_st);
+    copy_strides(in[w + 2], d.z_st);
+    d.H = p.Hkv;
+    d.N = p.N;
+    d.D = p.Dk;
+    d.gs = p.group_size;
+    d.s_dtype = p.scale_dtype;
+    d.chunks = per / 8;
+    const int threads = 256;
+    const int64_t blocks = std::min<int64_t>((d.chunks + threads - 1) / threads, 32L * sm_count());
+    launch(
+        enc,
+        dequantize_kernel(p.bits, p.q_dtype),
+        dim3(unsigned(blocks)),
+        dim3(threads),
+        0,
+        d,
+        {&in[w], &in[w + 1], &in[w + 2], &scratch},
+        {&scratch, &in[w], &in[w + 1], &in[w + 2]});
+    (side == 0 ? a.kd : a.vd) = d.out;
+  }
+  return scratch;
+}
+
 void* kernel_of(const Plan& plan, const Candidates& c, int bits) {
   switch (plan.family) {
     case Family::Decode:
@@ -349,6 +406,13 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
     counters = merge_counters(enc, p);
     a.counters = mx::gpu_ptr<unsigned>(counters);
   }
+  // The dense tiled kernel's copies of K and V come first; the attention
+  // node reads them (so it runs after both copy nodes) and every input.
+  mx::array dense({1}, mx::float32, nullptr, {});
+  if (plan.dense_copy) {
+    dense = dense_copy(enc, p, a, in, in[kInQ]);
+    enc.set_input_array(dense);
+  }
   for (const auto& x : in) {
     enc.set_input_array(x);
   }
@@ -360,7 +424,7 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   for (int i = kInKPacked; i <= kInVBiases; ++i) {
     enc.set_output_array(in[i]);
   }
-  note_sdpa_kernel(family_name(plan.family));
+  note_sdpa_kernel(plan.dense_copy ? "cuda_tiled_dense" : family_name(plan.family));
   const dim3 grid(unsigned(plan.grid[0]), unsigned(plan.grid[1]), unsigned(plan.grid[2]));
   if (!plan.merge_kernel && !plan.fused_merge) {
     // `out` is read too: the kernel must run after the poisoning fill.

@@ -77,6 +77,11 @@ bool tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& l
       p.N >= 1 && layout.packed_unit_stride && layout.head_fits_32bit;
 }
 
+bool dense_tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
+  return limits.dense_on && tiled_candidate(p, layout, limits) && (p.Dk == 256 || p.Dk == 512) &&
+      p.rows() >= kDenseMinRows;
+}
+
 bool decode_fits(const SdpaProblem& p, const Limits& limits, const DecodeShape& decode) {
   return decode.available && p.rows() <= decode.max_rows && decode.smem <= limits.max_smem;
 }
@@ -109,6 +114,7 @@ Plan plan_sdpa(
     plan.threads = tiled.threads;
     plan.smem = tiled.smem;
     plan.merge_kernel = plan.splits > 1;
+    plan.dense_copy = tiled.dense;
   } else {
     // Enough blocks for a few per SM at any N, in whole tiles of at least
     // 4 x kTileKeys keys per split.

@@ -26,14 +26,21 @@ struct Layout {
   bool packed_unit_stride = true; // packed words contiguous along a row
 };
 
-// The device and the switches (MLXQ_CUDA_DECODE / _TILED / _FUSED_MERGE).
+// The device and the switches (MLXQ_CUDA_DECODE / _TILED / _TILED_DENSE /
+// _FUSED_MERGE).
 struct Limits {
   int sm_count = 132;
   int max_smem = 227 * 1024; // dynamic shared memory a block may opt into
   bool decode_on = true;
   bool tiled_on = true;
+  bool dense_on = true;
   bool fused_merge_on = true;
 };
+
+// Query rows per KV head from which a head dim 256/512 tiled call first
+// dequantizes K and V into a dense copy (one O(N * D) pass) for its blocks
+// to read: below, few blocks unpack each tile and the pass does not pay.
+constexpr int kDenseMinRows = 256;
 
 // A decode instance for the problem's (bits, D, group, dtypes), if any.
 struct DecodeShape {
@@ -52,6 +59,7 @@ struct TiledShape {
   int threads = 0;
   int rows = 0; // query rows per block
   int keys = 0; // keys per tile
+  bool dense = false; // reads a dense copy of K and V (see kDenseMinRows)
   int blocks_per_sm = 1;
 };
 
@@ -70,6 +78,10 @@ struct Plan {
   // does (merge_kernel).
   bool merge_kernel = false;
   bool fused_merge = false;
+  // The tiled kernel reads a dense copy of K and V, which the launch first
+  // dequantizes into scratch (2 * B * Hkv * N * D elements of the query's
+  // dtype).
+  bool dense_copy = false;
   int64_t partial_slots = 0; // rows of per-split partials (scratch)
 };
 
@@ -86,6 +98,8 @@ Plan plan_sdpa(
 // then is its instance looked up.
 bool decode_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits);
 bool tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits);
+// Whether a tiled candidate should take the dense-K/V instance.
+bool dense_tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits);
 
 // Whether a looked-up instance exists and fits the problem and the device:
 // plan_sdpa takes the first kernel that does, and only those need their

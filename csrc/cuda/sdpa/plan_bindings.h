@@ -57,6 +57,7 @@ inline nb::dict sdpa(
   limits.decode_on = get<bool>(lim, "decode_on", true);
   limits.tiled_on = get<bool>(lim, "tiled_on", true);
   limits.fused_merge_on = get<bool>(lim, "fused_merge_on", true);
+  limits.dense_on = get<bool>(lim, "dense_on", true);
   DecodeShape decode;
   decode.available = get<bool>(dec, "available", false);
   decode.smem = get<int>(dec, "smem", 0);
@@ -70,6 +71,7 @@ inline nb::dict sdpa(
   tiled.threads = get<int>(til, "threads", 0);
   tiled.rows = get<int>(til, "rows", 0);
   tiled.keys = get<int>(til, "keys", 0);
+  tiled.dense = get<bool>(til, "dense", false);
   tiled.blocks_per_sm = get<int>(til, "blocks_per_sm", 1);
   const Plan plan = plan_sdpa(p, layout, limits, decode, tiled, generic_smem);
   nb::dict out;
@@ -85,6 +87,9 @@ inline nb::dict sdpa(
   out["merge_kernel"] = plan.merge_kernel;
   out["fused_merge"] = plan.fused_merge;
   out["partial_slots"] = plan.partial_slots;
+  out["dense_copy"] = plan.dense_copy;
+  // Which tiled instance the host looks up for this problem.
+  out["dense_candidate"] = dense_tiled_candidate(p, layout, limits);
   return out;
 }
 

@@ -26,6 +26,14 @@
 //     a D / PARTS slice of the score products, which they sum through shared
 //     memory. So the scores are computed once, not once per column slice,
 //     and a block still stages each K/V tile for 64 rows.
+//   * dense (DENSE, head dims 256 and 512 with many rows): the host first
+//     dequantizes the layer's K and V once into a dense copy in the query's
+//     dtype, and the blocks copy its tiles with cp.async (double-buffered)
+//     instead of each block unpacking every tile again: at head dim 512 a
+//     tile's unpacking took ~3.5x the issue time of its mma.sync. P . V then
+//     runs on the dense values (no per-group scales). Unlike the codes path,
+//     a masked key whose dequantized V is not finite (non-finite scales)
+//     poisons the rows of its tile: 0 * NaN in the products.
 // Grid: (row tiles x Hkv, splits, B), heavier (later) causal row
 // tiles first; the row tiles go in x, whose limit is 2^31 - 1 (y and z stop
 // at 65535).
@@ -72,7 +80,7 @@ struct Scales {
 // registers differently (8 instructions fewer of ~6,300 at head dim 128, not
 // byte-identical), and identical SASS is what shows this split changed
 // nothing.
-template <typename T, int D, int GS, int WARPS, int KEYS, int PARTS>
+template <typename T, int D, int GS, int WARPS, int KEYS, int PARTS, bool DENSE>
 struct TiledStages {
   static constexpr int DV = D / PARTS; // output columns of a block
   static constexpr int kGV = DV / GS; // their groups
@@ -119,6 +127,25 @@ struct TiledStages {
           cp_async<4>(vraw + i, vw0 + int64_t(n) * a.vw_st[2] + col);
         }
       }
+    }
+  }
+
+  // Dense ring issue: tile c0's rows of the dense K and V copies (keys below
+  // n1; zeros past it, so no stale value meets a zero weight) into kbuf /
+  // vbuf, asynchronously.
+  __device__ __forceinline__ static void fetch_dense(
+      const uint16_t* kd0,
+      const uint16_t* vd0,
+      uint16_t* kbuf,
+      uint16_t* vbuf,
+      int n1,
+      int c0) {
+    for (int i = threadIdx.x; i < kKeys * kCPR; i += kThreads) {
+      const int key = i / kCPR, c = i % kCPR, n = c0 + key;
+      const int bytes = n < n1 ? 16 : 0;
+      const int64_t src = int64_t(n < n1 ? n : c0) * D + c * 8;
+      cp_async_zfill<16>(smem_addr(kbuf + key * kStride + c * 8), kd0 + src, bytes);
+      cp_async_zfill<16>(smem_addr(vbuf + key * kStride + c * 8), vd0 + src, bytes);
     }
   }
 
@@ -360,58 +387,80 @@ struct TiledStages {
         sum += s[n][2 * h] + s[n][2 * h + 1];
       l[h] = l[h] * corr[h] + sum;
     }
-    // Keys of this thread: 8 n + 2 t4 + (e & 1), scales at vsc[key * kG + g].
+    if constexpr (DENSE) {
+      // O += P . V on the dense values, per 16-key step.
+      const uint16_t* vrow =
+          vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4) + dv0;
 #pragma unroll
-    for (int g = 0; g < kGV; ++g) {
-      float add[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int n = 0; n < kSN; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float bv = vbi[(8 * n + 2 * t4 + (e & 1)) * kG + gv0 + g];
-          add[e >> 1] += s[n][e] != 0.0f ? s[n][e] * bv : 0.0f;
-        }
-      }
-      vbias[0][g] = vbias[0][g] * corr[0] + add[0];
-      vbias[1][g] = vbias[1][g] * corr[1] + add[1];
-    }
-
-    // O += (P * scale_v) . codes, per 16-key step and group.
-    const uint16_t* vrow =
-        vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4) + dv0;
-#pragma unroll
-    for (int j = 0; j < kKS; ++j) {
-#pragma unroll
-      for (int g = 0; g < kGV; ++g) {
-        float w[4][2]; // a-register order: (ra, keys lo), (rb, lo), (ra, hi), (rb, hi)
+      for (int j = 0; j < kKS; ++j) {
+        uint32_t pa[4]; // a-register order: (ra, keys lo), (rb, lo), (ra, hi), (rb, hi)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int n = 2 * j + (q >> 1), h = q & 1;
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float p = s[n][2 * h + e];
-            const float sc = vsc[(8 * n + 2 * t4 + e) * kG + gv0 + g];
-            w[q][e] = p != 0.0f ? p * sc : 0.0f;
-          }
-        }
-        uint32_t ahi[4], alo[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          ahi[q] = pack2<__nv_bfloat16>(w[q][0], w[q][1]);
-          if constexpr (kTwoTerms) {
-            alo[q] = bf16_rest(w[q][0], w[q][1], ahi[q]);
-          }
+          pa[q] = pack2<T>(s[n][2 * h], s[n][2 * h + 1]);
         }
 #pragma unroll
-        for (int np = 0; np < GS / 16; ++np) {
-          const int nt = g * (GS / 8) + 2 * np;
+        for (int np = 0; np < kNT / 2; ++np) {
           uint32_t vb4[4];
-          ldsm_x4_trans(vb4, vrow + j * 16 * kStride + nt * 8);
-          mma<__nv_bfloat16>(acc[nt], ahi, vb4[0], vb4[1]);
-          mma<__nv_bfloat16>(acc[nt + 1], ahi, vb4[2], vb4[3]);
-          if constexpr (kTwoTerms) {
-            mma<__nv_bfloat16>(acc[nt], alo, vb4[0], vb4[1]);
-            mma<__nv_bfloat16>(acc[nt + 1], alo, vb4[2], vb4[3]);
+          ldsm_x4_trans(vb4, vrow + j * 16 * kStride + 16 * np);
+          mma<T>(acc[2 * np], pa, vb4[0], vb4[1]);
+          mma<T>(acc[2 * np + 1], pa, vb4[2], vb4[3]);
+        }
+      }
+    } else {
+      // Keys of this thread: 8 n + 2 t4 + (e & 1), scales at vsc[key * kG + g].
+#pragma unroll
+      for (int g = 0; g < kGV; ++g) {
+        float add[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int n = 0; n < kSN; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float bv = vbi[(8 * n + 2 * t4 + (e & 1)) * kG + gv0 + g];
+            add[e >> 1] += s[n][e] != 0.0f ? s[n][e] * bv : 0.0f;
+          }
+        }
+        vbias[0][g] = vbias[0][g] * corr[0] + add[0];
+        vbias[1][g] = vbias[1][g] * corr[1] + add[1];
+      }
+
+      // O += (P * scale_v) . codes, per 16-key step and group.
+      const uint16_t* vrow =
+          vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kStride + 8 * (lane >> 4) + dv0;
+#pragma unroll
+      for (int j = 0; j < kKS; ++j) {
+#pragma unroll
+        for (int g = 0; g < kGV; ++g) {
+          float w[4][2]; // a-register order: (ra, keys lo), (rb, lo), (ra, hi), (rb, hi)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int n = 2 * j + (q >> 1), h = q & 1;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float p = s[n][2 * h + e];
+              const float sc = vsc[(8 * n + 2 * t4 + e) * kG + gv0 + g];
+              w[q][e] = p != 0.0f ? p * sc : 0.0f;
+            }
+          }
+          uint32_t ahi[4], alo[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            ahi[q] = pack2<__nv_bfloat16>(w[q][0], w[q][1]);
+            if constexpr (kTwoTerms) {
+              alo[q] = bf16_rest(w[q][0], w[q][1], ahi[q]);
+            }
+          }
+#pragma unroll
+          for (int np = 0; np < GS / 16; ++np) {
+            const int nt = g * (GS / 8) + 2 * np;
+            uint32_t vb4[4];
+            ldsm_x4_trans(vb4, vrow + j * 16 * kStride + nt * 8);
+            mma<__nv_bfloat16>(acc[nt], ahi, vb4[0], vb4[1]);
+            mma<__nv_bfloat16>(acc[nt + 1], ahi, vb4[2], vb4[3]);
+            if constexpr (kTwoTerms) {
+              mma<__nv_bfloat16>(acc[nt], alo, vb4[0], vb4[1]);
+              mma<__nv_bfloat16>(acc[nt + 1], alo, vb4[2], vb4[3]);
+            }
           }
         }
       }
@@ -509,7 +558,9 @@ struct TiledStages {
     float* vbi = vsc + kKeys * kG;
     uint32_t* kraw = reinterpret_cast<uint32_t*>(vbi + kKeys * kG); // [kKeys][W]
     uint32_t* vraw = kraw + kKeys * D / 4;
-    float* red = reinterpret_cast<float*>(vraw + kKeys * D / 4); // [PARTS][WARPS][16 x KEYS]
+    // [PARTS][WARPS][16 x KEYS] partial scores (dense: after the four row buffers)
+    float* red = DENSE ? reinterpret_cast<float*>(ks + 4 * kKeys * kStride)
+                       : reinterpret_cast<float*>(vraw + kKeys * D / 4);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g8 = lane >> 2, t4 = lane & 3;
@@ -568,6 +619,62 @@ struct TiledStages {
     for (int i = 0; i < kNT; ++i)
       acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
+    if constexpr (DENSE) {
+      // Two buffers of K and V rows where the words and staged tiles sit
+      // otherwise: tile c0 + kKeys lands in one while c0 computes from the
+      // other.
+      uint16_t* kbuf[2] = {ks, ks + 2 * kKeys * kStride};
+      uint16_t* vbuf[2] = {ks + kKeys * kStride, ks + 3 * kKeys * kStride};
+      const int64_t base = (int64_t(b) * a.Hkv + kvh) * a.N * D;
+      const uint16_t* kd0 = static_cast<const uint16_t*>(a.kd) + base;
+      const uint16_t* vd0 = static_cast<const uint16_t*>(a.vd) + base;
+      if (n0 < n1) {
+        fetch_dense(kd0, vd0, kbuf[0], vbuf[0], n1, n0);
+      }
+      int cur = 0;
+      for (int c0 = n0; c0 < n1; c0 += kKeys, cur ^= 1) {
+        cp_async_wait_all();
+        __syncthreads(); // tile c0 landed; tile c0 - kKeys's readers are done
+        if (c0 + kKeys < n1) {
+          fetch_dense(kd0, vd0, kbuf[cur ^ 1], vbuf[cur ^ 1], n1, c0 + kKeys);
+        }
+        const uint16_t* kt = kbuf[cur];
+        const uint16_t* vt = vbuf[cur];
+        if (warp_live) {
+          compute_tile(
+              a,
+              qs,
+              kt,
+              vt,
+              vsc,
+              vbi,
+              lane,
+              t4,
+              wr0,
+              b,
+              n1,
+              warp_first_lim,
+              gv0,
+              dv0,
+              part,
+              red,
+              scale2,
+              live,
+              lim,
+              head,
+              lpos,
+              m,
+              l,
+              vbias,
+              acc,
+              c0);
+        }
+      }
+      write_output(
+          a, b, kvh, tile, split, part, wr0, g8, t4, dv0, live, head, lpos, m, l, vbias, acc);
+      return;
+    }
+
     // One tile ahead: the next tile's words and scales load while this one
     // computes.
     ScalesT sc;
@@ -622,27 +729,47 @@ struct TiledStages {
 
 // Two blocks of 4 warps per SM, one of 8 or more (a warp then may hold up to
 // 255 registers, which the 128 output columns of a warp need).
-template <typename T, int D, int GS, int WARPS, int KEYS, int PARTS>
+template <typename T, int D, int GS, int WARPS, int KEYS, int PARTS, bool DENSE>
 __global__ void __launch_bounds__(32 * WARPS * PARTS, WARPS* PARTS == 4 ? 2 : 1)
     tiled_kernel_impl(SdpaArgs a) {
-  TiledStages<T, D, GS, WARPS, KEYS, PARTS>::run(a);
+  TiledStages<T, D, GS, WARPS, KEYS, PARTS, DENSE>::run(a);
 }
 
-template <int D, int WARPS, int KEYS, int PARTS>
+// Queries, K/V rows (codes path: one staged tile plus its V scales and the
+// next tile's words; dense: two tiles of K and V) and partial scores.
+template <int D, int WARPS, int KEYS, int PARTS, bool DENSE>
 constexpr int smem_bytes(int gs) {
-  return (16 * WARPS + 2 * KEYS) * (D + 8) * 2 + 2 * KEYS * (D / gs) * 4 + 2 * KEYS * D +
-      (PARTS > 1 ? PARTS * WARPS * 16 * KEYS * 4 : 0);
+  const int red = PARTS > 1 ? PARTS * WARPS * 16 * KEYS * 4 : 0;
+  if constexpr (DENSE) {
+    return (16 * WARPS + 4 * KEYS) * (D + 8) * 2 + red;
+  }
+  return (16 * WARPS + 2 * KEYS) * (D + 8) * 2 + 2 * KEYS * (D / gs) * 4 + 2 * KEYS * D + red;
 }
 
-template <typename T, int D, int GS, int WARPS, int KEYS>
+template <typename T, int D, int GS, int WARPS, int KEYS, bool DENSE = false>
 TiledKernel instance() {
   constexpr int kParts = D > 128 ? D / 128 : 1;
   return {
-      handle<tiled_kernel_impl<T, D, GS, WARPS, KEYS, kParts>>(),
-      smem_bytes<D, WARPS, KEYS, kParts>(GS),
+      handle<tiled_kernel_impl<T, D, GS, WARPS, KEYS, kParts, DENSE>>(),
+      smem_bytes<D, WARPS, KEYS, kParts, DENSE>(GS),
       32 * WARPS * kParts,
       16 * WARPS,
-      KEYS};
+      KEYS,
+      DENSE};
+}
+
+// The dense-K/V instances (head dims 256 and 512; the group size plays no
+// part, 64 fills the template).
+template <typename T>
+TiledKernel dense_for_dim(int D) {
+  switch (D) {
+    case 256:
+      return instance<T, 256, 64, 4, 32, true>();
+    case 512:
+      return instance<T, 512, 64, 2, 32, true>();
+    default:
+      return {};
+  }
 }
 
 // Block shapes (`warps` = row warps of 16 rows; MLXQ_CUDA_TILED_WARPS /
@@ -700,5 +827,6 @@ TiledKernel for_dim(int D, int gs, int warps, int keys) {
 } // namespace
 
 TiledKernel tiled_kernel_f16(int D, int gs, int warps, int keys);
+TiledKernel tiled_dense_kernel_f16(int D);
 
 } // namespace mlxq::cuda

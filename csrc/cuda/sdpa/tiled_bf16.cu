@@ -18,4 +18,15 @@ TiledKernel tiled_kernel(int q_dtype, int D, int gs, int warps, int keys) {
   }
 }
 
+TiledKernel tiled_dense_kernel(int q_dtype, int D) {
+  switch (q_dtype) {
+    case kF16:
+      return tiled_dense_kernel_f16(D);
+    case kBF16:
+      return dense_for_dim<__nv_bfloat16>(D);
+    default:
+      return {};
+  }
+}
+
 } // namespace mlxq::cuda

@@ -8,4 +8,8 @@ TiledKernel tiled_kernel_f16(int D, int gs, int warps, int keys) {
   return for_dim<__half>(D, gs, warps, keys);
 }
 
+TiledKernel tiled_dense_kernel_f16(int D) {
+  return dense_for_dim<__half>(D);
+}
+
 } // namespace mlxq::cuda
