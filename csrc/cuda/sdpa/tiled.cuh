@@ -619,84 +619,48 @@ struct TiledStages {
     for (int i = 0; i < kNT; ++i)
       acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
-    if constexpr (DENSE) {
-      // Two buffers of K and V rows where the words and staged tiles sit
-      // otherwise: tile c0 + kKeys lands in one while c0 computes from the
-      // other.
-      uint16_t* kbuf[2] = {ks, ks + 2 * kKeys * kStride};
-      uint16_t* vbuf[2] = {ks + kKeys * kStride, ks + 3 * kKeys * kStride};
-      const int64_t base = (int64_t(b) * a.Hkv + kvh) * a.N * D;
-      const uint16_t* kd0 = static_cast<const uint16_t*>(a.kd) + base;
-      const uint16_t* vd0 = static_cast<const uint16_t*>(a.vd) + base;
-      if (n0 < n1) {
-        fetch_dense(kd0, vd0, kbuf[0], vbuf[0], n1, n0);
-      }
-      int cur = 0;
-      for (int c0 = n0; c0 < n1; c0 += kKeys, cur ^= 1) {
-        cp_async_wait_all();
-        __syncthreads(); // tile c0 landed; tile c0 - kKeys's readers are done
-        if (c0 + kKeys < n1) {
-          fetch_dense(kd0, vd0, kbuf[cur ^ 1], vbuf[cur ^ 1], n1, c0 + kKeys);
-        }
-        const uint16_t* kt = kbuf[cur];
-        const uint16_t* vt = vbuf[cur];
-        if (warp_live) {
-          compute_tile(
-              a,
-              qs,
-              kt,
-              vt,
-              vsc,
-              vbi,
-              lane,
-              t4,
-              wr0,
-              b,
-              n1,
-              warp_first_lim,
-              gv0,
-              dv0,
-              part,
-              red,
-              scale2,
-              live,
-              lim,
-              head,
-              lpos,
-              m,
-              l,
-              vbias,
-              acc,
-              c0);
-        }
-      }
-      write_output(
-          a, b, kvh, tile, split, part, wr0, g8, t4, dv0, live, head, lpos, m, l, vbias, acc);
-      return;
-    }
+    // Dense: two buffers of K and V rows where the words and the staged tile
+    // sit otherwise; tile c0 + kKeys lands in one while c0 computes from the
+    // other.
+    uint16_t* const kbuf[2] = {ks, ks + 2 * kKeys * kStride};
+    uint16_t* const vbuf[2] = {ks + kKeys * kStride, ks + 3 * kKeys * kStride};
+    const int64_t base = (int64_t(b) * a.Hkv + kvh) * a.N * D;
+    const uint16_t* kd0 = static_cast<const uint16_t*>(a.kd) + base;
+    const uint16_t* vd0 = static_cast<const uint16_t*>(a.vd) + base;
 
-    // One tile ahead: the next tile's words and scales load while this one
-    // computes.
+    // One tile ahead: the next tile's words and scales (or dense rows) load
+    // while this one computes.
     ScalesT sc;
-    if (n0 < n1) {
-      fetch_words(a, kw0, vw0, kraw, vraw, W, n1, n0);
-      fetch_scales(a, ks0, kb0, vs0, vb0, n1, sc, n0);
-    }
-    for (int c0 = n0; c0 < n1; c0 += kKeys) {
-      cp_async_wait_all();
-      __syncthreads(); // words landed; the previous tile's readers are done
-      stage(kraw, vraw, ks, vs, vsc, vbi, W, bits, sc);
-      __syncthreads();
-      if (c0 + kKeys < n1) {
-        fetch_words(a, kw0, vw0, kraw, vraw, W, n1, c0 + kKeys);
-        fetch_scales(a, ks0, kb0, vs0, vb0, n1, sc, c0 + kKeys);
+    auto fetch = [&](int c0, int into) {
+      if constexpr (DENSE) {
+        fetch_dense(kd0, vd0, kbuf[into], vbuf[into], n1, c0);
+      } else {
+        fetch_words(a, kw0, vw0, kraw, vraw, W, n1, c0);
+        fetch_scales(a, ks0, kb0, vs0, vb0, n1, sc, c0);
       }
+    };
+    if (n0 < n1) {
+      fetch(n0, 0);
+    }
+    int cur = 0;
+    for (int c0 = n0; c0 < n1; c0 += kKeys, cur ^= 1) {
+      cp_async_wait_all();
+      __syncthreads(); // the tile landed; the previous tile's readers are done
+      if constexpr (!DENSE) {
+        stage(kraw, vraw, ks, vs, vsc, vbi, W, bits, sc);
+        __syncthreads();
+      }
+      if (c0 + kKeys < n1) {
+        fetch(c0 + kKeys, cur ^ 1);
+      }
+      const uint16_t* kt = DENSE ? kbuf[cur] : ks;
+      const uint16_t* vt = DENSE ? vbuf[cur] : vs;
       if (warp_live) {
         compute_tile(
             a,
             qs,
-            ks,
-            vs,
+            kt,
+            vt,
             vsc,
             vbi,
             lane,
