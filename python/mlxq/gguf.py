@@ -253,6 +253,19 @@ def _save_tokenizer(reader, arch: str, out: Path) -> None:
         i = _field(reader, f"tokenizer.ggml.{key}")
         if i is not None:
             setattr(tok, attr, tokens[i])
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    if _field(reader, "tokenizer.ggml.add_bos_token") and bos is not None:
+        # The file asks for BOS in front of every text (Gemma does: without
+        # it the model is lost); the converted tokenizer does not add it.
+        from tokenizers import processors
+
+        tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{tokens[bos]} $A",
+            pair=f"{tokens[bos]} $A {tokens[bos]} $B",
+            special_tokens=[(tokens[bos], bos)],
+        )
+        if hasattr(tok, "add_bos_token"):
+            tok.add_bos_token = True
     template = _field(reader, "tokenizer.chat_template")
     if template:
         tok.chat_template = template
