@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "debug.h"
 #include "mlx/backend/cuda/utils.h"
 
@@ -57,6 +59,36 @@ void copy_strides(const mx::array& a, int64_t* dst) {
   for (int d = 0; d < 4; ++d) {
     dst[d] = a.strides()[d];
   }
+}
+
+DequantLaunch dequantize_launch(
+    const mx::array& packed,
+    const mx::array& scales,
+    const mx::array& biases,
+    void* out,
+    int out_dtype,
+    int D,
+    int group_size,
+    int bits) {
+  DequantLaunch l{dequantize_kernel(bits, out_dtype), {}, {}, dim3(256)};
+  DequantArgs& d = l.args;
+  d.w = mx::gpu_ptr<uint32_t>(packed);
+  d.s = mx::gpu_ptr<void>(scales);
+  d.z = mx::gpu_ptr<void>(biases);
+  d.out = out;
+  copy_strides(packed, d.w_st);
+  copy_strides(scales, d.s_st);
+  copy_strides(biases, d.z_st);
+  d.H = packed.shape(1);
+  d.N = packed.shape(2);
+  d.D = D;
+  d.gs = group_size;
+  d.s_dtype = dtype_code(scales.dtype());
+  d.chunks = int64_t(packed.shape(0)) * d.H * d.N * D / 8;
+  const int64_t blocks =
+      std::min<int64_t>((d.chunks + l.block.x - 1) / l.block.x, 32L * sm_count());
+  l.grid = dim3(static_cast<unsigned>(blocks));
+  return l;
 }
 
 } // namespace mlxq::cuda

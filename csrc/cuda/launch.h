@@ -37,6 +37,25 @@ void poison(mx::array& a, mx::cu::CommandEncoder& enc);
 // Copies the strides of a 4-D array into dst[4].
 void copy_strides(const mx::array& a, int64_t* dst);
 
+// DequantizeInto's kernel over codes, scales and biases [B, H, N, *]
+// (strided) into a row-contiguous [B, H, N, D] at `out` in `out_dtype`: the
+// handle, arguments and grid, for `launch` with the caller's dependencies.
+struct DequantLaunch {
+  void* kernel;
+  DequantArgs args;
+  dim3 grid;
+  dim3 block;
+};
+DequantLaunch dequantize_launch(
+    const mx::array& packed,
+    const mx::array& scales,
+    const mx::array& biases,
+    void* out,
+    int out_dtype,
+    int D,
+    int group_size,
+    int bits);
+
 // Launches a kernel handle from kernel_args.h with one by-value argument.
 // The encoder orders graph nodes by the arrays registered just before each
 // node: `reads` become dependencies (list an array that an earlier kernel of

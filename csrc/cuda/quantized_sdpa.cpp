@@ -337,32 +337,19 @@ mx::array dense_copy(
   char* base = static_cast<char*>(mx::gpu_ptr<void>(scratch));
   for (int side = 0; side < 2; ++side) {
     const int w = side == 0 ? kInKPacked : kInVPacked;
-    DequantArgs d{};
-    d.w = mx::gpu_ptr<uint32_t>(in[w]);
-    d.s = mx::gpu_ptr<void>(in[w + 1]);
-    d.z = mx::gpu_ptr<void>(in[w + 2]);
-    d.out = base + side * per * q.itemsize();
-    copy_strides(in[w], d.w_st);
-    copy_strides(in[w + 1], d.s_st);
-    copy_strides(in[w + 2], d.z_st);
-    d.H = p.Hkv;
-    d.N = p.N;
-    d.D = p.Dk;
-    d.gs = p.group_size;
-    d.s_dtype = p.scale_dtype;
-    d.chunks = per / 8;
-    const int threads = 256;
-    const int64_t blocks = std::min<int64_t>((d.chunks + threads - 1) / threads, 32L * sm_count());
+    void* dst = base + side * per * q.itemsize();
+    DequantLaunch l =
+        dequantize_launch(in[w], in[w + 1], in[w + 2], dst, p.q_dtype, p.Dk, p.group_size, p.bits);
     launch(
         enc,
-        dequantize_kernel(p.bits, p.q_dtype),
-        dim3(unsigned(blocks)),
-        dim3(threads),
+        l.kernel,
+        l.grid,
+        l.block,
         0,
-        d,
+        l.args,
         {&in[w], &in[w + 1], &in[w + 2], &scratch},
         {&scratch, &in[w], &in[w + 1], &in[w + 2]});
-    (side == 0 ? a.kd : a.vd) = d.out;
+    (side == 0 ? a.kd : a.vd) = dst;
   }
   return scratch;
 }
