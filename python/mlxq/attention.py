@@ -4,7 +4,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 
-from . import _ext, routing, workspace
+from . import _ext, blocked, routing, workspace
 
 QuantizedTensor = Tuple[mx.array, mx.array, mx.array]
 Mask = Union[None, str, mx.array]
@@ -112,8 +112,9 @@ def _device_of(stream) -> mx.Device:
 def _dequantized_mx_fast(
     q, keys, values, scale, mask, mask_mode, mask_arr, sinks, group_size, bits, stream
 ):
-    """MLX's fused attention over this layer's dequantized K/V, where it is
-    faster than mlxq's kernel (see :mod:`mlxq.routing`); None otherwise."""
+    """MLX's fused attention (or, for wide heads on CUDA, blocked GEMMs) over
+    this layer's dequantized K/V, where it is faster than mlxq's kernel (see
+    :mod:`mlxq.routing`); None otherwise."""
     device = _device_of(stream)
     backend = routing.gpu_backend() if device.type == mx.gpu else None
     if backend is None:
@@ -122,8 +123,7 @@ def _dequantized_mx_fast(
     bits = bits or keys[0].shape[3] * 32 // Dk
     group_size = group_size or Dk // keys[1].shape[3]
     kind = "array" if mask_arr is not None else ("causal" if mask_mode else "none")
-    if not routing.route_through_mx_fast(
-        backend,
+    shape = dict(
         L=q.shape[2],
         N=keys[0].shape[2],
         Hq=q.shape[1],
@@ -133,8 +133,10 @@ def _dequantized_mx_fast(
         dtype=q.dtype,
         scales_dtype=keys[1].dtype,
         mask_kind=kind,
-        sinks_dtype=None if sinks is None else sinks.dtype,
-    ):
+    )
+    sinks_dtype = None if sinks is None else sinks.dtype
+    fused = routing.route_through_mx_fast(backend, sinks_dtype=sinks_dtype, **shape)
+    if not fused and not routing.route_through_blocked_gemm(backend, **shape):
         return None
     reused = backend in workspace.BACKENDS and routing.workspace_enabled()
     if reused:
@@ -144,15 +146,21 @@ def _dequantized_mx_fast(
     else:
         k = mx.dequantize(*keys, group_size=group_size, bits=bits, stream=stream)
         v = mx.dequantize(*values, group_size=group_size, bits=bits, stream=stream)
-    try:
-        out = mx.fast.scaled_dot_product_attention(
-            q, k, v, scale=scale, mask=mask, sinks=sinks, force_fused=True, stream=stream
+    if fused:
+        try:
+            out = mx.fast.scaled_dot_product_attention(
+                q, k, v, scale=scale, mask=mask, sinks=sinks, force_fused=True, stream=stream
+            )
+        except (ValueError, RuntimeError):  # MLX has no fused kernel here after all
+            return None
+    else:
+        causal = kind == "causal"
+        out = blocked.blocked_attention(
+            q, k, v, scale=scale, causal=causal, sinks=sinks, stream=stream
         )
-    except (ValueError, RuntimeError):  # MLX has no fused kernel here after all
-        return None
     if reused:
         workspace.note_reader(stream, out)
-    routing.note_route("mx_fast")
+    routing.note_route("mx_fast" if fused else "blocked")
     return out
 
 

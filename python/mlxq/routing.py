@@ -13,6 +13,14 @@ kernels, so memory stays bounded everywhere: decode (few rows, where reading
 does not), and any shape MLX would run through its unfused fallback, which
 materialises the scores.
 
+An opt-in exception, on CUDA (``MLXQ_BLOCKED_PREFILL=1`` or
+:func:`set_blocked_prefill`): head dims above 256 (Gemma 4's 512), where MLX
+has no fused kernel, can run as GEMMs over blocks of keys
+(:mod:`mlxq.blocked`). Alone it is 2.8x faster than mlxq's tiled kernel at
+32k keys, but inside mlx-lm's prefill it made Gemma 4's time to first token
+2x slower and its peak memory 4 GB higher (see :mod:`mlxq.blocked`), so it
+is off by default.
+
 :func:`fused_attention_supported` restates MLX 0.32's own conditions for its
 fused kernels (``has_fused_kernel`` / ``supports_sdpa_cudnn`` in MLX's CUDA
 and Metal backends) so the decision can be tested on any machine; the call
@@ -38,7 +46,18 @@ CUDA_MAX_HEAD_DIM = 128  # cuDNN SDPA: head dims multiple of 8, at most 128
 METAL_FULL_HEAD_DIMS = (64, 80, 128)  # MLX's Metal full-attention kernel (L > 8)
 FUSED_DTYPES = (mx.float16, mx.bfloat16)
 
+# Blocked GEMMs (mlxq.blocked) on CUDA: head dims above the tiled kernel's
+# measured wins (D=256 causal 2048x2048: tiled 0.33 ms, MLX unfused 0.52; D=512:
+# tiled 0.68 / 12.8 ms at 2048 x 2048 / 32768 keys, MLX unfused 0.46 / 3.88), at
+# least this many query rows per KV head (a prefill chunk; fewer were not
+# measured) and keys (H200, 8/1 heads, L=2048, D=512: blocked 0.89 / 2.10 / 4.64
+# ms at 2k / 8k / 32k keys, tiled 0.68 / 3.16 / 12.8; 4k is between, unmeasured).
+BLOCKED_MIN_HEAD_DIM = 257
+MIN_BLOCKED_QUERY_ROWS = 256
+MIN_BLOCKED_KEYS = 4096
+
 _enabled = os.environ.get("MLXQ_DEQUANTIZED_PREFILL", "1") != "0"
+_blocked = os.environ.get("MLXQ_BLOCKED_PREFILL", "0") == "1"
 # The dense K/V in one reused buffer per stream (mlxq.workspace) instead of a
 # fresh mx.dequantize per layer; MLXQ_PREFILL_WORKSPACE=0 for comparisons.
 _workspace = os.environ.get("MLXQ_PREFILL_WORKSPACE", "1") != "0"
@@ -64,6 +83,15 @@ def set_dequantized_prefill(enabled: bool) -> bool:
     """
     global _enabled
     old, _enabled = _enabled, bool(enabled)
+    return old
+
+
+def set_blocked_prefill(enabled: bool) -> bool:
+    """Turn the blocked-GEMM route for wide heads on or off (default off;
+    ``MLXQ_BLOCKED_PREFILL=1`` turns it on); returns the old setting. Off (or
+    with :func:`set_dequantized_prefill` off), those calls run on mlxq's kernel."""
+    global _blocked
+    old, _blocked = _blocked, bool(enabled)
     return old
 
 
@@ -141,3 +169,33 @@ def route_through_mx_fast(
     return fused_attention_supported(
         backend, L=L, N=N, Dk=Dk, Dv=Dv, dtype=dtype, mask_kind=mask_kind
     )
+
+
+def route_through_blocked_gemm(
+    backend: Optional[str],
+    *,
+    L: int,
+    N: int,
+    Hq: int,
+    Hkv: int,
+    Dk: int,
+    Dv: int,
+    dtype,
+    scales_dtype,
+    mask_kind: str,
+) -> bool:
+    """Whether a call MLX has no fused kernel for runs as blocked GEMMs instead.
+
+    CUDA only (not measured on Metal), head dims of at least
+    :data:`BLOCKED_MIN_HEAD_DIM`, at least :data:`MIN_BLOCKED_QUERY_ROWS`
+    query rows per KV head and :data:`MIN_BLOCKED_KEYS` keys, half-precision queries with K/V scales in the same
+    dtype, and no mask or ``"causal"`` with ``L <= N`` (every row sees a key).
+    Sinks of any dtype are fine: the merge adds them in float32.
+    """
+    if not (_enabled and _blocked) or backend != "cuda" or dtype not in FUSED_DTYPES:
+        return False
+    if mask_kind not in ("none", "causal") or (mask_kind == "causal" and L > N):
+        return False
+    if scales_dtype != dtype or max(Dk, Dv) < BLOCKED_MIN_HEAD_DIM:
+        return False
+    return N >= MIN_BLOCKED_KEYS and L * (Hq // max(Hkv, 1)) >= MIN_BLOCKED_QUERY_ROWS
