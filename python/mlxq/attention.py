@@ -93,7 +93,7 @@ def quantized_sdpa(
         stream=stream,
     )
     if q.shape[2] > 8:  # decode never routes: skip the checks
-        routed = _dequantized_mx_fast(
+        routed = _dequantized_route(
             q, keys, values, scale, mask, mask_mode, mask_arr, sinks, group_size, bits, stream
         )
         if routed is not None:
@@ -109,7 +109,7 @@ def _device_of(stream) -> mx.Device:
     return stream.device if isinstance(stream, mx.Stream) else stream
 
 
-def _dequantized_mx_fast(
+def _dequantized_route(
     q, keys, values, scale, mask, mask_mode, mask_arr, sinks, group_size, bits, stream
 ):
     """MLX's fused attention (or, for wide heads on CUDA, blocked GEMMs) over

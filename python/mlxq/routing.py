@@ -136,6 +136,20 @@ def fused_attention_supported(
     return False
 
 
+def _dense_route_allowed(backend, *, L, N, dtype, scales_dtype, mask_kind) -> bool:
+    # What both routes over a dequantized K/V copy need: the route switched
+    # on, a GPU, half-precision queries whose K/V dequantize to their dtype,
+    # and no mask or "causal" with L <= N, so every row sees a key and mlxq
+    # and the route agree on every row.
+    if not _enabled or backend is None or dtype not in FUSED_DTYPES or scales_dtype != dtype:
+        return False
+    return mask_kind == "none" or (mask_kind == "causal" and L <= N)
+
+
+def _rows_per_kv_head(L: int, Hq: int, Hkv: int) -> int:
+    return L * (Hq // max(Hkv, 1))
+
+
 def route_through_mx_fast(
     backend: Optional[str],
     *,
@@ -160,11 +174,12 @@ def route_through_mx_fast(
     the output type, e.g. f32 sinks with bf16 queries), and MLX has a fused
     kernel for the shape.
     """
-    if not _enabled or backend is None or mask_kind not in ("none", "causal"):
+    shape = dict(L=L, N=N, dtype=dtype, scales_dtype=scales_dtype, mask_kind=mask_kind)
+    if not _dense_route_allowed(backend, **shape):
         return False
     if sinks_dtype is not None and sinks_dtype != dtype:
         return False
-    if scales_dtype != dtype or L * (Hq // max(Hkv, 1)) < MIN_ROUTED_QUERY_ROWS:
+    if _rows_per_kv_head(L, Hq, Hkv) < MIN_ROUTED_QUERY_ROWS:
         return False
     return fused_attention_supported(
         backend, L=L, N=N, Dk=Dk, Dv=Dv, dtype=dtype, mask_kind=mask_kind
@@ -186,16 +201,16 @@ def route_through_blocked_gemm(
 ) -> bool:
     """Whether a call MLX has no fused kernel for runs as blocked GEMMs instead.
 
-    CUDA only (not measured on Metal), head dims of at least
+    Opt-in and CUDA only (not measured on Metal); the same inputs as the
+    fused route (half-precision queries, K/V scales in their dtype, no mask or
+    ``"causal"`` with ``L <= N``); head dims of at least
     :data:`BLOCKED_MIN_HEAD_DIM`, at least :data:`MIN_BLOCKED_QUERY_ROWS`
-    query rows per KV head and :data:`MIN_BLOCKED_KEYS` keys, half-precision queries with K/V scales in the same
-    dtype, and no mask or ``"causal"`` with ``L <= N`` (every row sees a key).
-    Sinks of any dtype are fine: the merge adds them in float32.
+    query rows per KV head and :data:`MIN_BLOCKED_KEYS` keys. Sinks of any
+    dtype are fine: the merge adds them in float32.
     """
-    if not (_enabled and _blocked) or backend != "cuda" or dtype not in FUSED_DTYPES:
+    shape = dict(L=L, N=N, dtype=dtype, scales_dtype=scales_dtype, mask_kind=mask_kind)
+    if not (_blocked and backend == "cuda" and _dense_route_allowed(backend, **shape)):
         return False
-    if mask_kind not in ("none", "causal") or (mask_kind == "causal" and L > N):
+    if max(Dk, Dv) < BLOCKED_MIN_HEAD_DIM or N < MIN_BLOCKED_KEYS:
         return False
-    if scales_dtype != dtype or max(Dk, Dv) < BLOCKED_MIN_HEAD_DIM:
-        return False
-    return N >= MIN_BLOCKED_KEYS and L * (Hq // max(Hkv, 1)) >= MIN_BLOCKED_QUERY_ROWS
+    return _rows_per_kv_head(L, Hq, Hkv) >= MIN_BLOCKED_QUERY_ROWS
