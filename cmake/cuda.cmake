@@ -18,6 +18,7 @@ add_library(mlxq_cuda_kernels OBJECT
   csrc/cuda/sdpa/tiled_f16.cu
   csrc/cuda/sdpa/generic.cu
   csrc/cuda/sdpa/merge.cu
+  csrc/cuda/sdpa/gemm.cu
   csrc/cuda/fill.cu
   csrc/cuda/dequantize.cu
   csrc/cuda/ring_update.cu)
@@ -32,6 +33,7 @@ target_sources(mlxq_core PRIVATE
   csrc/cuda/device_memory.cpp
   csrc/cuda/launch.cpp
   csrc/cuda/quantized_sdpa.cpp
+  csrc/cuda/gemm_sdpa.cpp
   csrc/cuda/ring_update.cpp
   csrc/cuda/dequantize_into.cpp
   $<TARGET_OBJECTS:mlxq_cuda_kernels>)
@@ -40,4 +42,5 @@ if(DEFINED ENV{MLXQ_FMT_INCLUDE})
   target_include_directories(mlxq_core PRIVATE $ENV{MLXQ_FMT_INCLUDE})
 endif()
 target_compile_definitions(mlxq_core PRIVATE FMT_HEADER_ONLY)
-target_link_libraries(mlxq_core PUBLIC CUDA::cudart_static CUDA::cuda_driver)
+# cuBLASLt for the GEMM family (libmlx itself loads the same library).
+target_link_libraries(mlxq_core PUBLIC CUDA::cudart_static CUDA::cuda_driver CUDA::cublasLt)

@@ -15,7 +15,8 @@ bool poison_outputs();
 void poison_if_enabled(mlx::core::array& out);
 
 // Test hook: the kernel family the last QuantizedSDPA evaluation on CUDA
-// chose ("cuda_decode", "cuda_tiled" or "cuda_generic"). Routing depends on
+// chose ("cuda_decode", "cuda_tiled", "cuda_tiled_dense", "cuda_gemm" or
+// "cuda_generic"). Routing depends on
 // layouts and limits, so GPU tests pin which kernel their cases reach instead
 // of silently testing a fallback. take_last_sdpa_kernel() returns it and
 // clears it ("" when none ran since the last take).

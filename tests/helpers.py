@@ -82,7 +82,8 @@ def assert_close(out: mx.array, ref: np.ndarray, dtype=None, tol=None) -> float:
 def assert_cuda_kernel(expected):
     """On a CUDA GPU, that the last evaluated sdpa reached the kernel family
     ``expected`` ("cuda_decode", "cuda_tiled", "cuda_tiled_dense": the tiled
-    kernel over a dense copy of K/V, "cuda_generic"), so a routing
+    kernel over a dense copy of K/V, "cuda_gemm": GEMMs over blocks of keys
+    of that copy, "cuda_generic"), so a routing
     change cannot quietly move a case to a fallback. Clears the record; a
     no-op elsewhere, for ``expected=None``, and while a test run turns the
     tensor-core kernels off for a comparison."""

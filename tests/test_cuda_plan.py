@@ -88,7 +88,7 @@ def test_tiled_takes_many_rows_and_splits_only_idle_grids():
 def test_tiled_wide_heads_take_the_instance_block():
     # Head dim 512: 4 row warps x 4 column warps share a block of 64 rows.
     til = dict(TILED, threads=512, rows=64, smem=200 * 1024, blocks_per_sm=1)
-    p = plan(L=2048, N=32768, Hq=8, Hkv=1, Dk=512, tiled=til)
+    p = plan(L=2048, N=32768, Hq=8, Hkv=1, Dk=512, tiled=til, limits=dict(H200, gemm_on=False))
     assert p["kernel"] == "cuda_tiled" and p["threads"] == 512 and p["row_tile"] == 64
     assert p["grid"][1] == p["splits"] and p["grid"][0] == p["row_tiles"]
 
@@ -104,9 +104,48 @@ def test_wide_heads_with_many_rows_read_a_dense_copy():
     assert not plan(Dk=512, limits=dict(H200, dense_on=False), **gemma)["dense_candidate"]
     assert not plan(Dk=512, q_dtype=F32, **gemma)["dense_candidate"]
     til = dict(TILED, threads=256, rows=32, smem=182 * 1024, blocks_per_sm=1, dense=True)
-    p = plan(Dk=512, tiled=til, **gemma)
+    short = dict(gemma, N=4095)  # below kGemmMinKeys: the tiled kernel
+    p = plan(Dk=512, tiled=til, **short)
     assert p["kernel"] == "cuda_tiled" and p["dense_copy"] and p["row_tile"] == 32
-    assert not plan(Dk=512, **gemma)["dense_copy"]
+    assert not plan(Dk=512, **short)["dense_copy"]
+
+
+def test_wide_heads_over_many_keys_run_as_gemms_over_key_blocks():
+    gemma = dict(L=2048, N=32768, Hq=8, Hkv=1, mask=CAUSAL)
+    til = dict(TILED, threads=256, rows=32, smem=182 * 1024, blocks_per_sm=1, dense=True)
+    for Dk in (256, 512):
+        p = plan(Dk=Dk, tiled=til, **gemma)
+        assert p["kernel"] == "cuda_gemm" and p["dense_copy"]
+        # 2^26 score elements over 16384 rows: 4096-key blocks.
+        assert p["block_keys"] == 4096 and p["blocks"] == 8
+        assert p["grid"][0] == 8 * 2048 and p["threads"] == 256
+    assert plan(Dk=512, N=4096, L=2048, Hq=8, Hkv=1)["kernel"] == "cuda_gemm"
+    assert plan(Dk=512, N=4095, L=2048, Hq=8, Hkv=1)["kernel"] != "cuda_gemm"
+    # Few rows: the block grows to the cap, and never past the keys.
+    p = plan(Dk=512, L=32, N=9000, Hq=8, Hkv=1)
+    assert (p["kernel"], p["block_keys"], p["blocks"]) == ("cuda_gemm", 4096, 3)
+    p = plan(Dk=512, L=32, N=4100, Hq=8, Hkv=1, limits=dict(H200, gemm_block_elements=2**20))
+    assert (p["block_keys"], p["blocks"]) == (4096, 2)
+    p = plan(Dk=512, **gemma, limits=dict(H200, gemm_block_elements=2**24))
+    assert (p["block_keys"], p["blocks"]) == (1024, 32)
+    lim = dict(H200, gemm_min_keys=1000, gemm_block_elements=2**24)
+    p = plan(Dk=256, B=2, L=512, N=5000, Hq=8, Hkv=2, limits=lim)
+    assert (p["kernel"], p["block_keys"], p["blocks"]) == ("cuda_gemm", 2048, 3)  # 8192 rows
+    # Batches, sinks and no mask are covered; these are not.
+    refused = [
+        dict(Dk=128),
+        dict(Dk=512, q_dtype=F32),
+        dict(Dk=512, Dv=256),
+        dict(Dk=512, mask=ARRAY),
+        dict(Dk=512, L=31),  # 248 rows per KV head
+        dict(Dk=512, limits=dict(H200, gemm_on=False)),
+        dict(Dk=512, limits=dict(H200, dense_on=False)),
+    ]
+    for change in refused:
+        assert plan(**dict(gemma, **change))["kernel"] != "cuda_gemm", change
+    # Causal needs L <= N (every row then sees key 0).
+    assert plan(Dk=512, L=8192, N=4096, Hq=8, Hkv=1, mask=CAUSAL)["kernel"] != "cuda_gemm"
+    assert plan(Dk=512, L=8192, N=4096, Hq=8, Hkv=1)["kernel"] == "cuda_gemm"
 
 
 def test_generic_takes_the_rest():

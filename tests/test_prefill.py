@@ -24,7 +24,7 @@ speculative decoding) needs on top of tests/test_quantized_sdpa.py:
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import DTYPES, assert_close, assert_cuda_kernel, random_inputs
+from helpers import DTYPES, assert_close, assert_cuda_kernel, on_cuda_gpu, random_inputs
 from reference64 import sdpa64
 
 import mlxq
@@ -314,6 +314,66 @@ def test_half_precision_many_rows(
     assert_cuda_kernel(
         "cuda_tiled_dense" if dense else "cuda_tiled" if D <= 256 or big_smem else None
     )
+
+
+# Head dims 256 / 512, at least 256 rows per KV head over at least 4096 keys
+# (kGemmMinKeys): on CUDA, cuBLAS GEMMs over blocks of keys of a dense K/V
+# copy, folded by an online softmax (Family::Gemm). Blocks are 2^26 score
+# elements over the rows, at most 4096 keys (4096 here), so these cover one
+# block, several, and a ragged last block (of 1 key in the last case); causal and none; sinks; batches of
+# several KV heads (batched GEMMs); strided queries (gathered first) and
+# prefix views of a larger cache buffer.
+GEMM_CASES = [
+    # D, group, bits, q dtype, B, Hq, Hkv, L, N, mask, sinks, strided K/V, strided q
+    (512, 64, 4, "bf16", 1, 8, 1, 256, 4096, "causal", False, False, False),
+    (512, 64, 4, "bf16", 1, 8, 1, 64, 9000, "causal", True, True, True),
+    (512, 32, 8, "f16", 1, 8, 1, 2048, 4500, "causal", False, False, True),
+    (256, 64, 4, "f16", 2, 8, 2, 128, 5000, None, True, True, False),
+    (256, 128, 3, "bf16", 1, 16, 2, 32, 8300, "causal", False, False, True),
+    (512, 64, 6, "bf16", 2, 4, 1, 100, 4097, None, False, True, True),
+]
+
+
+def transposed_view(q):
+    """The same values as a [B, H, L, D] view of a [B, L, H, D] buffer, as
+    mlx-lm's attention layers pass queries."""
+    return mx.contiguous(q.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize(
+    "D,group_size,bits,q_dtype,B,Hq,Hkv,L,N,mask,with_sinks,strided,strided_q", GEMM_CASES
+)
+def test_wide_heads_over_many_keys(
+    rng, D, group_size, bits, q_dtype, B, Hq, Hkv, L, N, mask, with_sinks, strided, strided_q
+):
+    if not on_cuda_gpu():
+        pytest.skip("the GEMM family is CUDA's; other backends' kernels are tested above")
+    qd = DTYPES[q_dtype]
+    cap = capacity_for(N) if strided else N
+    q, k, v = random_inputs(
+        rng,
+        B=B,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=cap,
+        Dk=D,
+        bits=bits,
+        group_size=group_size,
+        q_dtype=qd,
+        kv_dtype=qd,
+    )
+    if strided:
+        k, v = prefix_view(poison_rows(k, N), N), prefix_view(poison_rows(v, N), N)
+    if strided_q:
+        q = transposed_view(q)
+    sinks = mx.array(rng.normal(0.5, 1.5, Hq).astype(np.float32)) if with_sinks else None
+    scale = D**-0.5
+    mlxq._ext._take_last_sdpa_kernel()
+    out = mlxq.sdpa(q, k, v, scale=scale, mask=mask, sinks=sinks)
+    ref = sdpa64(q, k, v, scale=scale, mask=mask, sinks=sinks, group_size=group_size, bits=bits)
+    assert_close(out, ref, dtype=qd)
+    assert_cuda_kernel("cuda_gemm")
 
 
 # --- hidden keys are not read -----------------------------------------------------------

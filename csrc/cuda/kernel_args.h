@@ -127,6 +127,47 @@ struct FillArgs {
   uint32_t value;
 };
 
+// The GEMM family (sdpa/gemm.cu, cuda/gemm_sdpa.cpp): cuBLAS GEMMs over
+// blocks of keys of a dense K/V copy, folded by an online softmax. Its rows
+// are head-major within a (batch, KV head): row j * L + l is query head
+// kvh * rep + j at position l, so that a contiguous [B, Hq, L, D] query is
+// read in place.
+constexpr int kGemmThreads = 256;
+constexpr int kGemmMaxBlockKeys = 4096; // kGemmThreads * 4 floats * 4 passes
+
+// Copies a strided query into [B * Hkv, rep * L, D] (the GEMM's row order).
+struct GemmGatherArgs {
+  const void* q;
+  void* dst;
+  int64_t q_st[4];
+  int Hq, L, D;
+  int64_t total; // B * Hq * L * D
+  int vec; // 1: rows and bases allow 16-byte copies
+};
+
+// One block of keys: scores s (f32, [G, rows, ld], already scaled to base 2)
+// become weights p written over them in the query's dtype (row stride 2 * ld
+// of those), and the running output o ([G, rows, Dv] f32), row max m and row
+// sum l (base 2, [G * rows]) absorb the block.
+struct GemmFoldArgs {
+  float* s;
+  float* o;
+  float* m;
+  float* l;
+  int ld, keys, n0, first, causal;
+  int rows, L, N, Dv, q_dtype;
+};
+
+// o / l (with the sink in the denominator) into out [B, Hq, L, Dv].
+struct GemmFinishArgs {
+  const float* o;
+  const float* m;
+  const float* l;
+  const float* sinks; // [Hq] or null
+  void* out;
+  int Hq, Hkv, L, Dv, rep, rows, out_dtype;
+};
+
 // Driver handles of the kernels (cudaGetFuncBySymbol in the .cu files).
 void* generic_kernel(int bits);
 void* merge_kernel();
@@ -136,6 +177,9 @@ void* quant_ring_kernel(int bits, int group_size);
 void* quant_kv_kernel(int bits, int group_size);
 void* fill_kernel();
 void* dequantize_kernel(int bits, int out_dtype);
+void* gemm_gather_kernel();
+void* gemm_fold_kernel(int q_dtype);
+void* gemm_finish_kernel();
 
 // Dynamic shared memory of the sdpa kernel for the given head dims.
 int generic_smem_bytes(int Dk, int Dv, int bits);

@@ -1,8 +1,10 @@
 // eval_gpu of QuantizedSDPA on CUDA: problem -> plan -> bind -> launch.
 // SdpaProblem::from reads the inputs; sdpa/plan.cpp (pure, tested on every
 // platform) picks the tensor-core decode kernel (sdpa/decode.cuh) for a few
-// query rows, the tensor-core tiled kernel (sdpa/tiled_*.cu) for many, else
-// the generic one (sdpa/generic.cu), with its grid, key splits and merge;
+// query rows, cuBLAS GEMMs over key blocks (gemm_sdpa.cpp) for many rows of
+// a wide head over many keys, the tensor-core tiled kernel (sdpa/tiled_*.cu)
+// for other many-row calls, else the generic one (sdpa/generic.cu), with its
+// grid, key splits and merge;
 // this file gathers the plan's inputs, binds SdpaArgs and launches.
 #include <cuda.h>
 
@@ -12,6 +14,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "cuda/gemm_sdpa.h"
 #include "cuda/launch.h"
 #include "cuda/sdpa/plan.h"
 #include "debug.h"
@@ -97,6 +100,12 @@ const Limits& device_limits() {
     l.tiled_on = env_int("MLXQ_CUDA_TILED", 1) != 0;
     l.dense_on = env_int("MLXQ_CUDA_TILED_DENSE", 1) != 0;
     l.fused_merge_on = env_int("MLXQ_CUDA_FUSED_MERGE", 1) != 0;
+    l.gemm_on = env_int("MLXQ_CUDA_GEMM", 1) != 0;
+    l.gemm_min_keys = env_int("MLXQ_CUDA_GEMM_MIN_KEYS", kGemmMinKeys);
+    const char* block = std::getenv("MLXQ_CUDA_GEMM_BLOCK_ELEMENTS");
+    if (block && *block) {
+      l.gemm_block_elements = std::atoll(block);
+    }
     return l;
   }();
   return limits;
@@ -398,6 +407,11 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   mx::array dense({1}, mx::float32, nullptr, {});
   if (plan.dense_copy) {
     dense = dense_copy(enc, p, a, in, in[kInQ]);
+    if (plan.family == Family::Gemm) {
+      note_sdpa_kernel(family_name(plan.family));
+      eval_gemm(enc, p, plan, in, dense, a.kd, a.vd, out);
+      return;
+    }
     enc.set_input_array(dense);
   }
   for (const auto& x : in) {

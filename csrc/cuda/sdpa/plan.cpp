@@ -47,6 +47,21 @@ void plan_decode(Plan& plan, const SdpaProblem& p, const Limits& limits, const D
   plan.merge_kernel = !plan.fused_merge; // a decode block always writes a partial
 }
 
+// Keys per block: the score budget over the rows of all (batch, KV head)
+// pairs, in whole 256-key steps, no more than the keys (rounded up).
+void plan_gemm(Plan& plan, const SdpaProblem& p, const Limits& limits) {
+  const int64_t rows = int64_t(p.B) * p.Hkv * p.rows();
+  int64_t keys = limits.gemm_block_elements / rows / 256 * 256;
+  keys = std::min<int64_t>(keys, (int64_t(p.N) + 255) / 256 * 256);
+  keys = std::max<int64_t>(256, std::min<int64_t>(keys, kGemmMaxBlockKeys));
+  plan.family = Family::Gemm;
+  plan.block_keys = int(keys);
+  plan.blocks = int((p.N + keys - 1) / keys);
+  plan.grid[0] = rows; // the fold's and the finish's blocks: one per row
+  plan.threads = kGemmThreads;
+  plan.dense_copy = true;
+}
+
 void set_tiling(Plan& plan, const RowTiling& t) {
   plan.row_tile = t.row_tile;
   plan.row_tiles = t.row_tiles;
@@ -62,6 +77,8 @@ const char* family_name(Family f) {
       return "cuda_decode";
     case Family::Tiled:
       return "cuda_tiled";
+    case Family::Gemm:
+      return "cuda_gemm";
     default:
       return "cuda_generic";
   }
@@ -80,6 +97,12 @@ bool tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& l
 bool dense_tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
   return limits.dense_on && tiled_candidate(p, layout, limits) && (p.Dk == 256 || p.Dk == 512) &&
       p.rows() >= kDenseMinRows;
+}
+
+bool gemm_candidate(const SdpaProblem& p, const Limits& limits) {
+  return limits.gemm_on && limits.dense_on && half_queries(p) && p.Dk == p.Dv &&
+      (p.Dk == 256 || p.Dk == 512) && p.rows() >= kDenseMinRows && p.N >= limits.gemm_min_keys &&
+      p.mask != kMaskArray && (p.mask != kMaskCausal || p.L <= p.N);
 }
 
 bool decode_fits(const SdpaProblem& p, const Limits& limits, const DecodeShape& decode) {
@@ -101,6 +124,8 @@ Plan plan_sdpa(
   plan.rows = p.rows();
   if (decode_candidate(p, layout, limits) && decode_fits(p, limits, decode)) {
     plan_decode(plan, p, limits, decode);
+  } else if (gemm_candidate(p, limits)) {
+    plan_gemm(plan, p, limits);
   } else if (tiled_candidate(p, layout, limits) && tiled_fits(limits, tiled)) {
     // Row tiles of the block's rows; keys split only while the row tiles
     // alone leave SMs idle (few rows over many keys).

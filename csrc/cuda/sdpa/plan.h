@@ -15,7 +15,7 @@
 
 namespace mlxq::cuda {
 
-enum class Family : int { Decode = 0, Tiled = 1, Generic = 2 };
+enum class Family : int { Decode = 0, Tiled = 1, Generic = 2, Gemm = 3 };
 const char* family_name(Family f); // the test hook's "cuda_decode", ...
 
 // Facts about the operands that the kernels' fast paths need.
@@ -26,8 +26,18 @@ struct Layout {
   bool packed_unit_stride = true; // packed words contiguous along a row
 };
 
+// Keys from which a head dim 256/512 call of many rows runs as GEMMs over
+// blocks of keys (Family::Gemm) instead of the dense tiled kernel, and the
+// score elements of one block (f32 scratch, reused block after block). On
+// the H200, Gemma 4's 32k-key global layer (16384 rows, head dim 512) took
+// 6.0 ms in 1024-key blocks (2^24 elements) and 3.4 ms in 4096-key blocks
+// (2^26): the fewer the blocks, the fewer rescales of the f32 output and the
+// larger the GEMMs.
+constexpr int kGemmMinKeys = 4096;
+constexpr int64_t kGemmBlockElements = int64_t(1) << 26;
+
 // The device and the switches (MLXQ_CUDA_DECODE / _TILED / _TILED_DENSE /
-// _FUSED_MERGE).
+// _FUSED_MERGE / _GEMM, MLXQ_CUDA_GEMM_MIN_KEYS, _GEMM_BLOCK_ELEMENTS).
 struct Limits {
   int sm_count = 132;
   int max_smem = 227 * 1024; // dynamic shared memory a block may opt into
@@ -35,6 +45,9 @@ struct Limits {
   bool tiled_on = true;
   bool dense_on = true;
   bool fused_merge_on = true;
+  bool gemm_on = true;
+  int gemm_min_keys = kGemmMinKeys;
+  int64_t gemm_block_elements = kGemmBlockElements;
 };
 
 // Query rows per KV head from which a head dim 256/512 tiled call first
@@ -83,6 +96,10 @@ struct Plan {
   // dtype).
   bool dense_copy = false;
   int64_t partial_slots = 0; // rows of per-split partials (scratch)
+  // Gemm: keys per block (a multiple of 256, at most kGemmMaxBlockKeys) and
+  // blocks; the dense copy comes first (dense_copy).
+  int block_keys = 0;
+  int blocks = 0;
 };
 
 // generic_smem: the generic kernel's shared memory for the problem.
@@ -98,6 +115,11 @@ Plan plan_sdpa(
 // then is its instance looked up.
 bool decode_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits);
 bool tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits);
+// Whether the problem suits the GEMM family: f16/bf16 queries, head dim 256
+// or 512, at least kDenseMinRows rows per KV head over gemm_min_keys keys,
+// no array mask, and causal only bottom-right with L <= N (every row then
+// sees key 0, so every row's first block has a finite max).
+bool gemm_candidate(const SdpaProblem& p, const Limits& limits);
 // Whether a tiled candidate should take the dense-K/V instance.
 bool dense_tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits);
 

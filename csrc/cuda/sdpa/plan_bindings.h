@@ -58,6 +58,9 @@ inline nb::dict sdpa(
   limits.tiled_on = get<bool>(lim, "tiled_on", true);
   limits.fused_merge_on = get<bool>(lim, "fused_merge_on", true);
   limits.dense_on = get<bool>(lim, "dense_on", true);
+  limits.gemm_on = get<bool>(lim, "gemm_on", true);
+  limits.gemm_min_keys = get<int>(lim, "gemm_min_keys", kGemmMinKeys);
+  limits.gemm_block_elements = get<int64_t>(lim, "gemm_block_elements", kGemmBlockElements);
   DecodeShape decode;
   decode.available = get<bool>(dec, "available", false);
   decode.smem = get<int>(dec, "smem", 0);
@@ -88,6 +91,8 @@ inline nb::dict sdpa(
   out["fused_merge"] = plan.fused_merge;
   out["partial_slots"] = plan.partial_slots;
   out["dense_copy"] = plan.dense_copy;
+  out["block_keys"] = plan.block_keys;
+  out["blocks"] = plan.blocks;
   // Which tiled instance the host looks up for this problem.
   out["dense_candidate"] = dense_tiled_candidate(p, layout, limits);
   return out;
