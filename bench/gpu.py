@@ -274,7 +274,10 @@ def prefill(args, comp):
 WIDE_SHAPES = [  # (D, N, mask) at L = 2048
     (256, 2559, "window"),
     (256, 2048, "causal"),
+    (256, 8192, "causal"),
+    (256, 32768, "causal"),
     (512, 2048, "causal"),
+    (512, 4096, "causal"),
     (512, 8192, "causal"),
     (512, 32768, "causal"),
 ]

@@ -331,6 +331,10 @@ GEMM_CASES = [
     (256, 64, 4, "f16", 2, 8, 2, 128, 5000, None, True, True, False),
     (256, 128, 3, "bf16", 1, 16, 2, 32, 8300, "causal", False, False, True),
     (512, 64, 6, "bf16", 2, 4, 1, 100, 4097, None, False, True, True),
+    # A prefill's last chunk: 8 x 301 rows, so the scratch's parts after the
+    # scores start at odd multiples of 32 bytes unless aligned.
+    (512, 64, 4, "bf16", 1, 8, 1, 301, 6000, "causal", False, False, True),
+    (256, 64, 4, "f16", 1, 8, 1, 37, 4100, "causal", True, False, True),
 ]
 
 

@@ -270,20 +270,24 @@ void eval_gemm(
   // Scratch, in floats: scores/weights [G, M, ld], output accumulator
   // [G, M, Dv], row max and sum, a contiguous query when q is strided, and
   // cuBLAS's workspace.
-  const bool q_contiguous = q.flags().row_contiguous;
+  const bool q_contiguous =
+      q.flags().row_contiguous && reinterpret_cast<uintptr_t>(mx::gpu_ptr<void>(q)) % 256 == 0;
   const int64_t q_floats = q_contiguous ? 0 : (q.size() + 1) / 2;
   const int64_t s_floats = rows * ld, o_floats = rows * Dv;
   const int64_t ws_floats = int64_t(kWorkspaceBytes / 4);
-  auto round4 = [](int64_t x) { return (x + 3) / 4 * 4; }; // 16-byte offsets
+  // Every part starts 256-byte aligned: cuBLASLt's heuristic assumes that
+  // of its operands by default, and its GEMM refuses a pointer that is not
+  // (CUBLAS_STATUS_INVALID_VALUE).
+  auto aligned = [](int64_t x) { return (x + 63) / 64 * 64; };
   const int64_t total =
-      round4(s_floats) + round4(o_floats) + 2 * round4(rows) + round4(q_floats) + ws_floats;
+      aligned(s_floats) + aligned(o_floats) + 2 * aligned(rows) + aligned(q_floats) + ws_floats;
   mx::array scratch = stream_scratch(enc, total);
   float* s = mx::gpu_ptr<float>(scratch);
-  float* o = s + round4(s_floats);
-  float* m = o + round4(o_floats);
-  float* l = m + round4(rows);
-  float* qcopy = l + round4(rows);
-  void* workspace = qcopy + round4(q_floats);
+  float* o = s + aligned(s_floats);
+  float* m = o + aligned(o_floats);
+  float* l = m + aligned(rows);
+  float* qcopy = l + aligned(rows);
+  void* workspace = qcopy + aligned(q_floats);
 
   const void* qg = mx::gpu_ptr<void>(q);
   if (!q_contiguous) {
