@@ -16,9 +16,11 @@ stock MLX in one process.
   wide     Gemma 4's prefill shapes (8 query / 1 KV head, 4-bit, L = 2048): head
            dim 256 under its sliding-window mask (an array over window + L - 1
            keys) and 512 causal over 2k-32k keys, which MLX has no fused kernel
-           for on CUDA: mlxq as routed (D=512: blocked GEMMs, mlxq.blocked),
-           mlxq's tiled kernel, and mx.fast on bf16 K/V (MLX's unfused
-           fallback there, which materialises the scores).
+           for on CUDA: mlxq (the kernel family it reached: cuda_gemm, GEMMs
+           over key blocks from 4096 keys, or the tiled kernel;
+           MLXQ_CUDA_GEMM=0 for the tiled kernel throughout) and mx.fast on
+           bf16 K/V (MLX's unfused fallback there, which materialises the
+           scores).
   ring     per-token cache write into [1, 8, N, 128] at N in {1k, 128k}: mlxq
            ring_update / quantized_ring_update with an array position (what a
            compiled decode step passes) vs mx.slice_update with an array position
@@ -293,8 +295,8 @@ def wide(args):
         ("N", "N", "{}"),
         ("mask", "mask", "{}"),
         ("route", "route", "{}"),
+        ("kernel", "kernel", "{}"),
         ("mlxq ms", "mlxq_ms", "{:.3f}"),
-        ("kernel ms", "kernel_ms", "{:.3f}"),
         ("fast bf16 ms", "fast_ms", "{:.3f}"),
         ("x fast", "x_fast", "{:.2f}"),
         ("mlxq TFLOP/s", "mlxq_tflops", "{:.1f}"),
@@ -316,10 +318,8 @@ def wide(args):
         routing.take_route_counts()
         r = dict(D=D, N=N, L=L, mask=kind, Hq=Hq, Hkv=Hkv)
         r["mlxq_ms"] = common.time_fn(f_mlxq, warmup=2, repeats=5)["median_ms"]
-        r["route"] = ",".join(sorted(routing.take_route_counts())) or "kernel"
-        old = routing.set_dequantized_prefill(False)  # mlxq's own kernel, for comparison
-        r["kernel_ms"] = common.time_fn(f_mlxq, warmup=2, repeats=5)["median_ms"]
-        routing.set_dequantized_prefill(old)
+        r["route"] = ",".join(sorted(routing.take_route_counts())) or "mlxq"
+        r["kernel"] = mlxq._ext._take_last_sdpa_kernel() or "-"
         r["fast_ms"] = common.time_fn(f_fast, warmup=2, repeats=5)["median_ms"]
         r["x_fast"] = r["fast_ms"] / r["mlxq_ms"]
         # Both products over the visible (query, key) pairs of every head.

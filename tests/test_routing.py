@@ -8,7 +8,7 @@ nothing is routed.
 
 import mlx.core as mx
 import pytest
-from helpers import assert_close, random_inputs
+from helpers import assert_close, assert_cuda_kernel, random_inputs
 from reference64 import sdpa64
 
 import mlxq
@@ -115,101 +115,18 @@ def test_routed_inputs_are_still_validated(rng):
         mlxq.sdpa(q, k, (v[0][..., :8], v[1], v[2]), scale=1.0, mask="causal")
 
 
-def blocked_route(backend, **kw):
-    # Gemma 4's global layers by default: D=512, 8 query heads on 1 KV head.
-    shape = dict(L=2048, N=8192, Hq=8, Hkv=1, Dk=512) | kw
-    return routing.route_through_blocked_gemm(backend, **problem(**shape))
-
-
-@pytest.fixture
-def blocked_on():
-    old = routing.set_blocked_prefill(True)  # opt-in (see mlxq.blocked)
-    yield
-    routing.set_blocked_prefill(old)
-
-
-def test_blocked_gemms_are_off_by_default(monkeypatch):
-    # Slower than the tiled kernel inside mlx-lm's prefill (see mlxq.blocked).
-    monkeypatch.delenv("MLXQ_BLOCKED_PREFILL", raising=False)
-    import importlib
-
-    fresh = importlib.reload(routing)
-    try:
-        wide = problem(L=2048, N=8192, Hq=8, Hkv=1, Dk=512)
-        assert not fresh.route_through_blocked_gemm("cuda", **wide)
-    finally:
-        importlib.reload(routing)
-
-
-def test_wide_heads_route_to_blocked_gemms_on_cuda_only(blocked_on):
-    # Gemma 4's global layers: D=512, 8 query heads on 1 KV head, prefill chunks.
-    assert blocked_route("cuda") and blocked_route("cuda", mask_kind="none", dtype=F16)
-    assert blocked_route("cuda", L=32)  # 8 heads x 32 rows = 256 rows per KV head
-    assert not blocked_route("cuda", L=31)  # fewer rows stay on mlxq's kernel
-    assert not blocked_route("cuda", Dk=256)  # the tiled kernel wins up to 256
-    assert not blocked_route("cuda", N=2048)  # and over few keys
-    assert not blocked_route("metal") and not blocked_route(None)  # not measured / the CPU
-    assert not blocked_route("cuda", mask_kind="array")
-    assert not blocked_route("cuda", L=4096, N=2048)  # causal with L > N
-    assert not blocked_route("cuda", dtype=F32)
-    old = routing.set_blocked_prefill(False)
-    try:
-        assert not blocked_route("cuda")
-    finally:
-        routing.set_blocked_prefill(old)
-
-
-@pytest.mark.parametrize("dtype", [BF16, F16, F32])
-@pytest.mark.parametrize(
-    "Hq,Hkv,L,N,D,mask,block,sinks",
-    [
-        (8, 1, 300, 1100, 512, "causal", 256, True),  # ragged last block, GQA 8
-        (8, 2, 40, 1000, 128, "causal", 256, False),  # rows see few of the last block
-        (4, 4, 64, 700, 256, None, 512, False),
-        (6, 2, 130, 130, 64, "causal", 0, True),  # one block (the default size)
-    ],
-)
-def test_blocked_attention_matches_the_oracle(
-    rng, device, Hq, Hkv, L, N, D, mask, block, sinks, dtype
-):
-    from mlxq import blocked
-
-    if dtype == F32 and device == mx.gpu and routing.gpu_backend() == "cuda":
-        pytest.skip("MLX's CUDA f32 matmuls round like TF32; the route takes f16/bf16 only")
-
-    q, k, v = random_inputs(
-        rng, Hq=Hq, Hkv=Hkv, L=L, N=N, Dk=D, bits=4, group_size=64, q_dtype=dtype, kv_dtype=dtype
-    )
-    s = mx.array(rng.standard_normal(Hq).astype("float32")) if sinks else None
-    kd, vd = (mx.dequantize(*t, group_size=64, bits=4) for t in (k, v))
-    out = blocked.blocked_attention(
-        q, kd, vd, scale=D**-0.5, causal=mask == "causal", sinks=s, block=block or None
-    )
-    ref = sdpa64(q, k, v, scale=D**-0.5, mask=mask, sinks=s, group_size=64, bits=4)
-    assert out.dtype == dtype and out.shape == (1, Hq, L, D)
-    assert_close(out, ref, dtype)
-
-
-def test_blocked_attention_refuses_causal_with_more_rows_than_keys():
-    from mlxq import blocked
-
-    q = mx.zeros((1, 2, 64, 128))
-    k = mx.zeros((1, 2, 32, 128))
-    with pytest.raises(ValueError, match="causal needs L <= N"):
-        blocked.blocked_attention(q, k, k, scale=1.0, causal=True)
-
-
 @pytest.mark.parametrize("mask", [None, "causal"])
-def test_wide_prefill_is_routed_on_cuda_and_matches_the_oracle(rng, device, mask, blocked_on):
-    # mlxq.sdpa on Gemma 4's global-layer shape: blocked GEMMs on CUDA, mlxq's
-    # kernel elsewhere; the oracle either way.
+def test_wide_prefill_stays_on_mlxq_and_matches_the_oracle(rng, device, mask):
+    # Gemma 4's global-layer shape: MLX has no fused kernel for head dim 512,
+    # so nothing is routed; on CUDA mlxq's primitive runs it as GEMMs over key
+    # blocks (tests/test_prefill.py checks that family in depth).
     q, k, v = random_inputs(
         rng, Hq=8, Hkv=1, L=64, N=4100, Dk=512, bits=4, group_size=64, q_dtype=BF16, kv_dtype=BF16
     )
     routing.take_route_counts()
     out = mlxq.sdpa(q, k, v, scale=512**-0.5, mask=mask)
     mx.eval(out)
-    routed = routing.take_route_counts().get("blocked", 0)
-    assert routed == int(device == mx.gpu and routing.gpu_backend() == "cuda")
+    assert not routing.take_route_counts()
     ref = sdpa64(q, k, v, scale=512**-0.5, mask=mask, group_size=64, bits=4)
     assert_close(out, ref, BF16)
+    assert_cuda_kernel("cuda_gemm")

@@ -4,7 +4,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 
-from . import _ext, blocked, routing, workspace
+from . import _ext, routing, workspace
 
 QuantizedTensor = Tuple[mx.array, mx.array, mx.array]
 Mask = Union[None, str, mx.array]
@@ -112,8 +112,7 @@ def _device_of(stream) -> mx.Device:
 def _dequantized_route(
     q, keys, values, scale, mask, mask_mode, mask_arr, sinks, group_size, bits, stream
 ):
-    """MLX's fused attention (or, for wide heads on CUDA, blocked GEMMs) over
-    this layer's dequantized K/V, where it is faster than mlxq's kernel (see
+    """MLX's fused attention over this layer's dequantized K/V, where it is faster than mlxq's kernel (see
     :mod:`mlxq.routing`); None otherwise."""
     device = _device_of(stream)
     backend = routing.gpu_backend() if device.type == mx.gpu else None
@@ -135,8 +134,7 @@ def _dequantized_route(
         mask_kind=kind,
     )
     sinks_dtype = None if sinks is None else sinks.dtype
-    fused = routing.route_through_mx_fast(backend, sinks_dtype=sinks_dtype, **shape)
-    if not fused and not routing.route_through_blocked_gemm(backend, **shape):
+    if not routing.route_through_mx_fast(backend, sinks_dtype=sinks_dtype, **shape):
         return None
     reused = backend in workspace.BACKENDS and routing.workspace_enabled()
     if reused:
@@ -146,21 +144,15 @@ def _dequantized_route(
     else:
         k = mx.dequantize(*keys, group_size=group_size, bits=bits, stream=stream)
         v = mx.dequantize(*values, group_size=group_size, bits=bits, stream=stream)
-    if fused:
-        try:
-            out = mx.fast.scaled_dot_product_attention(
-                q, k, v, scale=scale, mask=mask, sinks=sinks, force_fused=True, stream=stream
-            )
-        except (ValueError, RuntimeError):  # MLX has no fused kernel here after all
-            return None
-    else:
-        causal = kind == "causal"
-        out = blocked.blocked_attention(
-            q, k, v, scale=scale, causal=causal, sinks=sinks, stream=stream
+    try:
+        out = mx.fast.scaled_dot_product_attention(
+            q, k, v, scale=scale, mask=mask, sinks=sinks, force_fused=True, stream=stream
         )
+    except (ValueError, RuntimeError):  # MLX has no fused kernel here after all
+        return None
     if reused:
         workspace.note_reader(stream, out)
-    routing.note_route("mx_fast" if fused else "blocked")
+    routing.note_route("mx_fast")
     return out
 
 

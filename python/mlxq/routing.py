@@ -13,13 +13,10 @@ kernels, so memory stays bounded everywhere: decode (few rows, where reading
 does not), and any shape MLX would run through its unfused fallback, which
 materialises the scores.
 
-An opt-in exception, on CUDA (``MLXQ_BLOCKED_PREFILL=1`` or
-:func:`set_blocked_prefill`): head dims above 256 (Gemma 4's 512), where MLX
-has no fused kernel, can run as GEMMs over blocks of keys
-(:mod:`mlxq.blocked`). Alone it is 2.8x faster than mlxq's tiled kernel at
-32k keys, but inside mlx-lm's prefill it made Gemma 4's time to first token
-2x slower and its peak memory 4 GB higher (see :mod:`mlxq.blocked`), so it
-is off by default.
+Head dims MLX has no fused kernel for on CUDA (256 and 512: Gemma's) are
+not routed: mlxq's own CUDA primitive runs their prefill as cuBLAS GEMMs
+over blocks of keys of a dense K/V copy inside one primitive (the GEMM
+family, csrc/cuda/gemm_sdpa.cpp), which beats MLX's unfused fallback.
 
 :func:`fused_attention_supported` restates MLX 0.32's own conditions for its
 fused kernels (``has_fused_kernel`` / ``supports_sdpa_cudnn`` in MLX's CUDA
@@ -46,18 +43,7 @@ CUDA_MAX_HEAD_DIM = 128  # cuDNN SDPA: head dims multiple of 8, at most 128
 METAL_FULL_HEAD_DIMS = (64, 80, 128)  # MLX's Metal full-attention kernel (L > 8)
 FUSED_DTYPES = (mx.float16, mx.bfloat16)
 
-# Blocked GEMMs (mlxq.blocked) on CUDA: head dims above the tiled kernel's
-# measured wins (D=256 causal 2048x2048: tiled 0.33 ms, MLX unfused 0.52; D=512:
-# tiled 0.68 / 12.8 ms at 2048 x 2048 / 32768 keys, MLX unfused 0.46 / 3.88), at
-# least this many query rows per KV head (a prefill chunk; fewer were not
-# measured) and keys (H200, 8/1 heads, L=2048, D=512: blocked 0.89 / 2.10 / 4.64
-# ms at 2k / 8k / 32k keys, tiled 0.68 / 3.16 / 12.8; 4k is between, unmeasured).
-BLOCKED_MIN_HEAD_DIM = 257
-MIN_BLOCKED_QUERY_ROWS = 256
-MIN_BLOCKED_KEYS = 4096
-
 _enabled = os.environ.get("MLXQ_DEQUANTIZED_PREFILL", "1") != "0"
-_blocked = os.environ.get("MLXQ_BLOCKED_PREFILL", "0") == "1"
 # The dense K/V in one reused buffer per stream (mlxq.workspace) instead of a
 # fresh mx.dequantize per layer; MLXQ_PREFILL_WORKSPACE=0 for comparisons.
 _workspace = os.environ.get("MLXQ_PREFILL_WORKSPACE", "1") != "0"
@@ -83,15 +69,6 @@ def set_dequantized_prefill(enabled: bool) -> bool:
     """
     global _enabled
     old, _enabled = _enabled, bool(enabled)
-    return old
-
-
-def set_blocked_prefill(enabled: bool) -> bool:
-    """Turn the blocked-GEMM route for wide heads on or off (default off;
-    ``MLXQ_BLOCKED_PREFILL=1`` turns it on); returns the old setting. Off (or
-    with :func:`set_dequantized_prefill` off), those calls run on mlxq's kernel."""
-    global _blocked
-    old, _blocked = _blocked, bool(enabled)
     return old
 
 
@@ -136,20 +113,6 @@ def fused_attention_supported(
     return False
 
 
-def _dense_route_allowed(backend, *, L, N, dtype, scales_dtype, mask_kind) -> bool:
-    # What both routes over a dequantized K/V copy need: the route switched
-    # on, a GPU, half-precision queries whose K/V dequantize to their dtype,
-    # and no mask or "causal" with L <= N, so every row sees a key and mlxq
-    # and the route agree on every row.
-    if not _enabled or backend is None or dtype not in FUSED_DTYPES or scales_dtype != dtype:
-        return False
-    return mask_kind == "none" or (mask_kind == "causal" and L <= N)
-
-
-def _rows_per_kv_head(L: int, Hq: int, Hkv: int) -> int:
-    return L * (Hq // max(Hkv, 1))
-
-
 def route_through_mx_fast(
     backend: Optional[str],
     *,
@@ -174,43 +137,14 @@ def route_through_mx_fast(
     the output type, e.g. f32 sinks with bf16 queries), and MLX has a fused
     kernel for the shape.
     """
-    shape = dict(L=L, N=N, dtype=dtype, scales_dtype=scales_dtype, mask_kind=mask_kind)
-    if not _dense_route_allowed(backend, **shape):
+    if not _enabled or backend is None or dtype not in FUSED_DTYPES or scales_dtype != dtype:
+        return False
+    if mask_kind not in ("none", "causal") or (mask_kind == "causal" and L > N):
         return False
     if sinks_dtype is not None and sinks_dtype != dtype:
         return False
-    if _rows_per_kv_head(L, Hq, Hkv) < MIN_ROUTED_QUERY_ROWS:
+    if L * (Hq // max(Hkv, 1)) < MIN_ROUTED_QUERY_ROWS:
         return False
     return fused_attention_supported(
         backend, L=L, N=N, Dk=Dk, Dv=Dv, dtype=dtype, mask_kind=mask_kind
     )
-
-
-def route_through_blocked_gemm(
-    backend: Optional[str],
-    *,
-    L: int,
-    N: int,
-    Hq: int,
-    Hkv: int,
-    Dk: int,
-    Dv: int,
-    dtype,
-    scales_dtype,
-    mask_kind: str,
-) -> bool:
-    """Whether a call MLX has no fused kernel for runs as blocked GEMMs instead.
-
-    Opt-in and CUDA only (not measured on Metal); the same inputs as the
-    fused route (half-precision queries, K/V scales in their dtype, no mask or
-    ``"causal"`` with ``L <= N``); head dims of at least
-    :data:`BLOCKED_MIN_HEAD_DIM`, at least :data:`MIN_BLOCKED_QUERY_ROWS`
-    query rows per KV head and :data:`MIN_BLOCKED_KEYS` keys. Sinks of any
-    dtype are fine: the merge adds them in float32.
-    """
-    shape = dict(L=L, N=N, dtype=dtype, scales_dtype=scales_dtype, mask_kind=mask_kind)
-    if not (_blocked and backend == "cuda" and _dense_route_allowed(backend, **shape)):
-        return False
-    if max(Dk, Dv) < BLOCKED_MIN_HEAD_DIM or N < MIN_BLOCKED_KEYS:
-        return False
-    return _rows_per_kv_head(L, Hq, Hkv) >= MIN_BLOCKED_QUERY_ROWS
