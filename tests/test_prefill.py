@@ -254,6 +254,15 @@ TILED_CASES = [
 ]
 
 
+def many_row_inputs(rng, strided, *, N, **shape):
+    """random_inputs over N keys; with ``strided``, K/V are prefix views of a
+    larger buffer whose rows past N are NaN garbage."""
+    if not strided:
+        return random_inputs(rng, N=N, **shape)
+    q, k, v = random_inputs(rng, N=capacity_for(N), **shape)
+    return q, prefix_view(poison_rows(k, N), N), prefix_view(poison_rows(v, N), N)
+
+
 def additive_mask(rng, L, N, dtype):
     """Causal window as an additive mask: random finite biases where visible."""
     vis = bool_mask("window", L, N)
@@ -278,22 +287,8 @@ def test_half_precision_many_rows(
 ):
     N = L + offset
     qd, kd = DTYPES[q_dtype], DTYPES[kv_dtype]
-    cap = capacity_for(N) if strided else N
-    q, k, v = random_inputs(
-        rng,
-        B=B,
-        Hq=Hq,
-        Hkv=Hkv,
-        L=L,
-        N=cap,
-        Dk=D,
-        bits=bits,
-        group_size=group_size,
-        q_dtype=qd,
-        kv_dtype=kd,
-    )
-    if strided:  # views of a larger buffer whose rows past N are NaN garbage
-        k, v = prefix_view(poison_rows(k, N), N), prefix_view(poison_rows(v, N), N)
+    shape = dict(B=B, Hq=Hq, Hkv=Hkv, L=L, N=N, Dk=D, bits=bits, group_size=group_size)
+    q, k, v = many_row_inputs(rng, strided, q_dtype=qd, kv_dtype=kd, **shape)
     if mask == "window":
         mask = mx.array(bool_mask("window", L, N))
     elif mask == "additive":
@@ -353,22 +348,8 @@ def test_wide_heads_over_many_keys(
     if not on_cuda_gpu():
         pytest.skip("the GEMM family is CUDA's; other backends' kernels are tested above")
     qd = DTYPES[q_dtype]
-    cap = capacity_for(N) if strided else N
-    q, k, v = random_inputs(
-        rng,
-        B=B,
-        Hq=Hq,
-        Hkv=Hkv,
-        L=L,
-        N=cap,
-        Dk=D,
-        bits=bits,
-        group_size=group_size,
-        q_dtype=qd,
-        kv_dtype=qd,
-    )
-    if strided:
-        k, v = prefix_view(poison_rows(k, N), N), prefix_view(poison_rows(v, N), N)
+    shape = dict(B=B, Hq=Hq, Hkv=Hkv, L=L, N=N, Dk=D, bits=bits, group_size=group_size)
+    q, k, v = many_row_inputs(rng, strided, q_dtype=qd, kv_dtype=qd, **shape)
     if strided_q:
         q = transposed_view(q)
     sinks = mx.array(rng.normal(0.5, 1.5, Hq).astype(np.float32)) if with_sinks else None

@@ -232,24 +232,19 @@ void run_gemm(
 constexpr size_t kMaxKeptBytes = size_t(1) << 30;
 
 mx::array stream_scratch(mx::cu::CommandEncoder& enc, int64_t floats) {
+  auto fresh = [&] {
+    mx::array a({int(floats)}, mx::float32, nullptr, {});
+    allocate(a, enc);
+    return a;
+  };
   if (size_t(floats) * 4 > kMaxKeptBytes) {
-    mx::array own({int(floats)}, mx::float32, nullptr, {});
-    allocate(own, enc);
-    return own;
+    return fresh();
   }
-  static std::mutex mutex;
-  static auto* per_stream = new std::map<std::pair<int, const void*>, mx::array>();
-  const std::pair<int, const void*> key{
-      enc.device().cuda_device(), static_cast<cudaStream_t>(enc.stream())};
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = per_stream->find(key);
-  if (it == per_stream->end() || int64_t(it->second.size()) < floats) {
-    mx::array grown({int(floats)}, mx::float32, nullptr, {});
-    allocate(grown, enc);
-    it = per_stream->insert_or_assign(key, grown).first;
-  }
-  enc.add_temporary(it->second); // a replaced buffer outlives its last kernel
-  return it->second;
+  return stream_array(
+      enc,
+      StreamSlot::GemmScratch,
+      [&](const mx::array& a) { return int64_t(a.size()) >= floats; },
+      fresh);
 }
 
 } // namespace

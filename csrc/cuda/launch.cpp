@@ -3,6 +3,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "debug.h"
 #include "mlx/backend/cuda/utils.h"
@@ -53,6 +56,24 @@ void poison(mx::array& a, mx::cu::CommandEncoder& enc) {
   const int threads = 256;
   const unsigned blocks = static_cast<unsigned>((args.n_words + threads - 1) / threads);
   launch(enc, fill_kernel(), dim3(blocks), dim3(threads), 0, args, {}, {&a});
+}
+
+mx::array stream_array(
+    mx::cu::CommandEncoder& enc,
+    StreamSlot slot,
+    const std::function<bool(const mx::array&)>& fits,
+    const std::function<mx::array()>& make) {
+  static std::mutex mutex;
+  using Key = std::tuple<int, int, const void*>;
+  static auto* kept = new std::map<Key, mx::array>();
+  const Key key{int(slot), enc.device().cuda_device(), static_cast<cudaStream_t>(enc.stream())};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = kept->find(key);
+  if (it == kept->end() || !fits(it->second)) {
+    it = kept->insert_or_assign(key, make()).first;
+  }
+  enc.add_temporary(it->second);
+  return it->second;
 }
 
 void copy_strides(const mx::array& a, int64_t* dst) {

@@ -1,6 +1,7 @@
 // Host-side helpers for launching mlxq's CUDA kernels from eval_gpu.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <vector>
 
@@ -29,6 +30,21 @@ void allocate(mx::array& a, mx::cu::CommandEncoder& enc);
 // Allocates from MLX's allocator: for ring writes' copies, which a cache (or
 // MLX's donation) later updates in place.
 void allocate_cached(mx::array& a);
+
+// One array per (slot, device, stream), kept across evaluations, for
+// buffers a stream's kernels reuse (the decode merge's tickets, the GEMM
+// family's scratch): `make` builds it when there is none or `fits` refuses
+// the kept one. Registered with the encoder as a temporary, so a replaced
+// array outlives the kernels of this evaluation that use it. Callers
+// register every kernel that touches it as writing it, so MLX orders those
+// kernels one after another within a graph; graphs of one stream run in
+// order.
+enum class StreamSlot : int { MergeCounters = 0, GemmScratch = 1 };
+mx::array stream_array(
+    mx::cu::CommandEncoder& enc,
+    StreamSlot slot,
+    const std::function<bool(const mx::array&)>& fits,
+    const std::function<mx::array()>& make);
 
 // Fills a fresh output with NaN (floats) or 0xFF bytes when the test hook
 // asks for poisoned outputs (see debug.h).

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -295,38 +294,32 @@ SdpaArgs bind(
 // The decode kernel's fused-merge tickets, one per (batch, KV head).
 //
 // The tickets wrap back to zero at every launch's last block (see
-// sdpa/merge.cuh), so each stream keeps one zeroed array and reuses it: no
-// allocation and no zeroing node per evaluation, a host cost that showed in
-// the decode step. Every kernel that uses it is registered as writing it, so
-// MLX orders those kernels one after another within a graph (the layers of
-// a decode step are ordered by their data anyway); graphs of one stream run
-// in order.
+// sdpa/merge.cuh), so each stream keeps one zeroed array and reuses it
+// (stream_array): no allocation and no zeroing node per evaluation, a host
+// cost that showed in the decode step. Every kernel that uses it is
+// registered as writing it (the layers of a decode step are ordered by their
+// data anyway).
 mx::array merge_counters(mx::cu::CommandEncoder& enc, const SdpaProblem& p) {
-  static std::mutex mutex;
-  // By (device, CUDA stream): the handles a kernel of this stream runs on.
-  static auto* per_stream = new std::map<std::pair<int, const void*>, mx::array>();
-  const std::pair<int, const void*> key{
-      enc.device().cuda_device(), static_cast<cudaStream_t>(enc.stream())};
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = per_stream->find(key);
   const int needed = p.B * p.Hkv;
-  if (it == per_stream->end() || it->second.size() < size_t(needed)) {
-    mx::array counters({std::max(needed, 256)}, mx::uint32, nullptr, {});
-    allocate(counters, enc);
-    FillArgs zero{mx::gpu_ptr<void>(counters), int64_t(counters.size()), 0u};
-    launch(
-        enc,
-        fill_kernel(),
-        dim3(unsigned(counters.size() + 255) / 256),
-        dim3(256),
-        0,
-        zero,
-        {},
-        {&counters});
-    it = per_stream->insert_or_assign(key, counters).first;
-  }
-  enc.add_temporary(it->second); // a replaced array outlives its last kernel
-  return it->second;
+  return stream_array(
+      enc,
+      StreamSlot::MergeCounters,
+      [&](const mx::array& a) { return a.size() >= size_t(needed); },
+      [&] {
+        mx::array counters({std::max(needed, 256)}, mx::uint32, nullptr, {});
+        allocate(counters, enc);
+        FillArgs zero{mx::gpu_ptr<void>(counters), int64_t(counters.size()), 0u};
+        launch(
+            enc,
+            fill_kernel(),
+            dim3(unsigned(counters.size() + 255) / 256),
+            dim3(256),
+            0,
+            zero,
+            {},
+            {&counters});
+        return counters;
+      });
 }
 
 // The dense tiled kernel's K and V: both dequantized into one scratch
