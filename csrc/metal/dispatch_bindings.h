@@ -6,6 +6,9 @@
 // argument block as bytes, and the buffer slots. Included by bindings.cpp.
 #pragma once
 
+#include <initializer_list>
+#include <utility>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -121,12 +124,21 @@ inline nb::dict sdpa(const nb::dict& d) {
   return r;
 }
 
-inline nb::dict elementwise(const ElementwisePlan& plan) {
+// An elementwise plan as a dict: kernel, grid, its params' bytes and the
+// buffer slots the host binds (name -> index).
+template <typename Plan>
+nb::dict elementwise(const Plan& plan, std::initializer_list<std::pair<const char*, int>> slots) {
   nb::dict r;
   r["kernel"] = plan.kernel;
   r["grid"] = size3(plan.grid);
   r["group"] = size3(plan.group);
   r["grid_is_threads"] = plan.grid_is_threads;
+  r["params"] = raw(plan.params);
+  nb::dict s;
+  for (const auto& [name, index] : slots) {
+    s[name] = index;
+  }
+  r["slots"] = s;
   return r;
 }
 
@@ -141,14 +153,12 @@ inline nb::dict ring(const nb::dict& d) {
       get<int>(d, "D", 1),
       get<int>(d, "itemsize", 4),
       st);
-  nb::dict r = elementwise(plan);
-  r["params"] = raw(plan.params);
-  nb::dict s;
-  s["update"] = slots::kRingUpdate;
-  s["pos"] = slots::kRingPos;
-  s["out"] = slots::kRingOut;
-  s["params"] = slots::kRingParams;
-  r["slots"] = s;
+  nb::dict r = elementwise(
+      plan,
+      {{"update", slots::kRingUpdate},
+       {"pos", slots::kRingPos},
+       {"out", slots::kRingOut},
+       {"params", slots::kRingParams}});
   return r;
 }
 
@@ -166,17 +176,15 @@ inline nb::dict quantized_ring(const nb::dict& d) {
       get<int>(d, "dtype", MLXQ_DT_F32),
       get<int>(d, "part", MLXQ_PART_CODES),
       st);
-  nb::dict r = elementwise(plan);
-  r["params"] = raw(plan.params);
+  nb::dict r = elementwise(
+      plan,
+      {{"update", slots::kQRingUpdate},
+       {"pos", slots::kQRingPos},
+       {"packed", slots::kQRingPacked},
+       {"scales", slots::kQRingScales},
+       {"biases", slots::kQRingBiases},
+       {"params", slots::kQRingParams}});
   r["part"] = plan.params.part;
-  nb::dict s;
-  s["update"] = slots::kQRingUpdate;
-  s["pos"] = slots::kQRingPos;
-  s["packed"] = slots::kQRingPacked;
-  s["scales"] = slots::kQRingScales;
-  s["biases"] = slots::kQRingBiases;
-  s["params"] = slots::kQRingParams;
-  r["slots"] = s;
   return r;
 }
 
@@ -187,13 +195,8 @@ inline nb::dict copy4d(const nb::dict& d) {
   get_strides(d, "shape", sh);
   const int shape[4] = {int(sh[0]), int(sh[1]), int(sh[2]), int(sh[3])};
   const CopyPlan plan = plan_copy4d(shape, st, get<int>(d, "itemsize", 4));
-  nb::dict r = elementwise(plan);
-  r["params"] = raw(plan.params);
-  nb::dict s;
-  s["src"] = slots::kCopySrc;
-  s["dst"] = slots::kCopyDst;
-  s["params"] = slots::kCopyParams;
-  r["slots"] = s;
+  nb::dict r = elementwise(
+      plan, {{"src", slots::kCopySrc}, {"dst", slots::kCopyDst}, {"params", slots::kCopyParams}});
   return r;
 }
 
@@ -214,15 +217,13 @@ inline nb::dict dequantize_into(const nb::dict& d) {
       w,
       sc,
       bi);
-  nb::dict r = elementwise(plan);
-  r["params"] = raw(plan.params);
-  nb::dict s;
-  s["packed"] = slots::kDqPacked;
-  s["scales"] = slots::kDqScales;
-  s["biases"] = slots::kDqBiases;
-  s["out"] = slots::kDqOut;
-  s["params"] = slots::kDqParams;
-  r["slots"] = s;
+  nb::dict r = elementwise(
+      plan,
+      {{"packed", slots::kDqPacked},
+       {"scales", slots::kDqScales},
+       {"biases", slots::kDqBiases},
+       {"out", slots::kDqOut},
+       {"params", slots::kDqParams}});
   r["order_slot"] = slots::kDqOrder; // bound by the host, never read
   return r;
 }
@@ -232,13 +233,8 @@ inline nb::dict fill(const nb::dict& d) {
   const uint32_t pattern =
       d.contains("pattern") ? nb::cast<uint32_t>(d["pattern"]) : poison_word(dtype);
   const FillPlan plan = plan_fill_u32(get<int64_t>(d, "n_words", 0), pattern);
-  nb::dict r = elementwise(plan);
-  r["params"] = raw(plan.params);
+  nb::dict r = elementwise(plan, {{"dst", slots::kFillDst}, {"params", slots::kFillParams}});
   r["pattern"] = plan.params.pattern;
-  nb::dict s;
-  s["dst"] = slots::kFillDst;
-  s["params"] = slots::kFillParams;
-  r["slots"] = s;
   r["order_slot"] = slots::kFillOrder;
   return r;
 }
