@@ -46,11 +46,32 @@ def mask64(mask, shape):
     return vis, np.where(vis, add, 0.0)
 
 
-def sdpa64(q, keys, values, *, scale, mask=None, sinks=None, group_size, bits):
-    """Reference output [B, Hq, L, Dv] in float64; rows with no visible key are 0."""
+def hadamard64(D: int) -> np.ndarray:
+    """The orthonormal Walsh-Hadamard matrix of order D (Sylvester's, as
+    mx.hadamard_transform and scipy.linalg.hadamard order it), in float64."""
+    h = np.ones((1, 1))
+    while h.shape[0] < D:
+        h = np.block([[h, h], [h, -h]])
+    assert h.shape[0] == D, f"{D} is not a power of two"
+    return h / np.sqrt(D)
+
+
+def sdpa64(
+    q, keys, values, *, scale, mask=None, sinks=None, group_size, bits, rotated=(False, False)
+):
+    """Reference output [B, Hq, L, Dv] in float64; rows with no visible key are 0.
+
+    ``rotated``: (keys, values) stored in the Hadamard basis (mlxq.rotation);
+    their rows are rotated back in float64 first, so the reference is the
+    attention over the unrotated keys and values, with the queries as given.
+    """
     q64 = to_f64(q)  # exactly as given; scale is applied in float64
     k64 = dequantize64(keys, group_size, bits)
     v64 = dequantize64(values, group_size, bits)
+    if rotated[0]:
+        k64 = k64 @ hadamard64(k64.shape[-1])  # symmetric: rows times H = H times rows
+    if rotated[1]:
+        v64 = v64 @ hadamard64(v64.shape[-1])
     B, Hq, L, _ = q64.shape
     Hkv, N, Dv = v64.shape[1], v64.shape[2], v64.shape[3]
     rep = Hq // Hkv

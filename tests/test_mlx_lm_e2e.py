@@ -222,6 +222,43 @@ def test_kv8_logits_stay_close_to_unquantized(arch):
     )
 
 
+# ------------------------------------------------------------- rotated KV
+@pytest.mark.parametrize("arch", STOCK_RUNS + STOCK_CRASHES)
+def test_rotated_kv8_logits_stay_close_to_unquantized(arch):
+    # enable(kv_rotate=True): every cache mlxq quantizes stores Hadamard-rotated
+    # rows, through sliding windows (gemma3, gpt-oss with sinks) and KV-shared
+    # layers (gemma4, whose sharers get the donor's rotated triples).
+    r = runs(arch)
+    model, _ = random_model(arch, seed=1)
+    prompt, cont = tokens(1, PROMPT_LEN), tokens(2, CONTINUATION)
+    with mlxq_lm.enable(kv_rotate=True):
+        mlxq_lm.reset_counters()
+        ours, cache = teacher_forced(model, prompt, cont, BITS)
+        counts = mlxq_lm.counters()
+    assert not mlxq_lm._kv_rotate  # disable() resets it
+    quantized = [c for c in cache if hasattr(c, "bits")]
+    assert quantized and all(c.kv_rotate for c in quantized)
+    assert counts["mlxq"] > 0 and counts.get("mlx_lm", 0) == r["counts"].get("mlx_lm", 0)
+    fp = r["fp"]
+    assert np.isfinite(ours).all()
+    assert argmax_agreement(ours, fp) >= 0.90
+    # Random weights have no outlier channels for rotation to spread: it
+    # should neither help nor hurt much.
+    assert run_error(ours, fp) <= 1.5 * run_error(r["mlxq"], fp)
+
+
+def test_rotated_kv_never_falls_back_to_mlx_lm():
+    from mlxq.rotation import mark, rotate
+
+    q = mx.zeros((1, 2, 1, 64))
+    k = mark(tuple(mx.quantize(rotate(mx.ones((1, 2, 8, 64))), group_size=64, bits=4)))
+    with mlxq_lm.enabled():
+        with pytest.raises(ValueError, match="rotated"):
+            lm_base.scaled_dot_product_attention(q, k, k, None, scale=1.0, mask=object())
+    with pytest.raises(ValueError, match="kv_rotate must be a bool"):
+        mlxq_lm.enable(kv_rotate="yes")
+
+
 # ------------------------------------------------------------- generation
 @pytest.mark.parametrize("arch", STOCK_RUNS + STOCK_CRASHES)
 def test_greedy_generation_returns_64_tokens(arch):
@@ -555,6 +592,17 @@ def test_cli_random_model_quantized(capsys):
     assert "RotatingQuantizedKVCache(4-bit, group 64)" in out
     assert "prefill [" in err and "300/300 tokens" in err
     assert not mlxq_lm.is_enabled()
+
+
+def test_cli_kv_rotate(capsys):
+    from mlxq.generate import main
+
+    args = ["--random-model", "llama", "--max-tokens", "4", "--prompt-tokens", "40"]
+    main(args + ["--kv-bits", "4", "--kv-rotate"])
+    out, _ = capsys.readouterr()
+    assert "Generation: 4 tokens" in out and not mlxq_lm._kv_rotate
+    with pytest.raises(SystemExit):
+        main(args + ["--kv-rotate"])  # without --kv-bits
 
 
 def test_cli_local_model_directory_and_prompt_cache(tmp_path, capsys):

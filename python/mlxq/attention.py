@@ -5,6 +5,7 @@ from typing import Optional, Sequence, Tuple, Union
 import mlx.core as mx
 
 from . import _ext, routing, workspace
+from .rotation import check_head_dim, is_rotated, rotate
 
 QuantizedTensor = Tuple[mx.array, mx.array, mx.array]
 Mask = Union[None, str, mx.array]
@@ -52,7 +53,11 @@ def quantized_sdpa(
           strided view, such as ``buffer[..., :offset, :]`` of a cache; it is
           read in place.
         values (tuple(array, array, array)): The same for values
-          ``[B, H_kv, N, D_v]``.
+          ``[B, H_kv, N, D_v]``. Either may be a
+          :class:`~mlxq.rotation.RotatedTriple` (a ``kv_rotate`` cache's
+          fetch: rows quantized in the Hadamard basis); the queries, or the
+          output, are then rotated to match, so the result is the attention
+          over the unrotated keys and values.
         scale (float): Scale applied to ``q @ K.T``.
         mask (str or array, optional): ``None``, ``"causal"`` (bottom-right
           aligned, as :func:`mx.fast.scaled_dot_product_attention`), or an
@@ -79,6 +84,27 @@ def quantized_sdpa(
             "[mlxq.quantized_sdpa] keys and values must each be a "
             "(packed, scales, biases) triple as mx.quantize returns."
         )
+    if is_rotated(keys) or is_rotated(values):
+        # Stored in the Hadamard basis (mlxq.rotation): scores need H q, and
+        # the output H^T of the weighted rotated values (H is its own inverse).
+        if is_rotated(keys) and isinstance(q, mx.array):
+            check_head_dim(q.shape[-1], "mlxq.quantized_sdpa")
+            q = rotate(q, stream=stream)
+        out = quantized_sdpa(
+            q,
+            tuple(keys),
+            tuple(values),
+            scale=scale,
+            mask=mask,
+            sinks=sinks,
+            group_size=group_size,
+            bits=bits,
+            stream=stream,
+        )
+        if not is_rotated(values):
+            return out
+        check_head_dim(out.shape[-1], "mlxq.quantized_sdpa")
+        return rotate(out, stream=stream)
     mask_mode, mask_arr = _split_mask(mask)
     out = _ext.quantized_sdpa(  # validates every input, even when routed below
         q,

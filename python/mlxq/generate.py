@@ -109,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="Group size for KV-cache quantization (32, 64, 128).",
     )
     p.add_argument(
+        "--kv-rotate",
+        action="store_true",
+        help="With --kv-bits: quantize K/V in a Walsh-Hadamard basis (mlxq.rotation; "
+        "measured per model in the README).",
+    )
+    p.add_argument(
         "--quantized-kv-start",
         type=int,
         default=0,
@@ -203,14 +209,17 @@ def describe_cache(cache) -> str:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.kv_rotate and (args.kv_bits is None or args.no_mlxq):
+        parser.error("--kv-rotate needs --kv-bits, and mlxq (not --no-mlxq)")
     if args.seed is not None:
         mx.random.seed(args.seed)
     lm_generate = importlib.import_module("mlx_lm.generate")
     from mlx_lm.models import cache as lm_cache
     from mlx_lm.sample_utils import make_sampler
 
-    handle = None if args.no_mlxq else mlxq_lm.enable()
+    handle = None if args.no_mlxq else mlxq_lm.enable(kv_rotate=args.kv_rotate)
     try:
         metadata = {}
         if args.prompt_cache_file is not None:

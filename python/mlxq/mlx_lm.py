@@ -50,6 +50,7 @@ from .attention import is_quantized, quantized_sdpa
 from .cache import KVCache, RotatingKVCache, RotatingQuantizedKVCache
 from .cache.base import BaseCache
 from .quantization import BITS, GROUP_SIZES
+from .rotation import is_rotated
 
 _lock = threading.RLock()
 # (object, attribute, had it, previous value) for every change, in order.
@@ -62,6 +63,8 @@ _device_support: Dict[Any, bool] = {}
 
 # The fused kernel the attention dispatch calls (tests swap in the reference).
 _attend = quantized_sdpa
+# Whether the caches mlxq quantizes for mlx-lm store rotated rows (enable()).
+_kv_rotate = False
 
 
 # ----------------------------------------------------------------- devices
@@ -90,10 +93,11 @@ def _mlxq_attention(queries, keys, values, scale, mask, sinks, group_size, bits)
     """mlxq's kernel, or None when it does not take these inputs."""
     if not (is_quantized(keys) and is_quantized(values)):
         return None
+    rotated = is_rotated(keys) or is_rotated(values)
     if mask is not None and not isinstance(mask, (str, mx.array)):
-        return None
+        return _declined(rotated, f"a mask of type {type(mask).__name__}")
     if not _device_supported():
-        return None
+        return _declined(rotated, f"no mlxq kernels on {mx.default_device()}")
     try:
         out = _attend(
             queries,
@@ -105,10 +109,18 @@ def _mlxq_attention(queries, keys, values, scale, mask, sinks, group_size, bits)
             group_size=group_size,
             bits=bits,
         )
-    except ValueError:  # a shape, dtype, bits or mask outside mlxq's kernels
-        return None
+    except ValueError as e:  # a shape, dtype, bits or mask outside mlxq's kernels
+        return _declined(rotated, str(e))
     _counts["mlxq"] += 1
     return out
+
+
+def _declined(rotated: bool, why: str):
+    """None (mlx-lm's function takes the call), except for rotated K/V, which
+    only mlxq can attend: mlx-lm would silently use the rotated rows."""
+    if rotated:
+        raise ValueError(f"[mlxq.mlx_lm] rotated (kv_rotate) K/V need mlxq's kernel: {why}")
+    return None
 
 
 def scaled_dot_product_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
@@ -162,7 +174,7 @@ def _to_mlxq_quantized(cache, group_size: int, bits: int):
             ours = cache
         else:
             return None
-        return ours.to_quantized(group_size=group_size, bits=bits)
+        return ours.to_quantized(group_size=group_size, bits=bits, kv_rotate=_kv_rotate)
     except ValueError:  # e.g. a head dim that is not a multiple of group_size
         return None
 
@@ -315,13 +327,24 @@ class _Handle:
         return False
 
 
-def enable() -> _Handle:
+def enable(kv_rotate: Optional[bool] = None) -> _Handle:
     """Make mlx-lm use mlxq (see the module docstring). Idempotent.
+
+    Args:
+        kv_rotate (bool, optional): Whether the caches mlxq quantizes for
+          mlx-lm (``kv_bits``) store their rows in the Hadamard basis
+          (mlxq.rotation): opt-in, measured per model in the README. Given,
+          it is set even when mlxq is already enabled; :func:`disable`
+          resets it to False.
 
     Returns a context manager: ``with mlxq.mlx_lm.enable(): ...`` disables
     again on exit.
     """
-    global _patches
+    global _patches, _kv_rotate
+    if kv_rotate is not None:
+        if not isinstance(kv_rotate, bool):
+            raise ValueError(f"[mlxq.mlx_lm.enable] kv_rotate must be a bool, got {kv_rotate!r}.")
+        _kv_rotate = kv_rotate
     with _lock:
         if _patches is not None:
             return _Handle(owns=False)
@@ -351,8 +374,9 @@ def disable() -> None:
     Names that modules imported while mlxq was enabled (bound to mlxq's
     replacements) are pointed back at mlx-lm's originals too. Idempotent.
     """
-    global _patches
+    global _patches, _kv_rotate
     with _lock:
+        _kv_rotate = False
         if _patches is None:
             return
         for obj, name, had, old in reversed(_patches):

@@ -21,6 +21,7 @@ import mlx.core as mx
 from .. import _ext
 from ..quantization import BITS, GROUP_SIZES
 from ..ring import quantized_ring_update
+from ..rotation import RotatedTriple, mark, rotate
 
 Triple = Tuple[mx.array, mx.array, mx.array]
 
@@ -46,6 +47,9 @@ class Plain:
 
     def concat(self, parts: Sequence[mx.array]) -> mx.array:
         return mx.concatenate(list(parts), axis=2)
+
+    def fetched(self, t: mx.array) -> mx.array:
+        return t
 
     def write_kv(self, keys, values, new_keys, new_values, pos: int, owned: bool):
         """One step's write of K and V rows at ``pos`` (two ring updates)."""
@@ -76,16 +80,25 @@ class Plain:
 
 
 class Quantized:
-    """Keys/values stored quantized along the head dimension (a triple)."""
+    """Keys/values stored quantized along the head dimension (a triple).
+
+    With ``rotate``, rows are quantized in the Hadamard basis (mlxq.rotation):
+    every write rotates its new rows first, and every fetch is a
+    :class:`~mlxq.rotation.RotatedTriple`, which attention undoes.
+    """
 
     quantized = True
 
-    def __init__(self, group_size: int, bits: int):
+    def __init__(self, group_size: int, bits: int, rotate: bool = False):
         self.group_size = group_size
         self.bits = bits
+        self.rotate = rotate
+
+    def _basis(self, x: mx.array) -> mx.array:
+        return rotate(x) if self.rotate else x
 
     def encode(self, x: mx.array) -> Triple:
-        return tuple(mx.quantize(x, group_size=self.group_size, bits=self.bits))
+        return tuple(mx.quantize(self._basis(x), group_size=self.group_size, bits=self.bits))
 
     def zeros(self, like: mx.array, n: int) -> Triple:
         B, H, _, D = like.shape
@@ -101,6 +114,10 @@ class Quantized:
     def rows(self, t: Triple, start=None, stop=None) -> Triple:
         return tuple(a[..., start:stop, :] for a in t)
 
+    def fetched(self, t: Triple) -> Triple:
+        """``t`` as a cache hands it out: marked when rotated."""
+        return mark(t) if self.rotate else t
+
     def concat(self, parts: Sequence[Triple]) -> Triple:
         return tuple(mx.concatenate([p[i] for p in parts], axis=2) for i in range(3))
 
@@ -110,6 +127,7 @@ class Quantized:
         if owned:
             return self._kv_update(keys, values, new_keys, new_values, pos, fetch=-1)
         gs, bits = self.group_size, self.bits
+        new_keys, new_values = self._basis(new_keys), self._basis(new_values)
         return (
             quantized_ring_update(keys, new_keys, pos, group_size=gs, bits=bits),
             quantized_ring_update(values, new_values, pos, group_size=gs, bits=bits),
@@ -124,8 +142,8 @@ class Quantized:
         return _ext.quantized_kv_update(
             *keys,
             *values,
-            new_keys,
-            new_values,
+            self._basis(new_keys),
+            self._basis(new_values),
             pos,
             group_size=self.group_size,
             bits=self.bits,
@@ -163,7 +181,7 @@ class Quantized:
                 f"[{where}] {name} is not a triple of bits={self.bits}, "
                 f"group_size={self.group_size}: {_describe(t)}."
             )
-        return tuple(t)
+        return t if isinstance(t, RotatedTriple) else tuple(t)
 
 
 def _describe(t) -> str:

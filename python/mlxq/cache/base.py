@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 
 import mlx.core as mx
 
+from ..rotation import check_head_dim
 from ._store import Plain, Quantized, check_quantization
 
 
@@ -236,11 +237,15 @@ class BaseCache:
         if self.keys is None:
             raise ValueError(f"[{self._where('keys_and_values')}] the cache is empty.")
         if self.offset < self._store.length(self.keys):
-            return (
+            return self._fetched(
                 self._store.rows(self.keys, stop=self.offset),
                 self._store.rows(self.values, stop=self.offset),
             )
-        return self.keys, self.values
+        return self._fetched(self.keys, self.values)
+
+    def _fetched(self, keys, values):
+        """Keys and values as the cache hands them out (see _store.fetched)."""
+        return self._store.fetched(keys), self._store.fetched(values)
 
     def update_and_share(self, keys, values):
         """``update_and_fetch``, returned as a :class:`~mlxq.SharedKV` for sharer layers."""
@@ -277,18 +282,64 @@ class BaseCache:
 
 
 class QuantizedStorage:
-    """Mixin for the caches that hold quantized triples (``group_size``, ``bits``)."""
+    """Mixin for the caches that hold quantized triples (``group_size``, ``bits``,
+    and ``kv_rotate``: rows quantized in the Hadamard basis, see mlxq.rotation).
+
+    A rotated cache's ``state`` ends with one more scalar, ``kv_rotate`` = 1,
+    so prompt-cache files record it; a state without it is unrotated (mlx-lm's
+    and earlier mlxq files). mlx-lm's own classes cannot load a rotated state.
+    """
+
+    kv_rotate = False
 
     def _use_quantized_store(self) -> None:
-        check_quantization(self.group_size, self.bits, self._where("__init__"))
-        self._store = Quantized(self.group_size, self.bits)
+        where = self._where("__init__")
+        check_quantization(self.group_size, self.bits, where)
+        if not isinstance(self.kv_rotate, bool):
+            raise ValueError(f"[{where}] kv_rotate must be a bool, got {self.kv_rotate!r}.")
+        self._store = Quantized(self.group_size, self.bits, rotate=self.kv_rotate)
 
-    def to_quantized(self, group_size: int = 64, bits: int = 4):
+    def _check_update(self, keys, values) -> int:
+        if self.kv_rotate and self._checked is None:
+            for x in (keys, values):
+                check_head_dim(x.shape[-1], self._where("update_and_fetch"))
+        return super()._check_update(keys, values)
+
+    @property
+    def state(self):
+        extra = (1,) if self.kv_rotate else ()
+        return BaseCache.state.fget(self) + extra
+
+    @state.setter
+    def state(self, v):
+        v = tuple(v)
+        self.kv_rotate = len(v) == 3 + len(self._SCALARS)
+        if self.kv_rotate:
+            if as_int(v[-1], "kv_rotate", self._where("state")) != 1:
+                raise ValueError(
+                    f"[{self._where('state')}] a state's trailing kv_rotate entry must be 1, "
+                    f"got {v[-1]!r}."
+                )
+            v = v[:-1]
+        BaseCache.state.fset(self, v)
+
+    @property
+    def meta_state(self):
+        return BaseCache.meta_state.fget(self) + (("1",) if self.kv_rotate else ())
+
+    @meta_state.setter
+    def meta_state(self, v):
+        v = tuple(v)
+        self.kv_rotate = len(v) == 1 + len(self._SCALARS) and v[-1] == "1"
+        BaseCache.meta_state.fset(self, v[:-1] if self.kv_rotate else v)
+
+    def to_quantized(self, group_size: int = 64, bits: int = 4, kv_rotate: bool = False):
         """Already quantized: ``self`` when the parameters match."""
-        if (group_size, bits) != (self.group_size, self.bits):
+        if (group_size, bits, kv_rotate) != (self.group_size, self.bits, self.kv_rotate):
             raise ValueError(
                 f"[{self._where('to_quantized')}] the cache is quantized with "
-                f"group_size={self.group_size}, bits={self.bits}; cannot requantize to "
-                f"group_size={group_size}, bits={bits}."
+                f"group_size={self.group_size}, bits={self.bits}, kv_rotate={self.kv_rotate}; "
+                f"cannot requantize to group_size={group_size}, bits={bits}, "
+                f"kv_rotate={kv_rotate}."
             )
         return self

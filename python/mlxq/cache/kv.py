@@ -32,7 +32,7 @@ class _GrowingCache(BaseCache):
                 self.keys, self.values, keys, values, prev, prev + T
             )
             self.offset = prev + T
-            return k, v
+            return self._fetched(k, v)
         self.keys, self.values = self._store.write_kv(
             self.keys, self.values, keys, values, prev, False
         )
@@ -79,9 +79,12 @@ class KVCache(_GrowingCache):
 
     mlx_lm_name = "KVCache"
 
-    def to_quantized(self, group_size: int = 64, bits: int = 4) -> "QuantizedKVCache":
-        """The same tokens in a :class:`QuantizedKVCache` (the whole buffer is quantized)."""
-        cache = QuantizedKVCache(group_size=group_size, bits=bits)
+    def to_quantized(
+        self, group_size: int = 64, bits: int = 4, kv_rotate: bool = False
+    ) -> "QuantizedKVCache":
+        """The same tokens in a :class:`QuantizedKVCache` (the whole buffer is
+        quantized; rotated first with ``kv_rotate``, see mlxq.rotation)."""
+        cache = QuantizedKVCache(group_size=group_size, bits=bits, kv_rotate=kv_rotate)
         cache.offset = self.offset
         if self.keys is not None:
             cache._check_update(self.keys, self.values)
@@ -97,16 +100,18 @@ class QuantizedKVCache(QuantizedStorage, _GrowingCache):
     Each update is quantized by the ring primitive itself (bit-identical to
     :func:`mx.quantize`) straight into the ``(packed, scales, biases)``
     buffers; fetches are triples that :func:`mlxq.sdpa` sends to the fused
-    kernel.
+    kernel. With ``kv_rotate=True`` rows are quantized in the Hadamard basis
+    and fetches are :class:`~mlxq.rotation.RotatedTriple` (see mlxq.rotation).
     """
 
     mlx_lm_name = "QuantizedKVCache"
     _SCALARS = ("offset", "group_size", "bits")
 
-    def __init__(self, group_size: int = 64, bits: int = 8):
+    def __init__(self, group_size: int = 64, bits: int = 8, kv_rotate: bool = False):
         super().__init__()
         self.group_size = group_size
         self.bits = bits
+        self.kv_rotate = kv_rotate
         self._configure()
 
     def _configure(self) -> None:

@@ -67,7 +67,7 @@ class _RingCache(BaseCache):
         """
         if self._check_update(keys, values) == 1:
             return self._update_in_place(keys, values)
-        return self._update_concat(keys, values)
+        return self._fetched(*self._update_concat(keys, values))
 
     def _trim(self, trim_size: int, v, append=None):
         """``v`` without the ``trim_size`` rows after the kept prefix, ``append``
@@ -148,7 +148,7 @@ class _RingCache(BaseCache):
         """
         if self.keys is None:
             raise ValueError(f"[{self._where('temporal')}] the cache is empty.")
-        return self._temporal_order(self.keys), self._temporal_order(self.values)
+        return self._fetched(self._temporal_order(self.keys), self._temporal_order(self.values))
 
     def restore(self, keys, values, offset: int, ring_index: int):
         """Adopt persisted buffers with their ``offset`` and ring index; returns ``self``."""
@@ -210,9 +210,12 @@ class RotatingKVCache(_RingCache):
 
     mlx_lm_name = "RotatingKVCache"
 
-    def to_quantized(self, group_size: int = 64, bits: int = 4) -> "RotatingQuantizedKVCache":
-        """The same ring, quantized as laid out (ring order and index kept)."""
-        cache = RotatingQuantizedKVCache(self.max_size, self.keep, group_size, bits)
+    def to_quantized(
+        self, group_size: int = 64, bits: int = 4, kv_rotate: bool = False
+    ) -> "RotatingQuantizedKVCache":
+        """The same ring, quantized as laid out (ring order and index kept;
+        rotated first with ``kv_rotate``, see mlxq.rotation)."""
+        cache = RotatingQuantizedKVCache(self.max_size, self.keep, group_size, bits, kv_rotate)
         cache.offset, cache._idx = self.offset, self._idx
         if self.keys is not None:
             cache._check_update(self.keys, self.values)
@@ -233,9 +236,17 @@ class RotatingQuantizedKVCache(QuantizedStorage, _RingCache):
     mlx_lm_name = "RotatingQuantizedKVCache"  # mlx-lm has no such class
     _SCALARS = _RingCache._SCALARS + ("group_size", "bits")
 
-    def __init__(self, max_size: int, keep: int = 0, group_size: int = 64, bits: int = 8):
+    def __init__(
+        self,
+        max_size: int,
+        keep: int = 0,
+        group_size: int = 64,
+        bits: int = 8,
+        kv_rotate: bool = False,
+    ):
         self.group_size = group_size
         self.bits = bits
+        self.kv_rotate = kv_rotate
         super().__init__(max_size, keep)
 
     def _configure(self) -> None:
