@@ -9,6 +9,8 @@ with the KV cache:
 
   unquantized    mlx-lm's own caches (the reference run)
   mlxq kvB gG    mlxq's quantized caches from the first token (B bits, group G)
+  mlxq-rot       the same with rows quantized in a Walsh-Hadamard basis
+                 (``--kinds mlxq-rot``; mlxq.rotation, ``kv_rotate=True``)
   stock kvB gG   mlx-lm's QuantizedKVCache from the first token (``--stock``;
                  llama-class models only: mlx-lm cannot quantize a rotating cache)
 
@@ -52,16 +54,25 @@ def caches_for(model, run, bits, group):
     return mlxq_lm.make_prompt_cache(model, kv_bits=bits, kv_group_size=group)
 
 
+def mlxq_for(run):
+    """mlxq enabled for a run of its caches (rotated for mlxq-rot)."""
+    if run == "mlxq-rot":
+        return mlxq_lm.enable(kv_rotate=True)
+    return mlxq_lm.enabled() if run == "mlxq" else contextlib.nullcontext()
+
+
 def bits_per_element(bits, group, scale_bytes=2):
     return bits + 2 * 8 * scale_bytes / group
 
 
 def runs(args, arch):
     out = [("unquantized", None, None)]
-    if args.pairs:
-        out += [("mlxq", *map(int, pair.split(":"))) for pair in args.pairs]
-    else:
-        out += [("mlxq", b, g) for b in args.bits for g in args.groups]
+    pairs = (
+        [tuple(map(int, pair.split(":"))) for pair in args.pairs]
+        if args.pairs
+        else [(b, g) for b in args.bits for g in args.groups]
+    )
+    out += [(kind, b, g) for kind in args.kinds for b, g in pairs]
     if args.stock and arch == "llama":
         out += [("stock", b, g) for b in args.stock_bits for g in args.groups]
     return out
@@ -107,6 +118,13 @@ def main():
     p.add_argument("--groups", type=int, nargs="+", default=[32, 64, 128])
     p.add_argument(
         "--pairs", nargs="+", help="bits:group pairs instead of --bits x --groups, e.g. 4:64 8:32"
+    )
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=["mlxq", "mlxq-rot"],
+        default=["mlxq"],
+        help="mlxq's caches, plain and/or rotated (kv_rotate)",
     )
     p.add_argument("--stock", action="store_true", help="also stock mlx-lm's QuantizedKVCache")
     p.add_argument("--stock-bits", type=int, nargs="+", default=[8, 4])
@@ -154,7 +172,7 @@ def main():
                 print(f"  skipped {run} {bits}:{group}: head dim {head_dim} is not a multiple")
                 continue
             t0 = time.time()
-            with mlxq_lm.enabled() if run == "mlxq" else contextlib.nullcontext():
+            with mlxq_for(run):
                 ppl, top = teacher_forced(
                     model, ids, caches_for(model, run, bits, group), args.chunk
                 )
