@@ -14,6 +14,10 @@ random bf16 weights (``mlxq.random_models``), at long prompt lengths:
   mlxq-kv4     mlxq.mlx_lm enabled, kv_bits=4, cache quantized from the first
                token (make_prompt_cache(model, kv_bits=4)): prefill and decode
                on mlxq's fused kernel, updates in place
+  mlxq-kv4-rot the same with kv_rotate=True (rows in a Hadamard basis)
+
+``--gguf smollm2-135m`` (or ``gemma3-270m``) runs a trained model from
+mlxq.gguf's packaged files in bf16 instead of the random llama.
 
 Decode tokens/s is 1 / median time between tokens of ``generate_step`` (the
 first two tokens skipped); peak memory is ``mx.get_peak_memory()`` over the
@@ -41,7 +45,8 @@ import mlxq.mlx_lm as mlxq_lm  # noqa: E402
 from mlxq.random_models import model_args, num_parameters, random_model  # noqa: E402
 
 CONTEXTS = [2048, 8192]
-CONFIGS = ["stock-bf16", "stock-kv4", "mlxq-kv4"]
+CONFIGS = ["stock-bf16", "stock-kv4", "mlxq-kv4", "mlxq-kv4-rot"]
+DEFAULT_CONFIGS = CONFIGS[:3]
 KV_BITS, KV_GROUP = 4, 64
 PREFILL_STEP = 2048
 
@@ -63,7 +68,7 @@ def run(model, config, n_prompt, decode_tokens, seed):
 
     prompt = mx.random.randint(0, 256, (n_prompt,), key=mx.random.key(seed))
     ours = config.startswith("mlxq")
-    handle = mlxq_lm.enable() if ours else None
+    handle = mlxq_lm.enable(kv_rotate=config.endswith("-rot")) if ours else None
     try:
         if ours:
             cache = lm_cache.make_prompt_cache(model, kv_bits=KV_BITS, kv_group_size=KV_GROUP)
@@ -120,7 +125,7 @@ def plot(rows, path, title):
     import matplotlib.pyplot as plt
 
     fig, (ax_mem, ax_tps) = plt.subplots(1, 2, figsize=(10, 4))
-    for config, style in zip(CONFIGS, ("o-", "s--", "^-")):
+    for config, style in zip(CONFIGS, ("o-", "s--", "^-", "v:")):
         pts = sorted((r["context"], r) for r in rows if r["config"] == config)
         if not pts:
             continue
@@ -144,8 +149,9 @@ def plot(rows, path, title):
 
 
 def _title(model, machine):
+    name = model.get("name", "random llama")
     return (
-        f"mlx-lm generate_step, random llama: {model['num_hidden_layers']} layers, hidden "
+        f"mlx-lm generate_step, {name}: {model['num_hidden_layers']} layers, hidden "
         f"{model['hidden_size']}, {model['num_attention_heads']}/"
         f"{model['num_key_value_heads']} heads x {model['head_dim']}, bf16, kv_bits 4 "
         f"- {machine['cpu']} ({machine['cpu_count']} cores), MLX {machine['mlx_version']}"
@@ -161,7 +167,8 @@ def main():
         default=CONTEXTS,
         help=f"prompt lengths (default {CONTEXTS})",
     )
-    p.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS)
+    p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, choices=CONFIGS)
+    p.add_argument("--gguf", default=None, help="a packaged trained model (mlxq.gguf.PACKAGED)")
     p.add_argument(
         "--decode-tokens",
         type=int,
@@ -191,11 +198,17 @@ def main():
         )
         return
 
-    overrides = dict(num_hidden_layers=args.layers)
-    model, _ = random_model("llama", "small", seed=args.seed, **overrides)
-    _, margs = model_args("llama", "small", **overrides)
+    if args.gguf:
+        from mlxq import gguf
+
+        model, _ = gguf.load_packaged(args.gguf, dtype=mx.bfloat16)
+        margs = model.args
+    else:
+        overrides = dict(num_hidden_layers=args.layers)
+        model, _ = random_model("llama", "small", seed=args.seed, **overrides)
+        _, margs = model_args("llama", "small", **overrides)
     config = {
-        k: getattr(margs, k)
+        k: getattr(margs, k, None)
         for k in (
             "hidden_size",
             "num_hidden_layers",
@@ -206,11 +219,12 @@ def main():
             "vocab_size",
         )
     }
+    config["name"] = args.gguf or "random llama"
     weights_gb = sum(v.nbytes for _, v in tree_flatten(model.parameters())) / 1e9
     info = common.machine_info()
     common.print_machine(info)
     print(
-        f"model   : random mlx-lm llama {config}, {num_parameters(model) / 1e6:.1f}M params, "
+        f"model   : {config}, {num_parameters(model) / 1e6:.1f}M params, "
         f"bf16 weights {weights_gb:.3f} GB"
     )
     print(
@@ -242,7 +256,7 @@ def main():
                 params=num_parameters(model),
                 weights_gb=weights_gb,
                 dtype="bfloat16",
-                arch="llama (mlx_lm.models.llama)",
+                arch=type(model).__module__,
             ),
             "prefill_step_size": PREFILL_STEP,
             "kv_bits": KV_BITS,
