@@ -12,6 +12,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <list>
 #include <map>
 #include <mutex>
@@ -289,7 +290,7 @@ void eval_gemm(
     GemmGatherArgs ga{};
     ga.q = qg;
     ga.dst = qcopy;
-    copy_strides(q, ga.q_st);
+    std::copy_n(p.q_st, 4, ga.q_st);
     ga.Hq = p.Hq;
     ga.L = p.L;
     ga.D = D;
@@ -325,7 +326,6 @@ void eval_gemm(
   fa.L = p.L;
   fa.N = p.N;
   fa.Dv = Dv;
-  fa.q_dtype = p.q_dtype;
   for (int n0 = 0; n0 < p.N; n0 += ld) {
     const int keys = std::min(ld, p.N - n0);
     // Scores, transposed: column-major S^T [keys x M] = K_blk [keys x D] . Q^T.

@@ -155,7 +155,7 @@ struct GemmFoldArgs {
   float* m;
   float* l;
   int ld, keys, n0, first, causal;
-  int rows, L, N, Dv, q_dtype;
+  int rows, L, N, Dv;
 };
 
 // o / l (with the sink in the denominator) into out [B, Hq, L, Dv].

@@ -84,27 +84,10 @@ def quantized_sdpa(
             "[mlxq.quantized_sdpa] keys and values must each be a "
             "(packed, scales, biases) triple as mx.quantize returns."
         )
-    if is_rotated(keys) or is_rotated(values):
-        # Stored in the Hadamard basis (mlxq.rotation): scores need H q, and
-        # the output H^T of the weighted rotated values (H is its own inverse).
-        if is_rotated(keys) and isinstance(q, mx.array):
-            check_head_dim(q.shape[-1], "mlxq.quantized_sdpa")
-            q = rotate(q, stream=stream)
-        out = quantized_sdpa(
-            q,
-            tuple(keys),
-            tuple(values),
-            scale=scale,
-            mask=mask,
-            sinks=sinks,
-            group_size=group_size,
-            bits=bits,
-            stream=stream,
-        )
-        if not is_rotated(values):
-            return out
-        check_head_dim(out.shape[-1], "mlxq.quantized_sdpa")
-        return rotate(out, stream=stream)
+    if is_rotated(keys) and isinstance(q, mx.array):
+        # Keys stored in the Hadamard basis (mlxq.rotation): scores need H q.
+        check_head_dim(q.shape[-1], "mlxq.quantized_sdpa")
+        q = rotate(q, stream=stream)
     mask_mode, mask_arr = _split_mask(mask)
     out = _ext.quantized_sdpa(  # validates every input, even when routed below
         q,
@@ -123,9 +106,14 @@ def quantized_sdpa(
             q, keys, values, scale, mask, mask_mode, mask_arr, sinks, group_size, bits, stream
         )
         if routed is not None:
-            return routed
+            out = routed
     else:  # decoding: this stream's prefill dense K/V buffers are no longer needed
         workspace.release(stream)
+    if is_rotated(values):
+        # Rotated values: the output comes back as H^T (P H V) = P V (H is
+        # its own inverse).
+        check_head_dim(out.shape[-1], "mlxq.quantized_sdpa")
+        out = rotate(out, stream=stream)
     return out
 
 
