@@ -77,6 +77,8 @@ NB_MODULE(_ext, m) {
       "sinks"_a = nb::none(),
       "bits"_a = nb::none(),
       "group_size"_a = nb::none(),
+      "v_bits"_a = nb::none(),
+      "v_group_size"_a = nb::none(),
       "stream"_a = nb::none(),
       "Fused attention over MLX affine-quantized K/V (see mlxq.quantized_sdpa).");
 
@@ -132,10 +134,22 @@ NB_MODULE(_ext, m) {
          int group_size,
          int bits,
          int fetch,
+         std::optional<int> v_group_size,
+         std::optional<int> v_bits,
          mx::StreamOrDevice s) {
         auto out = translate_errors([&] {
           return mlxq::quantized_kv_update(
-              {kp, ks, kb}, {vp, vs, vb}, k_update, v_update, pos, group_size, bits, fetch, s);
+              {kp, ks, kb},
+              {vp, vs, vb},
+              k_update,
+              v_update,
+              pos,
+              group_size,
+              bits,
+              fetch,
+              v_group_size,
+              v_bits,
+              s);
         });
         auto k = nb::make_tuple(out[0], out[1], out[2]);
         auto v = nb::make_tuple(out[3], out[4], out[5]);
@@ -161,6 +175,8 @@ NB_MODULE(_ext, m) {
       "group_size"_a,
       "bits"_a,
       "fetch"_a = -1,
+      "v_group_size"_a = nb::none(),
+      "v_bits"_a = nb::none(),
       "stream"_a = nb::none(),
       "A KV cache's write of one step: quantize K and V rows into both triples in place "
       "(fetch >= 0: also return their rows [0, fetch) as views).");

@@ -87,12 +87,13 @@ void check_triple(const Triple& t) {
 }
 
 // Infers (bits, group_size) of a triple whose rows hold `dim` elements, or
-// checks the given ones.
+// checks the given ones (named `prefix`bits / `prefix`group_size in errors).
 std::pair<int, int> infer_quantization(
     const Triple& t,
     int dim,
     std::optional<int> bits,
-    std::optional<int> group_size) {
+    std::optional<int> group_size,
+    const char* prefix) {
   int words = t.packed.shape(3);
   int groups = t.scales.shape(3);
   if (dim <= 0 || words <= 0 || groups <= 0) {
@@ -110,6 +111,7 @@ std::pair<int, int> infer_quantization(
   if (!is_supported_bits(b)) {
     fail(
         kOp,
+        prefix,
         "bits must be ",
         supported_bits_text(),
         ", got ",
@@ -119,6 +121,7 @@ std::pair<int, int> infer_quantization(
   if (!is_supported_group_size(g)) {
     fail(
         kOp,
+        prefix,
         "group_size must be ",
         supported_group_sizes_text(),
         ", got ",
@@ -170,6 +173,8 @@ mx::array quantized_sdpa(
     const std::optional<mx::array>& sinks,
     std::optional<int> bits,
     std::optional<int> group_size,
+    std::optional<int> v_bits,
+    std::optional<int> v_group_size,
     mx::StreamOrDevice s) {
   if (q.ndim() != 4) {
     fail(kOp, "queries must be 4-D [B, H_q, L, D], got shape ", shape_str(q.shape()), ".");
@@ -218,12 +223,13 @@ mx::array quantized_sdpa(
   if (Dk > kMaxHeadDim) {
     fail(kOp, "query head dimension ", Dk, " exceeds the maximum ", kMaxHeadDim, ".");
   }
-  auto [kb, kg] = infer_quantization(kt, Dk, bits, group_size);
-  int dv_words = v_packed.shape(3);
-  int Dv = (dv_words * 32) / kb;
-  auto [vb, vg] = infer_quantization(vt, Dv, kb, kg);
-  (void)vb;
-  (void)vg;
+  auto [kb, kg] = infer_quantization(kt, Dk, bits, group_size, "");
+  const int vbits = v_bits.value_or(kb);
+  if (!is_supported_bits(vbits)) {
+    fail(kOp, "v_bits must be ", supported_bits_text(), ", got ", vbits, ".");
+  }
+  int Dv = (v_packed.shape(3) * 32) / vbits;
+  auto [vb, vg] = infer_quantization(vt, Dv, vbits, v_group_size.value_or(kg), "v_");
   if (Dv > kMaxHeadDim) {
     fail(kOp, "value head dimension ", Dv, " exceeds the maximum ", kMaxHeadDim, ".");
   }
@@ -231,7 +237,7 @@ mx::array quantized_sdpa(
     fail(kOp, "scale must be finite, got ", scale, ".");
   }
 
-  QuantizedSDPAParams params{scale, kb, kg, kMaskNone, false};
+  QuantizedSDPAParams params{scale, kb, kg, vb, vg, kMaskNone, false};
   std::vector<mx::array> inputs = {q, k_packed, k_scales, k_biases, v_packed, v_scales, v_biases};
 
   if (!mask_mode.empty() && mask_mode != "causal") {
@@ -298,7 +304,7 @@ bool QuantizedSDPA::is_equivalent(const mx::Primitive& other) const {
 
 std::vector<mx::Shape> QuantizedSDPA::output_shapes(const std::vector<mx::array>& inputs) {
   const auto& q = inputs[0];
-  int Dv = (inputs[4].shape(3) * 32) / params_.bits;
+  int Dv = (inputs[4].shape(3) * 32) / params_.v_bits;
   return {{q.shape(0), q.shape(1), q.shape(2), Dv}};
 }
 

@@ -16,8 +16,12 @@ namespace mx = mlx::core;
 
 struct QuantizedSDPAParams {
   float scale;
-  int bits;
-  int group_size;
+  // Keys and values are quantized independently (e.g. 8-bit keys with
+  // 4-bit values).
+  int k_bits;
+  int k_group_size;
+  int v_bits;
+  int v_group_size;
   MaskCode mask; // sdpa_codes.h
   bool has_sinks;
 
@@ -58,9 +62,12 @@ class QuantizedSDPA : public mx::UnaryPrimitive {
 /**
  * Validates every input, then builds the QuantizedSDPA node.
  * `mask_mode` is "" or "causal"; `mask` is an optional bool/additive array
- * broadcastable to [B, Hq, L, N] (not both). `bits`/`group_size` are inferred
- * from the shapes when not given. Raises std::invalid_argument (ValueError in
- * Python) naming the offending input.
+ * broadcastable to [B, Hq, L, N] (not both). `bits`/`group_size` are the
+ * keys' quantization, inferred from the shapes when not given; `v_bits`
+ * and `v_group_size` default to the keys' (the value head dim is unknown
+ * until the width is fixed, and a group size inferred from it could silently
+ * fit a wrong width). Raises
+ * std::invalid_argument (ValueError in Python) naming the offending input.
  */
 mx::array quantized_sdpa(
     const mx::array& q,
@@ -76,6 +83,8 @@ mx::array quantized_sdpa(
     const std::optional<mx::array>& sinks = std::nullopt,
     std::optional<int> bits = std::nullopt,
     std::optional<int> group_size = std::nullopt,
+    std::optional<int> v_bits = std::nullopt,
+    std::optional<int> v_group_size = std::nullopt,
     mx::StreamOrDevice s = {});
 
 } // namespace mlxq

@@ -127,12 +127,14 @@ void check_triple(
   }
 }
 
-void check_quantization(const char* op, int group_size, int bits) {
+// `prefix` names the arguments in errors ("v_" for the values' own).
+void check_quantization(const char* op, int group_size, int bits, const char* prefix = "") {
   if (!is_supported_bits(bits)) {
-    fail(op, "bits must be ", supported_bits_text(), ", got ", bits, ".");
+    fail(op, prefix, "bits must be ", supported_bits_text(), ", got ", bits, ".");
   }
   if (!is_supported_group_size(group_size)) {
-    fail(op, "group_size must be ", supported_group_sizes_text(), ", got ", group_size, ".");
+    fail(
+        op, prefix, "group_size must be ", supported_group_sizes_text(), ", got ", group_size, ".");
   }
 }
 
@@ -212,14 +214,18 @@ std::vector<mx::array> quantized_kv_update(
     int group_size,
     int bits,
     int fetch,
+    std::optional<int> v_group_size,
+    std::optional<int> v_bits,
     mx::StreamOrDevice s) {
   constexpr const char* op = "mlxq.quantized_kv_update";
+  const int vg = v_group_size.value_or(group_size), vb = v_bits.value_or(bits);
   check_quantization(op, group_size, bits);
+  check_quantization(op, vg, vb, "v_");
   if (k_triple.size() != 3 || v_triple.size() != 3) {
     fail(op, "keys and values must each be a (packed, scales, biases) triple.");
   }
   check_triple(op, "keys: ", k_triple[0], k_triple[1], k_triple[2], k_update, group_size, bits);
-  check_triple(op, "values: ", v_triple[0], v_triple[1], v_triple[2], v_update, group_size, bits);
+  check_triple(op, "values: ", v_triple[0], v_triple[1], v_triple[2], v_update, vg, vb);
   for (int d = 0; d < 3; ++d) {
     if (k_triple[0].shape(d) != v_triple[0].shape(d) || k_update.shape(d) != v_update.shape(d)) {
       fail(
@@ -251,8 +257,8 @@ std::vector<mx::array> quantized_kv_update(
   const int views = fetch >= 0 && fetch < S ? fetch : -1;
   auto primitive = std::make_shared<QuantizedKVUpdate>(
       mx::to_stream(s),
-      group_size,
-      bits,
+      std::array<int, 2>{group_size, vg},
+      std::array<int, 2>{bits, vb},
       std::holds_alternative<int>(pos) ? std::get<int>(pos) : -1,
       views);
   std::vector<mx::Dtype> dtypes;

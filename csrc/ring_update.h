@@ -2,6 +2,9 @@
 // donated: O(rows written) per decoded token instead of a copy of the buffer.
 #pragma once
 
+#include <array>
+#include <optional>
+
 #include <variant>
 #include <vector>
 
@@ -113,10 +116,11 @@ class QuantizedKVUpdate : public mx::Primitive {
   // `fetch` in [0, S): six more outputs, rows [0, fetch) of the six buffers
   // as views (a cache's fetch, without six Slice primitives per layer to
   // build and evaluate). -1: none.
+  // K (side 0) and V (side 1) have their own group size and bits.
   QuantizedKVUpdate(
       mx::Stream stream,
-      int group_size,
-      int bits,
+      std::array<int, 2> group_size,
+      std::array<int, 2> bits,
       int static_pos = -1,
       int fetch = -1)
       : mx::Primitive(stream),
@@ -133,11 +137,14 @@ class QuantizedKVUpdate : public mx::Primitive {
   }
   bool is_equivalent(const mx::Primitive& other) const override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
-  int group_size() const {
-    return group_size_;
+  int group_size(int side) const {
+    return group_size_[side];
   }
-  int bits() const {
-    return bits_;
+  int bits(int side) const {
+    return bits_[side];
+  }
+  bool same_quantization() const {
+    return group_size_[0] == group_size_[1] && bits_[0] == bits_[1];
   }
   int static_pos() const {
     return static_pos_;
@@ -147,8 +154,8 @@ class QuantizedKVUpdate : public mx::Primitive {
   }
 
  private:
-  int group_size_;
-  int bits_;
+  std::array<int, 2> group_size_;
+  std::array<int, 2> bits_;
   int static_pos_;
   int fetch_;
 };
@@ -194,7 +201,7 @@ std::vector<mx::array> quantized_ring_update(
 // Quantizes and writes one step's K and V rows into a cache's two triples
 // (one QuantizedKVUpdate); returns K packed, scales, biases, V packed,
 // scales, biases, then (fetch >= 0) the same six arrays' rows [0, fetch) as
-// views.
+// views. Values take v_group_size / v_bits when given, else K's.
 std::vector<mx::array> quantized_kv_update(
     const std::vector<mx::array>& k_triple,
     const std::vector<mx::array>& v_triple,
@@ -204,6 +211,8 @@ std::vector<mx::array> quantized_kv_update(
     int group_size,
     int bits,
     int fetch = -1,
+    std::optional<int> v_group_size = std::nullopt,
+    std::optional<int> v_bits = std::nullopt,
     mx::StreamOrDevice s = {});
 
 } // namespace mlxq

@@ -39,8 +39,10 @@ SdpaProblem SdpaProblem::from(
   p.N = in[kInKPacked].shape(2);
   p.Dv = out.shape(3);
   p.rep = p.Hq / p.Hkv;
-  p.bits = params.bits;
-  p.group_size = params.group_size;
+  p.k_bits = params.k_bits;
+  p.k_group = params.k_group_size;
+  p.v_bits = params.v_bits;
+  p.v_group = params.v_group_size;
   p.scale = params.scale;
   p.q_dtype = dtype_code(q.dtype());
   p.scale_dtype = dtype_code(in[kInKScales].dtype());

@@ -32,7 +32,11 @@ DtypeCode dtype_code(mx::Dtype dtype);
 struct SdpaProblem {
   int B = 0, Hq = 0, Hkv = 1, L = 0, N = 0, Dk = 0, Dv = 0;
   int rep = 1; // query heads per KV head
-  int bits = 4, group_size = 64;
+  int k_bits = 4, k_group = 64; // keys' quantization
+  int v_bits = 4, v_group = 64; // values'
+  bool same_quantization() const {
+    return k_bits == v_bits && k_group == v_group;
+  }
   float scale = 1.0f;
   DtypeCode q_dtype = kF32; // also the output's
   DtypeCode scale_dtype = kF32; // scales and biases of K and V

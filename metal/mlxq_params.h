@@ -57,7 +57,9 @@ struct MlxqSdpaParams {
   mlxq_i64 m_strides[4];
   mlxq_i64 sinks_stride;
   int B, Hq, Hkv, L, N, Dk, Dv, rep;
-  int group_size;
+  int k_group, v_group; // group sizes of K and V
+  int k_bits, v_bits;   // code widths (the kernels read them when built for
+                        // run-time widths, MLXQ_STAGE_BITS)
   int rows;        // rep * L
   int row_tile;    // rows per threadgroup (= SIMD groups per threadgroup)
   int row_tiles;   // ceil(rows / row_tile)
@@ -70,9 +72,8 @@ struct MlxqSdpaParams {
   int k_vec4;      // K packed rows may be staged with 16-byte loads
   int v_vec4;
   float scale;
-  int reserved;
 };
-static_assert(sizeof(MlxqSdpaParams) == 27 * 8 + 22 * 4, "MlxqSdpaParams layout");
+static_assert(sizeof(MlxqSdpaParams) == 27 * 8 + 24 * 4, "MlxqSdpaParams layout");
 
 // RingUpdate and QuantizedRingUpdate: the output buffer is row-contiguous
 // [B, H, S, D] (or, quantized, one part: [B, H, S, W] words or [B, H, S, G]

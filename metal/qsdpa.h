@@ -24,30 +24,42 @@
 
 #include "mlxq_utils.h"
 
-// Code of element e of a packed row staged in threadgroup memory.
+// Code of element e of a packed row staged in threadgroup memory. BITS 0:
+// the width is `bits`, known only at run time (the kernels for mixed K/V
+// widths without an instance of their own).
 template <int BITS>
-METAL_FUNC uint mlxq_code(const threadgroup uint* row, int e) {
+METAL_FUNC uint mlxq_code(const threadgroup uint* row, int e, int bits) {
   if (BITS == 8) {
     return ((const threadgroup uchar*)row)[e];
   } else if (BITS == 4) {
     const uint byte = ((const threadgroup uchar*)row)[e >> 1];
     return (e & 1) ? (byte >> 4) : (byte & 0xfu);
   } else {
-    const int bit = e * BITS;
+    const int nb = BITS ? BITS : bits;
+    const int bit = e * nb;
     const int w = bit >> 5;
     const int off = bit & 31;
     uint v = row[w] >> off;
-    if (off + BITS > 32) {
+    if (off + nb > 32) {
       v |= row[w + 1] << (32 - off);
     }
-    return v & ((1u << BITS) - 1u);
+    return v & ((1u << nb) - 1u);
   }
+}
+
+// The widest code a kernel stages (its threadgroup rows' size): run-time
+// widths (0) may be 8 bits.
+#define MLXQ_STAGE_BITS(KB, VB) \
+  (((KB) == 0 || (VB) == 0) ? 8 : ((KB) > (VB) ? (KB) : (VB)))
+
+// log2 of the 32-element chunks per quantization group (32, 64 or 128).
+METAL_FUNC int mlxq_group_shift(int group_size) {
+  return group_size == 32 ? 0 : (group_size == 64 ? 1 : 2);
 }
 
 // Copies the packed rows, scales and biases of keys [t0, t0 + nk) into
 // threadgroup memory (rows of W words and G floats). Every thread of the
 // threadgroup takes part.
-template <int BITS>
 METAL_FUNC void mlxq_stage(
     const device uint* w,
     mlxq_i64 w_ns,
@@ -97,8 +109,10 @@ METAL_FUNC void mlxq_stage(
 
 // Rows [r0, r0 + rt) of (b, kvh) against keys [n0, n1): see the top of this
 // file. `direct` writes the normalised output; otherwise the unnormalised
-// output and (max, sum) go to partial slot `blk` of each row.
-template <typename T, int BITS, int DMAX>
+// output and (max, sum) go to partial slot `blk` of each row. KBITS and
+// VBITS are the K and V code widths (0: p.k_bits / p.v_bits at run time);
+// each has its own group size.
+template <typename T, int KBITS, int VBITS, int DMAX>
 METAL_FUNC void mlxq_attend(
     const device T* q,
     const device uint* kw,
@@ -137,12 +151,16 @@ METAL_FUNC void mlxq_attend(
   const int h = mlxq_row_head(kvh, active ? r : 0, rep);
   const int dkc = p.Dk >> 5;
   const int dvc = p.Dv >> 5;
-  const int cpg = p.group_size >> 5; // chunks per group: 1, 2 or 4
-  const int gshift = cpg == 1 ? 0 : (cpg == 2 ? 1 : 2);
-  const int Gk = p.Dk / p.group_size;
-  const int Gv = p.Dv / p.group_size;
-  const int Wk = p.Dk * BITS / 32;
-  const int Wv = p.Dv * BITS / 32;
+  // Chunks per group (1, 2 or 4) as a shift, groups and words per row.
+  const int kshift = mlxq_group_shift(p.k_group);
+  const int vshift = mlxq_group_shift(p.v_group);
+  const int kcpg = 1 << kshift;
+  const int Gk = p.Dk / p.k_group;
+  const int Gv = p.Dv / p.v_group;
+  const int kbits = KBITS ? KBITS : p.k_bits;
+  const int vbits = VBITS ? VBITS : p.v_bits;
+  const int Wk = p.Dk * kbits / 32;
+  const int Wv = p.Dv * vbits / 32;
 #if defined(MLXQ_BUG_LANE_INDEX)
   const int elane = lane ^ 1; // planted bug (emulator tests): wrong element
 #else
@@ -166,7 +184,7 @@ METAL_FUNC void mlxq_attend(
     if (g < Gk) {
       float part = 0.0f;
       for (int i = 0; i < DL; ++i) {
-        if (i < dkc && (i >> gshift) == g) {
+        if (i < dkc && (i >> kshift) == g) {
           part += qv[i];
         }
       }
@@ -234,7 +252,7 @@ METAL_FUNC void mlxq_attend(
     }
 
     // 2. Stage the tile's keys.
-    mlxq_stage<BITS>(
+    mlxq_stage(
         kw + kw_base, p.kw_strides[2], ks, ks_base, p.ks_strides[2], kb,
         kb_base, p.kb_strides[2], p.scale_dtype, t0, nk, Wk, Gk, p.k_vec4,
         tg_codes, tg_scale, tg_bias, tid, nthreads);
@@ -250,9 +268,9 @@ METAL_FUNC void mlxq_attend(
         float t = 0.0f;
         for (int i = 0; i < DL; ++i) {
           if (i < dkc) {
-            t = fma(qv[i], float(mlxq_code<BITS>(row, 32 * i + elane)), t);
-            if (((i + 1) & (cpg - 1)) == 0) {
-              acc = fma(t, sc[i >> gshift], acc);
+            t = fma(qv[i], float(mlxq_code<KBITS>(row, 32 * i + elane, kbits)), t);
+            if (((i + 1) & (kcpg - 1)) == 0) {
+              acc = fma(t, sc[i >> kshift], acc);
               t = 0.0f;
             }
           }
@@ -291,7 +309,7 @@ METAL_FUNC void mlxq_attend(
 
     // 5. Stage the tile's values, then accumulate them.
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    mlxq_stage<BITS>(
+    mlxq_stage(
         vw + vw_base, p.vw_strides[2], vs, vs_base, p.vs_strides[2], vb,
         vb_base, p.vb_strides[2], p.scale_dtype, t0, nk, Wv, Gv, p.v_vec4,
         tg_codes, tg_scale, tg_bias, tid, nthreads);
@@ -307,8 +325,8 @@ METAL_FUNC void mlxq_attend(
           for (int i = 0; i < DL; ++i) {
             if (i < dvc) {
               o[i] = fma(
-                  pj * sc[i >> gshift],
-                  float(mlxq_code<BITS>(row, 32 * i + elane)),
+                  pj * sc[i >> vshift],
+                  float(mlxq_code<VBITS>(row, 32 * i + elane, vbits)),
                   o[i]);
             }
           }
@@ -326,7 +344,7 @@ METAL_FUNC void mlxq_attend(
   }
   // Unnormalised output of this lane's elements, bias terms included.
   for (int i = 0; i < DL; ++i) {
-    o[i] += simd_shuffle(ob, ushort(i >> gshift));
+    o[i] += simd_shuffle(ob, ushort(i >> vshift));
   }
   if (direct) {
     const float sink = p.has_sinks ? sinks[h * p.sinks_stride] : 0.0f;

@@ -33,7 +33,7 @@
 // Fully masked rows output 0 (no NaN), like the CPU kernel.
 #include "qsdpa.h"
 
-template <typename T, int BITS, int DMAX>
+template <typename T, int KBITS, int VBITS, int DMAX>
 [[kernel]] void mlxq_qsdpa_decode(
     const device T* q [[buffer(0)]],
     const device uint* kw [[buffer(1)]],
@@ -53,7 +53,7 @@ template <typename T, int BITS, int DMAX>
     uint tid [[thread_index_in_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]) {
-  threadgroup uint tg_codes[MLXQ_TILE_KEYS * DMAX * BITS / 32];
+  threadgroup uint tg_codes[MLXQ_TILE_KEYS * DMAX * MLXQ_STAGE_BITS(KBITS, VBITS) / 32];
   threadgroup float tg_scale[MLXQ_TILE_KEYS * DMAX / 32];
   threadgroup float tg_bias[MLXQ_TILE_KEYS * DMAX / 32];
   threadgroup int tg_live[MLXQ_MAX_ROW_TILE];
@@ -66,7 +66,7 @@ template <typename T, int BITS, int DMAX>
   const int rt = min(p.row_tile, p.rows - r0);
   const int n0 = blk * p.block_keys;
   const int n1 = min(p.N, n0 + p.block_keys);
-  mlxq_attend<T, BITS, DMAX>(
+  mlxq_attend<T, KBITS, VBITS, DMAX>(
       q, kw, ks, kb, vw, vs, vb, mask, sinks, out, part_o, part_ml, p, b, kvh,
       r0, rt, n0, n1, blk, p.direct != 0, tg_codes, tg_scale, tg_bias, tg_live,
       tid, tpg.x, sg, lane);
@@ -143,20 +143,24 @@ template <typename T>
   }
 }
 
-#define MLXQ_INST_DECODE(tname, T, bits, dmax)                              \
-  MLXQ_INSTANTIATE(                                                         \
-      "mlxq_qsdpa_decode_" #tname "_b" #bits "_d" #dmax, mlxq_qsdpa_decode, \
-      T, bits, dmax)
-#define MLXQ_INST_DECODE_BITS(tname, T, bits) \
-  MLXQ_INST_DECODE(tname, T, bits, 128)       \
-  MLXQ_INST_DECODE(tname, T, bits, 512)
-#define MLXQ_INST_DECODE_TYPE(tname, T)                         \
-  MLXQ_INST_DECODE_BITS(tname, T, 2)                            \
-  MLXQ_INST_DECODE_BITS(tname, T, 3)                            \
-  MLXQ_INST_DECODE_BITS(tname, T, 4)                            \
-  MLXQ_INST_DECODE_BITS(tname, T, 5)                            \
-  MLXQ_INST_DECODE_BITS(tname, T, 6)                            \
-  MLXQ_INST_DECODE_BITS(tname, T, 8)                            \
+// Kernel names: _b<bits> for equal K/V widths, _k8v4 for 8-bit keys with
+// 4-bit values, _kv for every other pair (widths read at run time).
+#define MLXQ_INST_DECODE(tname, T, kv, kb, vb, dmax)                      \
+  MLXQ_INSTANTIATE(                                                     \
+      "mlxq_qsdpa_decode_" #tname "_" #kv "_d" #dmax, mlxq_qsdpa_decode, T, \
+      kb, vb, dmax)
+#define MLXQ_INST_DECODE_BITS(tname, T, kv, kb, vb) \
+  MLXQ_INST_DECODE(tname, T, kv, kb, vb, 128)       \
+  MLXQ_INST_DECODE(tname, T, kv, kb, vb, 512)
+#define MLXQ_INST_DECODE_TYPE(tname, T)              \
+  MLXQ_INST_DECODE_BITS(tname, T, b2, 2, 2)          \
+  MLXQ_INST_DECODE_BITS(tname, T, b3, 3, 3)          \
+  MLXQ_INST_DECODE_BITS(tname, T, b4, 4, 4)          \
+  MLXQ_INST_DECODE_BITS(tname, T, b5, 5, 5)          \
+  MLXQ_INST_DECODE_BITS(tname, T, b6, 6, 6)          \
+  MLXQ_INST_DECODE_BITS(tname, T, b8, 8, 8)          \
+  MLXQ_INST_DECODE_BITS(tname, T, k8v4, 8, 4)        \
+  MLXQ_INST_DECODE_BITS(tname, T, kv, 0, 0) \
   MLXQ_INSTANTIATE("mlxq_qsdpa_merge_" #tname, mlxq_qsdpa_merge, T)
 
 MLXQ_INST_DECODE_TYPE(f32, float)

@@ -22,7 +22,7 @@
 // Rows that see no key output 0.
 #include "qsdpa.h"
 
-template <typename T, int BITS, int DMAX>
+template <typename T, int KBITS, int VBITS, int DMAX>
 [[kernel]] void mlxq_qsdpa_prefill(
     const device T* q [[buffer(0)]],
     const device uint* kw [[buffer(1)]],
@@ -40,7 +40,7 @@ template <typename T, int BITS, int DMAX>
     uint tid [[thread_index_in_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]) {
-  threadgroup uint tg_codes[MLXQ_TILE_KEYS * DMAX * BITS / 32];
+  threadgroup uint tg_codes[MLXQ_TILE_KEYS * DMAX * MLXQ_STAGE_BITS(KBITS, VBITS) / 32];
   threadgroup float tg_scale[MLXQ_TILE_KEYS * DMAX / 32];
   threadgroup float tg_bias[MLXQ_TILE_KEYS * DMAX / 32];
   threadgroup int tg_live[MLXQ_MAX_ROW_TILE];
@@ -50,26 +50,30 @@ template <typename T, int BITS, int DMAX>
   const int b = tgid.z;
   const int r0 = tile * p.row_tile;
   const int rt = min(p.row_tile, p.rows - r0);
-  mlxq_attend<T, BITS, DMAX>(
+  mlxq_attend<T, KBITS, VBITS, DMAX>(
       q, kw, ks, kb, vw, vs, vb, mask, sinks, out, nullptr, nullptr, p, b,
       kvh, r0, rt, 0, p.N, 0, true, tg_codes, tg_scale, tg_bias, tg_live, tid,
       tpg.x, sg, lane);
 }
 
-#define MLXQ_INST_PREFILL(tname, T, bits, dmax)                               \
-  MLXQ_INSTANTIATE(                                                           \
-      "mlxq_qsdpa_prefill_" #tname "_b" #bits "_d" #dmax, mlxq_qsdpa_prefill, \
-      T, bits, dmax)
-#define MLXQ_INST_PREFILL_BITS(tname, T, bits) \
-  MLXQ_INST_PREFILL(tname, T, bits, 128)       \
-  MLXQ_INST_PREFILL(tname, T, bits, 512)
-#define MLXQ_INST_PREFILL_TYPE(tname, T)  \
-  MLXQ_INST_PREFILL_BITS(tname, T, 2)     \
-  MLXQ_INST_PREFILL_BITS(tname, T, 3)     \
-  MLXQ_INST_PREFILL_BITS(tname, T, 4)     \
-  MLXQ_INST_PREFILL_BITS(tname, T, 5)     \
-  MLXQ_INST_PREFILL_BITS(tname, T, 6)     \
-  MLXQ_INST_PREFILL_BITS(tname, T, 8)
+// Kernel names: _b<bits> for equal K/V widths, _k8v4 for 8-bit keys with
+// 4-bit values, _kv for every other pair (widths read at run time).
+#define MLXQ_INST_PREFILL(tname, T, kv, kb, vb, dmax)                      \
+  MLXQ_INSTANTIATE(                                                     \
+      "mlxq_qsdpa_prefill_" #tname "_" #kv "_d" #dmax, mlxq_qsdpa_prefill, T, \
+      kb, vb, dmax)
+#define MLXQ_INST_PREFILL_BITS(tname, T, kv, kb, vb) \
+  MLXQ_INST_PREFILL(tname, T, kv, kb, vb, 128)       \
+  MLXQ_INST_PREFILL(tname, T, kv, kb, vb, 512)
+#define MLXQ_INST_PREFILL_TYPE(tname, T)              \
+  MLXQ_INST_PREFILL_BITS(tname, T, b2, 2, 2)          \
+  MLXQ_INST_PREFILL_BITS(tname, T, b3, 3, 3)          \
+  MLXQ_INST_PREFILL_BITS(tname, T, b4, 4, 4)          \
+  MLXQ_INST_PREFILL_BITS(tname, T, b5, 5, 5)          \
+  MLXQ_INST_PREFILL_BITS(tname, T, b6, 6, 6)          \
+  MLXQ_INST_PREFILL_BITS(tname, T, b8, 8, 8)          \
+  MLXQ_INST_PREFILL_BITS(tname, T, k8v4, 8, 4)        \
+  MLXQ_INST_PREFILL_BITS(tname, T, kv, 0, 0)
 
 MLXQ_INST_PREFILL_TYPE(f32, float)
 #if !defined(MLXQ_ONLY_F32) // (a smaller build for the planted-bug tests)

@@ -42,13 +42,20 @@ def random_inputs(
     group_size=64,
     q_dtype=mx.float32,
     kv_dtype=mx.float32,
+    v_bits=None,
+    v_group_size=None,
 ):
-    """Random queries and quantized K/V triples of the given shapes."""
+    """Random queries and quantized K/V triples of the given shapes (values
+    quantized with ``v_bits`` / ``v_group_size`` when given, else as keys)."""
     Dv = Dk if Dv is None else Dv
+    v_bits = bits if v_bits is None else v_bits
+    v_group_size = group_size if v_group_size is None else v_group_size
     q = mx.array(rng.standard_normal((B, Hq, L, Dk), dtype=np.float32)).astype(q_dtype)
     mx.eval(q)
     k = quantize(rng.standard_normal((B, Hkv, N, Dk), dtype=np.float32), group_size, bits, kv_dtype)
-    v = quantize(rng.standard_normal((B, Hkv, N, Dv), dtype=np.float32), group_size, bits, kv_dtype)
+    v = quantize(
+        rng.standard_normal((B, Hkv, N, Dv), dtype=np.float32), v_group_size, v_bits, kv_dtype
+    )
     return q, k, v
 
 

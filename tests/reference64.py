@@ -57,9 +57,23 @@ def hadamard64(D: int) -> np.ndarray:
 
 
 def sdpa64(
-    q, keys, values, *, scale, mask=None, sinks=None, group_size, bits, rotated=(False, False)
+    q,
+    keys,
+    values,
+    *,
+    scale,
+    mask=None,
+    sinks=None,
+    group_size,
+    bits,
+    rotated=(False, False),
+    v_bits=None,
+    v_group_size=None,
 ):
     """Reference output [B, Hq, L, Dv] in float64; rows with no visible key are 0.
+
+    Values are dequantized with ``v_bits`` / ``v_group_size`` when given,
+    else with the keys' ``bits`` / ``group_size``.
 
     ``rotated``: (keys, values) stored in the Hadamard basis (mlxq.rotation);
     their rows are rotated back in float64 first, so the reference is the
@@ -67,7 +81,11 @@ def sdpa64(
     """
     q64 = to_f64(q)  # exactly as given; scale is applied in float64
     k64 = dequantize64(keys, group_size, bits)
-    v64 = dequantize64(values, group_size, bits)
+    v64 = dequantize64(
+        values,
+        group_size if v_group_size is None else v_group_size,
+        bits if v_bits is None else v_bits,
+    )
     if rotated[0]:
         k64 = k64 @ hadamard64(k64.shape[-1])  # symmetric: rows times H = H times rows
     if rotated[1]:

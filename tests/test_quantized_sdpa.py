@@ -84,6 +84,112 @@ def test_bits_and_scale_dtypes(rng, bits, kv_dtype):
     run_and_check(q, k, v, bits=bits, group_size=64, mask="causal")
 
 
+# --- separate K and V quantization ------------------------------------------
+
+
+@pytest.mark.parametrize("k_bits,v_bits", list(itertools.product(BITS, BITS)))
+def test_separate_key_and_value_bits(rng, k_bits, v_bits):
+    # Every pair of widths, with groups and head dims that differ between K
+    # and V too; keys split (Hkv=1, 1000 keys) on the odd pairs.
+    kg, vg = GROUP_SIZES[k_bits % 3], GROUP_SIZES[(v_bits + 1) % 3]
+    N = 1000 if (k_bits + v_bits) % 2 else 77
+    q, k, v = random_inputs(
+        rng,
+        Hq=4,
+        Hkv=1,
+        L=3,
+        N=N,
+        Dk=128,
+        Dv=256 if k_bits > v_bits else 128,
+        bits=k_bits,
+        group_size=kg,
+        v_bits=v_bits,
+        v_group_size=vg,
+        q_dtype=mx.bfloat16,
+        kv_dtype=mx.float16,
+    )
+    scale = 128**-0.5
+    out = mlxq.sdpa(q, k, v, scale=scale, mask="causal", v_bits=v_bits, v_group_size=vg)
+    ref = sdpa64(
+        q,
+        k,
+        v,
+        scale=scale,
+        mask="causal",
+        group_size=kg,
+        bits=k_bits,
+        v_bits=v_bits,
+        v_group_size=vg,
+    )
+    assert_close(out, ref, dtype=mx.bfloat16)
+
+
+# K8/V4 and K4/V4 on each backend's fast paths: head dims 64-512, decode and
+# prefill row counts, sinks, f16/bf16 queries (on CUDA K4/V4 must reach the
+# tensor-core kernels; K8/V4 prefill reaches the dense copy's kernels where
+# the shape has them, decode the generic kernel).
+FAST_PAIRS = [
+    # k_bits, v_bits, D, Hq, Hkv, L, N, q dtype, mask, cuda kernel
+    (8, 4, 128, 32, 8, 1, 4099, mx.bfloat16, None, "cuda_generic"),
+    (8, 4, 64, 9, 3, 1, 700, mx.float16, None, "cuda_generic"),
+    (8, 4, 256, 8, 1, 4, 1500, mx.bfloat16, "causal", "cuda_generic"),
+    (8, 4, 256, 8, 1, 256, 600, mx.bfloat16, "causal", "cuda_tiled_dense"),
+    (8, 4, 512, 8, 1, 512, 4096, mx.bfloat16, "causal", "cuda_gemm"),
+    (4, 4, 128, 32, 8, 1, 4099, mx.bfloat16, None, "cuda_decode"),
+    (4, 4, 256, 8, 1, 4, 1500, mx.float16, "causal", "cuda_decode"),
+    (4, 4, 128, 8, 2, 64, 300, mx.bfloat16, "causal", "cuda_tiled"),
+]
+
+
+@pytest.mark.parametrize("k_bits,v_bits,D,Hq,Hkv,L,N,q_dtype,mask,kernel", FAST_PAIRS)
+def test_key_value_pairs_on_fast_paths(
+    rng, k_bits, v_bits, D, Hq, Hkv, L, N, q_dtype, mask, kernel
+):
+    q, k, v = random_inputs(
+        rng,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=N,
+        Dk=D,
+        bits=k_bits,
+        group_size=64,
+        v_bits=v_bits,
+        q_dtype=q_dtype,
+        kv_dtype=q_dtype,
+    )
+    sinks = random_sinks(rng, Hq)
+    scale = D**-0.5
+    old = mlxq.routing.set_dequantized_prefill(False)  # mlxq's own kernels
+    try:
+        mlxq._ext._take_last_sdpa_kernel()
+        out = mlxq.sdpa(q, k, v, scale=scale, mask=mask, sinks=sinks, v_bits=v_bits)
+        mx.eval(out)
+        assert_cuda_kernel(kernel)
+    finally:
+        mlxq.routing.set_dequantized_prefill(old)
+    ref = sdpa64(
+        q, k, v, scale=scale, mask=mask, sinks=sinks, group_size=64, bits=k_bits, v_bits=v_bits
+    )
+    assert_close(out, ref, dtype=q_dtype)
+
+
+def test_value_bits_default_to_the_keys(rng):
+    # Without v_bits the values are read at the keys' width and group size: a
+    # K8/V4 pair then fails the values' shape checks (never a silent misread
+    # at half the head dim), and runs once v_bits is given.
+    q, k, v = random_inputs(rng, Hq=2, Hkv=1, L=1, N=9, Dk=64, bits=8, v_bits=4)
+    with pytest.raises(ValueError, match="values scales width"):
+        mlxq.sdpa(q, k, v, scale=0.1)
+    assert mlxq.sdpa(q, k, v, scale=0.1, v_bits=4).shape[-1] == 64
+    with pytest.raises(ValueError, match="v_bits must be"):
+        mlxq.sdpa(q, k, v, scale=0.1, v_bits=7)
+    with pytest.raises(ValueError, match="values scales width"):
+        mlxq.sdpa(q, k, v, scale=0.1, v_bits=4, v_group_size=128)
+    with pytest.raises(ValueError, match="v_group_size must be"):
+        mlxq.sdpa(q, k, v, scale=0.1, v_bits=4, v_group_size=48)
+
+
 # --- head dims -----------------------------------------------------------------
 
 

@@ -140,7 +140,7 @@ struct Scratch {
   uint32_t words[kMaxHeadDim * 8 / 32 + 1];
 
   void prepare(const Problem& P) {
-    const size_t RT = P.row_tile, Gk = P.Dk / P.group_size, Gv = P.Dv / P.group_size;
+    const size_t RT = P.row_tile, Gk = P.Dk / P.k_group, Gv = P.Dv / P.v_group;
     const size_t sizes[] = {
         RT * P.Dk,
         RT * Gk,
@@ -252,10 +252,12 @@ dot_rows(float* __restrict s, const float* __restrict q, const float* __restrict
 // One tile: rows [r0, r1) of (b, kvh) against keys [n0, n1). DK/DV are the
 // head dims when known at compile time (0: read from the problem); fixed dims
 // let the compiler keep a query row, or an output row's accumulators, in
-// registers across a whole chunk of keys.
-template <int BITS, int DK, int DV>
+// registers across a whole chunk of keys. Keys and values have their own
+// widths (KBITS, VBITS) and group sizes.
+template <int KBITS, int VBITS, int DK, int DV>
 class TileKernel {
-  using C = cpu::Codes<BITS>;
+  using CK = cpu::Codes<KBITS>;
+  using CV = cpu::Codes<VBITS>;
 
  public:
   TileKernel(const Problem& P, Scratch& S)
@@ -265,7 +267,7 @@ class TileKernel {
     const int R = r1 - r0;
     load_queries(b, kvh, r0, R);
     std::fill(S_.o, S_.o + R * Dv_, 0.0f);
-    std::fill(S_.obias, S_.obias + R * (Dv_ / P_.group_size), 0.0f);
+    std::fill(S_.obias, S_.obias + R * (Dv_ / P_.v_group), 0.0f);
     std::fill(S_.m, S_.m + R, kNegInf);
     std::fill(S_.l, S_.l + R, 0.0f);
     if (P_.mask == kMaskCausal) {
@@ -285,16 +287,16 @@ class TileKernel {
   // Natural-order unnormalised output of tile row rr (valid after run()).
   const float* natural_output(int rr) {
     const float* o = S_.o + size_t(rr) * Dv_;
-    const float* ob = S_.obias + size_t(rr) * (Dv_ / P_.group_size);
+    const float* ob = S_.obias + size_t(rr) * (Dv_ / P_.v_group);
     for (int i = 0; i < Dv_; ++i) {
-      S_.onat[i] = o[C::slot(i, Dv_)] + ob[i / P_.group_size];
+      S_.onat[i] = o[CV::slot(i, Dv_)] + ob[i / P_.v_group];
     }
     return S_.onat;
   }
 
  private:
   void load_queries(int b, int kvh, int r0, int R) {
-    const int gs = P_.group_size, Gk = Dk_ / gs;
+    const int gs = P_.k_group, Gk = Dk_ / gs;
     const int64_t qstep = P_.q.stride[3] * P_.q.itemsize;
     for (int rr = 0; rr < R; ++rr) {
       const int r = r0 + rr, l = P_.position(r), h = P_.query_head(kvh, r);
@@ -306,7 +308,7 @@ class TileKernel {
         float sum = 0.0f;
         for (int i = g * gs; i < (g + 1) * gs; ++i) {
           const float v = load_float(qrow + i * qstep, P_.q_dtype) * P_.scale;
-          qf[C::slot(i, Dk_)] = v;
+          qf[CK::slot(i, Dk_)] = v;
           sum += v;
         }
         qs[g] = sum;
@@ -316,15 +318,15 @@ class TileKernel {
 
   // s[rr][j] = q_rr . (codes_j * scale_j) + sum_g bias_j,g * qsum_rr,g
   void scores(int b, int kvh, int R, int c0, int cn) {
-    const int Dk = Dk_, Gk = Dk / P_.group_size;
+    const int Dk = Dk_, Gk = Dk / P_.k_group;
     for (int j = 0; j < cn; ++j) {
       load_group_params(
           P_.ks, P_.kb, P_.scale_dtype, b, kvh, c0 + j, Gk, S_.gscale, S_.kbias + j, kChunk);
-      C::unpack_scaled(
-          P_.kw.row<uint32_t>(b, kvh, c0 + j, Dk * BITS / 32, S_.words),
+      CK::unpack_scaled(
+          P_.kw.row<uint32_t>(b, kvh, c0 + j, Dk * KBITS / 32, S_.words),
           S_.gscale,
           Dk,
-          P_.group_size,
+          P_.k_group,
           S_.kbuf + size_t(j) * Dk,
           S_.wscale);
     }
@@ -375,7 +377,7 @@ class TileKernel {
   // Online softmax: turns the chunk's scores into weights relative to each
   // row's running max, rescaling what was accumulated under the old max.
   void softmax_update(int R, int cn) {
-    const int Dv = Dv_, Gv = Dv / P_.group_size;
+    const int Dv = Dv_, Gv = Dv / P_.v_group;
     for (int rr = 0; rr < R; ++rr) {
       float* s = S_.s + rr * kChunk;
       float chunk_max = kNegInf;
@@ -407,7 +409,7 @@ class TileKernel {
   // o_rr += sum_j p_rr,j * codes_j * scale_j ; obias_rr,g += sum_j p_rr,j * bias_j,g
   // Only keys some row gives weight to are unpacked (masked keys are skipped).
   void values(int b, int kvh, int R, int c0, int cn) {
-    const int Dv = Dv_, Gv = Dv / P_.group_size;
+    const int Dv = Dv_, Gv = Dv / P_.v_group;
     int na = 0;
     for (int j = 0; j < cn; ++j) {
       bool any = false;
@@ -419,11 +421,11 @@ class TileKernel {
       }
       load_group_params(
           P_.vs, P_.vb, P_.scale_dtype, b, kvh, c0 + j, Gv, S_.gscale, S_.vbias + na, kChunk);
-      C::unpack_scaled(
-          P_.vw.row<uint32_t>(b, kvh, c0 + j, Dv * BITS / 32, S_.words),
+      CV::unpack_scaled(
+          P_.vw.row<uint32_t>(b, kvh, c0 + j, Dv * VBITS / 32, S_.words),
           S_.gscale,
           Dv,
-          P_.group_size,
+          P_.v_group,
           S_.vbuf + size_t(na) * Dv,
           S_.wscale);
       S_.act[na++] = j;
@@ -469,7 +471,7 @@ inline float inverse_denominator(float m, float l, const float* sink) {
   return denom > 0.0f ? 1.0f / denom : 0.0f;
 }
 
-template <int BITS, int DK, int DV>
+template <int KBITS, int VBITS, int DK, int DV>
 void run_problem(const Problem& P, void* out_data) {
   const int n_tasks = P.B * P.Hkv * P.row_tiles * P.splits;
   const size_t out_row = size_t(P.Dv) * (P.q_dtype == kF32 ? 4 : 2);
@@ -500,7 +502,7 @@ void run_problem(const Problem& P, void* out_data) {
     const int n1 = std::min(n0 + P.split_keys, P.N);
     Scratch& S = scratch[worker];
     S.prepare(P);
-    TileKernel<BITS, DK, DV> kernel(P, S);
+    TileKernel<KBITS, VBITS, DK, DV> kernel(P, S);
     kernel.run(b, kvh, r0, r1, n0, n1);
     for (int rr = 0; rr < r1 - r0; ++rr) {
       const int r = r0 + rr, l = P.position(r), h = P.query_head(kvh, r);
@@ -559,40 +561,60 @@ void run_problem(const Problem& P, void* out_data) {
   });
 }
 
-// Compile-time head dims for the common shapes of the word-aligned widths.
-template <int BITS>
+// Compile-time head dims for the common shapes of the word-aligned widths,
+// for equal K/V widths and the 8-bit-key / 4-bit-value pair (llama.cpp's
+// q8_0-K / q4_0-V default); every other pair runs with run-time dims.
+template <int KBITS, int VBITS>
 void dispatch_dims(const Problem& P, void* out) {
-  if constexpr (32 % BITS == 0) {
+  if constexpr (32 % KBITS == 0 && (KBITS == VBITS || (KBITS == 8 && VBITS == 4))) {
     if (P.Dk == P.Dv) {
       switch (P.Dk) {
         case 64:
-          return run_problem<BITS, 64, 64>(P, out);
+          return run_problem<KBITS, VBITS, 64, 64>(P, out);
         case 128:
-          return run_problem<BITS, 128, 128>(P, out);
+          return run_problem<KBITS, VBITS, 128, 128>(P, out);
         case 256:
-          return run_problem<BITS, 256, 256>(P, out);
+          return run_problem<KBITS, VBITS, 256, 256>(P, out);
         default:
           break;
       }
     }
   }
-  run_problem<BITS, 0, 0>(P, out);
+  run_problem<KBITS, VBITS, 0, 0>(P, out);
+}
+
+template <int KBITS>
+void dispatch_values(const Problem& P, void* out) {
+  switch (P.v_bits) {
+    case 2:
+      return dispatch_dims<KBITS, 2>(P, out);
+    case 3:
+      return dispatch_dims<KBITS, 3>(P, out);
+    case 4:
+      return dispatch_dims<KBITS, 4>(P, out);
+    case 5:
+      return dispatch_dims<KBITS, 5>(P, out);
+    case 6:
+      return dispatch_dims<KBITS, 6>(P, out);
+    default:
+      return dispatch_dims<KBITS, 8>(P, out);
+  }
 }
 
 void dispatch(const Problem& P, void* out) {
-  switch (P.bits) {
+  switch (P.k_bits) {
     case 2:
-      return dispatch_dims<2>(P, out);
+      return dispatch_values<2>(P, out);
     case 3:
-      return dispatch_dims<3>(P, out);
+      return dispatch_values<3>(P, out);
     case 4:
-      return dispatch_dims<4>(P, out);
+      return dispatch_values<4>(P, out);
     case 5:
-      return dispatch_dims<5>(P, out);
+      return dispatch_values<5>(P, out);
     case 6:
-      return dispatch_dims<6>(P, out);
+      return dispatch_values<6>(P, out);
     default:
-      return dispatch_dims<8>(P, out);
+      return dispatch_values<8>(P, out);
   }
 }
 

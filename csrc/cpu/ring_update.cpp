@@ -252,7 +252,14 @@ void QuantizedKVUpdate::eval_cpu(
     const int start = ring_start(inputs[8], S);
     for (int kv = 0; kv < 2; ++kv) {
       quantize_rows_any(
-          inputs[6 + kv], &outs[3 * kv], &outs[3 * kv + 1], &outs[3 * kv + 2], S, start, gs, bits);
+          inputs[6 + kv],
+          &outs[3 * kv],
+          &outs[3 * kv + 1],
+          &outs[3 * kv + 2],
+          S,
+          start,
+          gs[kv],
+          bits[kv]);
     }
   });
 }

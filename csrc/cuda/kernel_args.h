@@ -39,7 +39,8 @@ struct SdpaArgs {
   unsigned* counters;
   // Strides in elements of the 4-D inputs (mask: broadcast to [B, Hq, L, N]).
   int64_t q_st[4], kw_st[4], ks_st[4], kb_st[4], vw_st[4], vs_st[4], vb_st[4], m_st[4];
-  int B, Hq, Hkv, L, N, Dk, Dv, rep, gs, bits;
+  int B, Hq, Hkv, L, N, Dk, Dv, rep;
+  int k_gs, k_bits, v_gs, v_bits; // K's and V's quantization
   int q_dtype, s_dtype, mask_dtype;
   int mask_kind; // MaskCode
   float scale;
@@ -169,7 +170,7 @@ struct GemmFinishArgs {
 };
 
 // Driver handles of the kernels (cudaGetFuncBySymbol in the .cu files).
-void* generic_kernel(int bits);
+void* generic_kernel(int k_bits, int v_bits);
 void* merge_kernel();
 void* ring_kernel();
 void* copy_kernel();
@@ -182,7 +183,7 @@ void* gemm_fold_kernel(int q_dtype);
 void* gemm_finish_kernel();
 
 // Dynamic shared memory of the sdpa kernel for the given head dims.
-int generic_smem_bytes(int Dk, int Dv, int bits);
+int generic_smem_bytes(int Dk, int Dv, int k_bits, int v_bits);
 
 // The tensor-core decode kernel (sdpa/decode.cuh) for one (bits, head
 // dim, group size, scales dtype, query dtype), or fn == nullptr where it has

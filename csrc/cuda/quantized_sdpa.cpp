@@ -152,10 +152,17 @@ bool dense_rows(const mx::array& a, int64_t row) {
 Layout layout_of(const std::vector<mx::array>& in, const SdpaProblem& p) {
   Layout l;
   l.vec_loads = aligned16(in[kInKPacked]) && aligned16(in[kInVPacked]);
-  const int64_t words = int64_t(p.Dk) * p.bits / 32, groups = p.Dk / p.group_size;
+  // Words and groups per row of K (i < 3) and V.
+  const int64_t row[6] = {
+      int64_t(p.Dk) * p.k_bits / 32,
+      p.Dk / p.k_group,
+      p.Dk / p.k_group,
+      int64_t(p.Dv) * p.v_bits / 32,
+      p.Dv / p.v_group,
+      p.Dv / p.v_group};
   l.dense_kv = true;
   for (int i = 0; i < 6; ++i) {
-    l.dense_kv = l.dense_kv && dense_rows(in[kInKPacked + i], i % 3 == 0 ? words : groups);
+    l.dense_kv = l.dense_kv && dense_rows(in[kInKPacked + i], row[i]);
   }
   l.head_fits_32bit = head_fits_32bit(p);
   l.packed_unit_stride = p.kv_st[0][3] == 1 && p.kv_st[3][3] == 1;
@@ -196,7 +203,7 @@ struct Candidates {
 Candidates candidates_for(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
   Candidates c;
   if (decode_candidate(p, layout, limits)) {
-    c.decode = decode_kernel(p.bits, p.Dk, p.group_size, p.scale_dtype, p.q_dtype);
+    c.decode = decode_kernel(p.k_bits, p.Dk, p.k_group, p.scale_dtype, p.q_dtype);
     DecodeShape& d = c.decode_shape;
     d.available = c.decode.fn != nullptr;
     d.smem = c.decode.smem;
@@ -214,13 +221,12 @@ Candidates candidates_for(const SdpaProblem& p, const Layout& layout, const Limi
       c.tiled = {}; // the codes instance below, then
     }
   }
-  if (!c.tiled.fn && tiled_candidate(p, layout, limits)) {
-    c.tiled =
-        tiled_kernel(p.q_dtype, p.Dk, p.group_size, tiled_warps(p.rows(), p.Dk), tiled_keys());
+  if (!c.tiled.fn && tiled_candidate(p, layout, limits) && p.same_quantization()) {
+    c.tiled = tiled_kernel(p.q_dtype, p.Dk, p.k_group, tiled_warps(p.rows(), p.Dk), tiled_keys());
     if (c.tiled.fn && c.tiled.smem > limits.max_smem) {
       // A GPU with less shared memory (99 KB on sm_86) may still fit the
       // 2-row-warp block (head dim 256).
-      const TiledKernel small = tiled_kernel(p.q_dtype, p.Dk, p.group_size, 2, tiled_keys());
+      const TiledKernel small = tiled_kernel(p.q_dtype, p.Dk, p.k_group, 2, tiled_keys());
       if (small.fn && small.smem <= limits.max_smem) {
         c.tiled = small;
       }
@@ -257,8 +263,10 @@ SdpaArgs bind(
   a.N = p.N;
   a.Dv = p.Dv;
   a.rep = p.rep;
-  a.gs = p.group_size;
-  a.bits = p.bits;
+  a.k_gs = p.k_group;
+  a.k_bits = p.k_bits;
+  a.v_gs = p.v_group;
+  a.v_bits = p.v_bits;
   a.scale = p.scale;
   a.q_dtype = p.q_dtype;
   a.s_dtype = p.scale_dtype;
@@ -333,15 +341,17 @@ mx::array dense_copy(
     SdpaArgs& a,
     const std::vector<mx::array>& in,
     const mx::array& q) {
-  const int64_t per = int64_t(p.B) * p.Hkv * p.N * p.Dk;
+  const int64_t per = int64_t(p.B) * p.Hkv * p.N * p.Dk; // (Dk == Dv: the plan's candidates)
   mx::array scratch({int(2 * per)}, q.dtype(), nullptr, {});
   allocate(scratch, enc);
   char* base = static_cast<char*>(mx::gpu_ptr<void>(scratch));
   for (int side = 0; side < 2; ++side) {
     const int w = side == 0 ? kInKPacked : kInVPacked;
     void* dst = base + side * per * q.itemsize();
+    const int bits = side == 0 ? p.k_bits : p.v_bits;
+    const int group = side == 0 ? p.k_group : p.v_group;
     DequantLaunch l =
-        dequantize_launch(in[w], in[w + 1], in[w + 2], dst, p.q_dtype, p.Dk, p.group_size, p.bits);
+        dequantize_launch(in[w], in[w + 1], in[w + 2], dst, p.q_dtype, p.Dk, group, bits);
     launch(
         enc,
         l.kernel,
@@ -356,14 +366,14 @@ mx::array dense_copy(
   return scratch;
 }
 
-void* kernel_of(const Plan& plan, const Candidates& c, int bits) {
+void* kernel_of(const Plan& plan, const Candidates& c, const SdpaProblem& p) {
   switch (plan.family) {
     case Family::Decode:
       return c.decode.fn;
     case Family::Tiled:
       return c.tiled.fn;
     default:
-      return generic_kernel(bits);
+      return generic_kernel(p.k_bits, p.v_bits);
   }
 }
 
@@ -380,10 +390,10 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, mx::array& out) {
   const Limits& limits = device_limits();
   const Layout layout = layout_of(in, p);
   const Candidates c = candidates_for(p, layout, limits);
-  const int generic_smem = generic_smem_bytes(p.Dk, p.Dv, p.bits);
+  const int generic_smem = generic_smem_bytes(p.Dk, p.Dv, p.k_bits, p.v_bits);
   const Plan plan = plan_sdpa(p, layout, limits, c.decode_shape, c.tiled_shape, generic_smem);
   SdpaArgs a = bind(p, layout, plan, in, out);
-  void* kernel = kernel_of(plan, c, p.bits);
+  void* kernel = kernel_of(plan, c, p);
   if (plan.family == Family::Generic) {
     cuFuncSetAttribute(
         static_cast<CUfunction>(kernel),

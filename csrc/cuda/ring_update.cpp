@@ -136,8 +136,8 @@ void QuantizedKVUpdate::eval_gpu(
     d.scales = mx::gpu_ptr<void>(outputs[3 * kv + 1]);
     d.biases = mx::gpu_ptr<void>(outputs[3 * kv + 2]);
     d.D = update.shape(3);
-    d.W = d.D * bits_ / 32;
-    d.G = d.D / group_size_;
+    d.W = d.D * bits_[kv] / 32;
+    d.G = d.D / group_size_[kv];
   }
   // A position known at build time is passed by value: the pos array lives
   // in host-mapped memory on CUDA, and reading it would cost each block a
@@ -152,15 +152,34 @@ void QuantizedKVUpdate::eval_gpu(
   if (q.B * q.H * q.T == 0) {
     return;
   }
-  launch(
-      enc,
-      quant_kv_kernel(bits_, group_size_),
-      dim3(q.B * q.H * q.T, 2),
-      dim3(kRowThreads),
-      0,
-      q,
-      inputs,
-      outputs);
+  const unsigned rows = unsigned(q.B * q.H * q.T);
+  if (same_quantization()) { // one launch: grid y is the side
+    launch(
+        enc,
+        quant_kv_kernel(bits_[0], group_size_[0]),
+        dim3(rows, 2),
+        dim3(kRowThreads),
+        0,
+        q,
+        inputs,
+        outputs);
+    return;
+  }
+  // K and V quantized apart: each side's kernel, one launch each (side[0]
+  // is the one a grid of height 1 reads).
+  for (int kv = 0; kv < 2; ++kv) {
+    QuantKVArgs one = q;
+    one.side[0] = q.side[kv];
+    launch(
+        enc,
+        quant_kv_kernel(bits_[kv], group_size_[kv]),
+        dim3(rows, 1),
+        dim3(kRowThreads),
+        0,
+        one,
+        inputs,
+        outputs);
+  }
 }
 
 } // namespace mlxq

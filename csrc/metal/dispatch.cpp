@@ -42,9 +42,16 @@ const char* dtype_tag(int dtype) {
   }
 }
 
+std::string sdpa_widths_tag(int k_bits, int v_bits) {
+  if (k_bits == v_bits) {
+    return "b" + std::to_string(k_bits);
+  }
+  return k_bits == 8 && v_bits == 4 ? "k8v4" : "kv";
+}
+
 SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   if (pr.Hkv < 1 || pr.Hq % pr.Hkv != 0 || pr.Dk % 32 != 0 || pr.Dv % 32 != 0 || pr.Dk > 512 ||
-      pr.Dv > 512 || pr.group_size < 32) {
+      pr.Dv > 512 || pr.k_group < 32 || pr.v_group < 32) {
     throw std::invalid_argument("[mlxq.metal] unsupported QuantizedSDPA shape");
   }
   SdpaPlan plan;
@@ -57,7 +64,10 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   p.Dk = pr.Dk;
   p.Dv = pr.Dv;
   p.rep = pr.Hq / pr.Hkv;
-  p.group_size = pr.group_size;
+  p.k_group = pr.k_group;
+  p.v_group = pr.v_group;
+  p.k_bits = pr.k_bits;
+  p.v_bits = pr.v_bits;
   p.mask_kind = pr.mask_kind;
   p.scale_dtype = pr.scale_dtype;
   p.has_sinks = pr.has_sinks ? 1 : 0;
@@ -76,9 +86,9 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   }
   p.sinks_stride = pr.sinks_stride;
   p.k_vec4 =
-      vec4_ok(pr.Dk * pr.bits / 32, pr.k_strides[0], pr.k_packed_offset, pr.k_base_aligned16);
+      vec4_ok(pr.Dk * pr.k_bits / 32, pr.k_strides[0], pr.k_packed_offset, pr.k_base_aligned16);
   p.v_vec4 =
-      vec4_ok(pr.Dv * pr.bits / 32, pr.v_strides[0], pr.v_packed_offset, pr.v_base_aligned16);
+      vec4_ok(pr.Dv * pr.v_bits / 32, pr.v_strides[0], pr.v_packed_offset, pr.v_base_aligned16);
 
   // Row tiles: one SIMD group per row, at most MLXQ_MAX_ROW_TILE rows (and
   // no more threads than the pipeline allows).
@@ -98,8 +108,8 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   }
   plan.prefill = prefill;
   const int dmax = std::max(pr.Dk, pr.Dv) <= 128 ? 128 : 512;
-  const std::string suffix = std::string(dtype_tag(pr.q_dtype)) + "_b" + std::to_string(pr.bits) +
-      "_d" + std::to_string(dmax);
+  const std::string suffix = std::string(dtype_tag(pr.q_dtype)) + "_" +
+      sdpa_widths_tag(pr.k_bits, pr.v_bits) + "_d" + std::to_string(dmax);
   plan.group = Size3{32 * int64_t(p.row_tile), 1, 1};
 
   if (prefill) {

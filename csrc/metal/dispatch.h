@@ -57,7 +57,8 @@ constexpr int kMergeSimdGroups = 4; // rows per merge threadgroup
 
 struct SdpaProblem {
   int B = 1, Hq = 1, Hkv = 1, L = 1, N = 0, Dk = 0, Dv = 0;
-  int bits = 4, group_size = 64;
+  int k_bits = 4, k_group = 64;
+  int v_bits = 4, v_group = 64;
   int q_dtype = MLXQ_DT_F32; // also the output dtype
   int scale_dtype = MLXQ_DT_F32; // scales and biases of K and V
   int mask_kind = MLXQ_MASK_NONE;
@@ -85,7 +86,9 @@ struct SdpaProblem {
 };
 
 struct SdpaPlan {
-  std::string kernel; // mlxq_qsdpa_{decode,prefill}_<q dtype>_b<bits>_d<128|512>
+  // mlxq_qsdpa_{decode,prefill}_<q dtype>_<widths>_d<128|512>, widths b<bits>,
+  // k8v4 or kv (sdpa_widths_tag)
+  std::string kernel;
   Size3 grid; // threadgroups per grid (dispatch_threadgroups)
   Size3 group; // threads per threadgroup
   bool prefill = false;
@@ -98,6 +101,10 @@ struct SdpaPlan {
 };
 
 SdpaPlan plan_sdpa(const SdpaProblem& pr);
+
+// The widths part of an attention kernel's name: b<bits> when K and V share
+// one, k8v4, or kv (a kernel that reads both widths at run time).
+std::string sdpa_widths_tag(int k_bits, int v_bits);
 
 // Ring updates and the strided copy. `grid_is_threads`: dispatch_threads
 // (grid counts threads) rather than dispatch_threadgroups.

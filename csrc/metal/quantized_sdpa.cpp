@@ -64,8 +64,10 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& inputs, mx::array& ou
   pr.Hkv = p.Hkv;
   pr.N = p.N;
   pr.Dv = p.Dv;
-  pr.bits = p.bits;
-  pr.group_size = p.group_size;
+  pr.k_bits = p.k_bits;
+  pr.k_group = p.k_group;
+  pr.v_bits = p.v_bits;
+  pr.v_group = p.v_group;
   pr.q_dtype = p.q_dtype;
   pr.scale_dtype = p.scale_dtype;
   pr.mask_kind = mask_code(p);

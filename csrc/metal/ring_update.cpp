@@ -139,8 +139,8 @@ void QuantizedKVUpdate::eval_gpu(
         outputs[3 * kv + 1],
         outputs[3 * kv + 2],
         MLXQ_PART_ALL,
-        group_size_,
-        bits_);
+        group_size_[kv],
+        bits_[kv]);
   }
 }
 

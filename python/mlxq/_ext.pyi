@@ -22,6 +22,8 @@ def quantized_sdpa(
     sinks: Optional[mx.array] = None,
     bits: Optional[int] = None,
     group_size: Optional[int] = None,
+    v_bits: Optional[int] = None,
+    v_group_size: Optional[int] = None,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array: ...
 def ring_update(

@@ -5,6 +5,7 @@ from typing import Optional, Sequence, Tuple, Union
 import mlx.core as mx
 
 from . import _ext, routing, workspace
+from .quantization import triple_format
 from .rotation import check_head_dim, is_rotated, rotate
 
 QuantizedTensor = Tuple[mx.array, mx.array, mx.array]
@@ -38,6 +39,8 @@ def quantized_sdpa(
     sinks: Optional[mx.array] = None,
     group_size: Optional[int] = None,
     bits: Optional[int] = None,
+    v_bits: Optional[int] = None,
+    v_group_size: Optional[int] = None,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array:
     """Fused scaled dot-product attention over affine-quantized keys and values.
@@ -57,7 +60,9 @@ def quantized_sdpa(
           :class:`~mlxq.rotation.RotatedTriple` (a ``kv_rotate`` cache's
           fetch: rows quantized in the Hadamard basis); the queries, or the
           output, are then rotated to match, so the result is the attention
-          over the unrotated keys and values.
+          over the unrotated keys and values. Values may also be a
+          :class:`~mlxq.quantization.FormattedTriple` that carries its own
+          ``bits`` / ``group_size`` (a cache with separate K/V quantization).
         scale (float): Scale applied to ``q @ K.T``.
         mask (str or array, optional): ``None``, ``"causal"`` (bottom-right
           aligned, as :func:`mx.fast.scaled_dot_product_attention`), or an
@@ -65,10 +70,15 @@ def quantized_sdpa(
           additive. Default: ``None``.
         sinks (array, optional): Per-head logits ``[H_q]`` added to the softmax
           denominator (attention sinks). Default: ``None``.
-        group_size (int, optional): Quantization group size (32, 64 or 128).
-          Inferred from the shapes when omitted.
-        bits (int, optional): Bits per element (2, 3, 4, 5, 6 or 8). Inferred
-          from the shapes when omitted.
+        group_size (int, optional): Quantization group size of the keys (32,
+          64 or 128). Inferred from the shapes when omitted.
+        bits (int, optional): Bits per element of the keys (2, 3, 4, 5, 6 or
+          8). Inferred from the shapes when omitted.
+        v_bits (int, optional): Bits per element of the values, when they
+          differ from the keys' (e.g. 8-bit keys with 4-bit values). Default:
+          the keys' bits (the value head dim is inferred from it).
+        v_group_size (int, optional): Group size of the values. Default:
+          the keys' group size.
         stream (Stream, optional): Stream or device to run on.
 
     Returns:
@@ -84,6 +94,10 @@ def quantized_sdpa(
             "[mlxq.quantized_sdpa] keys and values must each be a "
             "(packed, scales, biases) triple as mx.quantize returns."
         )
+    # Values that carry their own quantization (a cache's separate V widths).
+    carried_group, carried_bits = triple_format(values)
+    v_bits = carried_bits if v_bits is None else v_bits
+    v_group_size = carried_group if v_group_size is None else v_group_size
     if is_rotated(keys) and isinstance(q, mx.array):
         # Keys stored in the Hadamard basis (mlxq.rotation): scores need H q.
         check_head_dim(q.shape[-1], "mlxq.quantized_sdpa")
@@ -99,11 +113,23 @@ def quantized_sdpa(
         sinks=sinks,
         bits=bits,
         group_size=group_size,
+        v_bits=v_bits,
+        v_group_size=v_group_size,
         stream=stream,
     )
     if q.shape[2] > 8:  # decode never routes: skip the checks
         routed = _dequantized_route(
-            q, keys, values, scale, mask, mask_mode, mask_arr, sinks, group_size, bits, stream
+            q,
+            keys,
+            values,
+            scale,
+            mask,
+            mask_mode,
+            mask_arr,
+            sinks,
+            (bits, group_size),
+            (v_bits, v_group_size),
+            stream,
         )
         if routed is not None:
             out = routed
@@ -124,17 +150,21 @@ def _device_of(stream) -> mx.Device:
 
 
 def _dequantized_route(
-    q, keys, values, scale, mask, mask_mode, mask_arr, sinks, group_size, bits, stream
+    q, keys, values, scale, mask, mask_mode, mask_arr, sinks, k_quant, v_quant, stream
 ):
-    """MLX's fused attention over this layer's dequantized K/V, where it is faster than mlxq's kernel (see
-    :mod:`mlxq.routing`); None otherwise."""
+    """MLX's fused attention over this layer's dequantized K/V, where it is
+    faster than mlxq's kernel (see :mod:`mlxq.routing`); None otherwise.
+    ``k_quant`` / ``v_quant``: the (bits, group_size) arguments, validated."""
     device = _device_of(stream)
     backend = routing.gpu_backend() if device.type == mx.gpu else None
     if backend is None:
         return None
     Dk = q.shape[3]
-    bits = bits or keys[0].shape[3] * 32 // Dk
-    group_size = group_size or Dk // keys[1].shape[3]
+    bits = k_quant[0] or keys[0].shape[3] * 32 // Dk
+    group_size = k_quant[1] or Dk // keys[1].shape[3]
+    v_bits = v_quant[0] or bits
+    Dv = values[0].shape[3] * 32 // v_bits
+    v_group_size = v_quant[1] or group_size
     kind = "array" if mask_arr is not None else ("causal" if mask_mode else "none")
     shape = dict(
         L=q.shape[2],
@@ -142,7 +172,7 @@ def _dequantized_route(
         Hq=q.shape[1],
         Hkv=keys[0].shape[1],
         Dk=Dk,
-        Dv=values[0].shape[3] * 32 // bits,
+        Dv=Dv,
         dtype=q.dtype,
         scales_dtype=keys[1].dtype,
         mask_kind=kind,
@@ -153,11 +183,18 @@ def _dequantized_route(
     reused = backend in workspace.BACKENDS and routing.workspace_enabled()
     if reused:
         k, v = workspace.dequantize_kv(
-            keys, values, group_size=group_size, bits=bits, dtype=q.dtype, stream=stream
+            keys,
+            values,
+            group_size=group_size,
+            bits=bits,
+            v_group_size=v_group_size,
+            v_bits=v_bits,
+            dtype=q.dtype,
+            stream=stream,
         )
     else:
         k = mx.dequantize(*keys, group_size=group_size, bits=bits, stream=stream)
-        v = mx.dequantize(*values, group_size=group_size, bits=bits, stream=stream)
+        v = mx.dequantize(*values, group_size=v_group_size, bits=v_bits, stream=stream)
     try:
         out = mx.fast.scaled_dot_product_attention(
             q, k, v, scale=scale, mask=mask, sinks=sinks, force_fused=True, stream=stream
@@ -180,6 +217,8 @@ def sdpa(
     sinks: Optional[mx.array] = None,
     group_size: Optional[int] = None,
     bits: Optional[int] = None,
+    v_bits: Optional[int] = None,
+    v_group_size: Optional[int] = None,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array:
     """Scaled dot-product attention over plain or quantized keys and values.
@@ -199,6 +238,8 @@ def sdpa(
         sinks (array, optional): Per-head attention-sink logits ``[H_q]``.
         group_size (int, optional): Quantization group size (triples only).
         bits (int, optional): Quantization bits (triples only).
+        v_bits, v_group_size (int, optional): The values' own quantization,
+          when it differs from the keys' (see :func:`quantized_sdpa`).
         stream (Stream, optional): Stream or device to run on.
 
     Returns:
@@ -219,6 +260,8 @@ def sdpa(
             sinks=sinks,
             group_size=group_size,
             bits=bits,
+            v_bits=v_bits,
+            v_group_size=v_group_size,
             stream=stream,
         )
     return mx.fast.scaled_dot_product_attention(

@@ -109,6 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="Group size for KV-cache quantization (32, 64, 128).",
     )
     p.add_argument(
+        "--v-bits",
+        type=int,
+        default=None,
+        help="With --kv-bits: the values' own bits (--kv-bits is then the keys'; "
+        "--kv-bits 8 --v-bits 4 is 8-bit keys with 4-bit values). Default: --kv-bits.",
+    )
+    p.add_argument(
+        "--v-group-size",
+        type=int,
+        default=None,
+        help="With --kv-bits: the values' own group size. Default: --kv-group-size.",
+    )
+    p.add_argument(
         "--kv-rotate",
         action="store_true",
         help="With --kv-bits: quantize K/V in a Walsh-Hadamard basis (mlxq.rotation; "
@@ -201,7 +214,11 @@ def describe_cache(cache) -> str:
     for c in cache:
         name = type(c).__name__
         if hasattr(c, "bits"):
-            name += f"({c.bits}-bit, group {c.group_size})"
+            vgs, vbits = c._v_format() if hasattr(c, "_v_format") else (c.group_size, c.bits)
+            if (vgs, vbits) == (c.group_size, c.bits):
+                name += f"({c.bits}-bit, group {c.group_size})"
+            else:
+                name += f"(K {c.bits}-bit group {c.group_size}, V {vbits}-bit group {vgs})"
         kinds[name] = kinds.get(name, 0) + 1
     nbytes = sum(getattr(c, "nbytes", 0) for c in cache)
     parts = ", ".join(f"{n} x {k}" for k, n in kinds.items())
@@ -213,13 +230,22 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.kv_rotate and (args.kv_bits is None or args.no_mlxq):
         parser.error("--kv-rotate needs --kv-bits, and mlxq (not --no-mlxq)")
+    separate = args.v_bits is not None or args.v_group_size is not None
+    if separate and (args.kv_bits is None or args.no_mlxq):
+        parser.error("--v-bits / --v-group-size need --kv-bits, and mlxq (not --no-mlxq)")
     if args.seed is not None:
         mx.random.seed(args.seed)
     lm_generate = importlib.import_module("mlx_lm.generate")
     from mlx_lm.models import cache as lm_cache
     from mlx_lm.sample_utils import make_sampler
 
-    handle = None if args.no_mlxq else mlxq_lm.enable(kv_rotate=args.kv_rotate)
+    handle = (
+        None
+        if args.no_mlxq
+        else mlxq_lm.enable(
+            kv_rotate=args.kv_rotate, v_bits=args.v_bits, v_group_size=args.v_group_size
+        )
+    )
     try:
         metadata = {}
         if args.prompt_cache_file is not None:
@@ -247,6 +273,11 @@ def main(argv=None) -> int:
         sampler = make_sampler(args.temp, args.top_p, args.min_p, top_k=args.top_k)
         backend = "stock mlx-lm" if args.no_mlxq else "mlx-lm + mlxq"
         kv = f"{args.kv_bits}-bit KV (group {args.kv_group_size})" if args.kv_bits else "bf16 KV"
+        if separate:
+            kv = (
+                f"{args.kv_bits}-bit K (group {args.kv_group_size}), "
+                f"{args.v_bits or args.kv_bits}-bit V (group {args.v_group_size or args.kv_group_size})"
+            )
         name = (
             f"random {args.random_model} ({args.random_size})" if args.random_model else args.model
         )

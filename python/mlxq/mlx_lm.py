@@ -49,7 +49,7 @@ import mlx.core as mx
 from .attention import is_quantized, quantized_sdpa
 from .cache import KVCache, RotatingKVCache, RotatingQuantizedKVCache
 from .cache.base import BaseCache
-from .quantization import BITS, GROUP_SIZES
+from .quantization import BITS, GROUP_SIZES, triple_format
 from .rotation import is_rotated
 
 _lock = threading.RLock()
@@ -65,6 +65,9 @@ _device_support: Dict[Any, bool] = {}
 _attend = quantized_sdpa
 # Whether the caches mlxq quantizes for mlx-lm store rotated rows (enable()).
 _kv_rotate = False
+# The values' own (group_size, bits) for the caches mlxq quantizes; None:
+# kv_group_size / kv_bits, as the keys (enable(v_bits=...)).
+_kv_values: Tuple[Optional[int], Optional[int]] = (None, None)
 
 
 # ----------------------------------------------------------------- devices
@@ -93,7 +96,9 @@ def _mlxq_attention(queries, keys, values, scale, mask, sinks, group_size, bits)
     """mlxq's kernel, or None when it does not take these inputs."""
     if not (is_quantized(keys) and is_quantized(values)):
         return None
-    rotated = is_rotated(keys) or is_rotated(values)
+    # Only mlxq can attend rotated K/V or values of their own width
+    # (mlx-lm would silently read them wrong): those never fall back.
+    rotated = is_rotated(keys) or is_rotated(values) or triple_format(values)[1] is not None
     if mask is not None and not isinstance(mask, (str, mx.array)):
         return _declined(rotated, f"a mask of type {type(mask).__name__}")
     if not _device_supported():
@@ -115,11 +120,15 @@ def _mlxq_attention(queries, keys, values, scale, mask, sinks, group_size, bits)
     return out
 
 
-def _declined(rotated: bool, why: str):
-    """None (mlx-lm's function takes the call), except for rotated K/V, which
-    only mlxq can attend: mlx-lm would silently use the rotated rows."""
-    if rotated:
-        raise ValueError(f"[mlxq.mlx_lm] rotated (kv_rotate) K/V need mlxq's kernel: {why}")
+def _declined(only_mlxq: bool, why: str):
+    """None (mlx-lm's function takes the call), except for K/V that only
+    mlxq can attend (rotated, or values quantized apart from the keys):
+    mlx-lm would silently read them wrong."""
+    if only_mlxq:
+        raise ValueError(
+            f"[mlxq.mlx_lm] rotated (kv_rotate) K/V and values quantized apart from the keys "
+            f"(v_bits) need mlxq's kernel: {why}"
+        )
     return None
 
 
@@ -174,7 +183,13 @@ def _to_mlxq_quantized(cache, group_size: int, bits: int):
             ours = cache
         else:
             return None
-        return ours.to_quantized(group_size=group_size, bits=bits, kv_rotate=_kv_rotate)
+        return ours.to_quantized(
+            group_size=group_size,
+            bits=bits,
+            kv_rotate=_kv_rotate,
+            v_group_size=_kv_values[0],
+            v_bits=_kv_values[1],
+        )
     except ValueError:  # e.g. a head dim that is not a multiple of group_size
         return None
 
@@ -327,7 +342,11 @@ class _Handle:
         return False
 
 
-def enable(kv_rotate: Optional[bool] = None) -> _Handle:
+def enable(
+    kv_rotate: Optional[bool] = None,
+    v_bits: Optional[int] = None,
+    v_group_size: Optional[int] = None,
+) -> _Handle:
     """Make mlx-lm use mlxq (see the module docstring). Idempotent.
 
     Args:
@@ -336,15 +355,30 @@ def enable(kv_rotate: Optional[bool] = None) -> _Handle:
           (mlxq.rotation): opt-in, measured per model in the README. Given,
           it is set even when mlxq is already enabled; :func:`disable`
           resets it to False.
+        v_bits (int, optional): The values' bits in those caches, apart from
+          the keys' ``kv_bits`` (``kv_bits=8`` with ``v_bits=4``: 8-bit keys,
+          4-bit values). Default: ``kv_bits``. Like ``kv_rotate``, set when
+          given and reset by :func:`disable`.
+        v_group_size (int, optional): The values' group size. Default:
+          ``kv_group_size``.
 
     Returns a context manager: ``with mlxq.mlx_lm.enable(): ...`` disables
     again on exit.
     """
-    global _patches, _kv_rotate
+    global _patches, _kv_rotate, _kv_values
     if kv_rotate is not None:
         if not isinstance(kv_rotate, bool):
             raise ValueError(f"[mlxq.mlx_lm.enable] kv_rotate must be a bool, got {kv_rotate!r}.")
         _kv_rotate = kv_rotate
+    if v_bits is not None or v_group_size is not None:
+        if v_bits is not None and v_bits not in BITS:
+            raise ValueError(f"[mlxq.mlx_lm.enable] v_bits must be one of {BITS}, got {v_bits!r}.")
+        if v_group_size is not None and v_group_size not in GROUP_SIZES:
+            raise ValueError(
+                f"[mlxq.mlx_lm.enable] v_group_size must be one of {GROUP_SIZES}, "
+                f"got {v_group_size!r}."
+            )
+        _kv_values = (v_group_size, v_bits)
     with _lock:
         if _patches is not None:
             return _Handle(owns=False)
@@ -374,9 +408,10 @@ def disable() -> None:
     Names that modules imported while mlxq was enabled (bound to mlxq's
     replacements) are pointed back at mlx-lm's originals too. Idempotent.
     """
-    global _patches, _kv_rotate
+    global _patches, _kv_rotate, _kv_values
     with _lock:
         _kv_rotate = False
+        _kv_values = (None, None)
         if _patches is None:
             return
         for obj, name, had, old in reversed(_patches):

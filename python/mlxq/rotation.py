@@ -19,6 +19,8 @@ from typing import Tuple
 
 import mlx.core as mx
 
+from .quantization import FormattedTriple
+
 
 class RotatedTriple(tuple):
     """A ``(packed, scales, biases)`` triple of rows stored in the Hadamard
@@ -31,8 +33,17 @@ def is_rotated(x) -> bool:
     return isinstance(x, RotatedTriple)
 
 
-def mark(t: Tuple[mx.array, mx.array, mx.array]) -> RotatedTriple:
-    return t if isinstance(t, RotatedTriple) else RotatedTriple(t)
+class RotatedFormattedTriple(FormattedTriple, RotatedTriple):
+    """Rotated, with its own quantization (see :class:`~mlxq.quantization.FormattedTriple`)."""
+
+
+def mark(t: Tuple[mx.array, mx.array, mx.array]):
+    """``t`` marked as rotated (keeping the format it carries, if any)."""
+    if isinstance(t, RotatedTriple):
+        return t
+    if isinstance(t, FormattedTriple):
+        return RotatedFormattedTriple(t, t.group_size, t.bits)
+    return RotatedTriple(t)
 
 
 def check_head_dim(D: int, where: str) -> None:

@@ -49,14 +49,27 @@ def _buffer(key, elements: int, dtype, stream) -> mx.array:
 
 
 def dequantize_kv(
-    keys, values, *, group_size: int, bits: int, dtype, stream
+    keys,
+    values,
+    *,
+    group_size: int,
+    bits: int,
+    dtype,
+    stream,
+    v_group_size: Optional[int] = None,
+    v_bits: Optional[int] = None,
 ) -> Tuple[mx.array, mx.array]:
     """K and V dequantized into this stream's workspace buffers, after the
-    previous routed attention on the stream. Pair with :func:`note_reader`."""
+    previous routed attention on the stream (V with ``v_bits`` /
+    ``v_group_size`` when given). Pair with :func:`note_reader`."""
     skey = _stream_key(stream)
     after = [_last_reader[skey]] if skey in _last_reader else []
     out = []
-    for name, (packed, scales, biases) in (("k", keys), ("v", values)):
+    sides = (
+        ("k", keys, group_size, bits),
+        ("v", values, v_group_size or group_size, v_bits or bits),
+    )
+    for name, (packed, scales, biases), group_size, bits in sides:
         B, H, N, W = packed.shape
         elements = B * H * N * (W * 32 // bits)
         buf = _buffer((skey, name, str(dtype)), elements, dtype, stream)

@@ -75,6 +75,8 @@ def run_sdpa(
     scale,
     bits,
     group_size,
+    v_bits=None,
+    v_group_size=None,
     mask=None,
     mask_tag="none",
     sinks=None,
@@ -91,7 +93,9 @@ def run_sdpa(
     """
     B, Hq, L, Dk = q.shape
     Hkv, N = keys[0].shape[1], keys[0].shape[2]
-    Dv = values[0].shape[3] * 32 // bits
+    v_bits = bits if v_bits is None else v_bits
+    v_group_size = group_size if v_group_size is None else v_group_size
+    Dv = values[0].shape[3] * 32 // v_bits
     bufs = {}
     qb, qs, _ = Buffer.of_view(q)
     bufs["q"] = qb
@@ -105,6 +109,8 @@ def run_sdpa(
         Dv=Dv,
         bits=bits,
         group_size=group_size,
+        v_bits=v_bits,
+        v_group_size=v_group_size,
         q_dtype=DT[q_tag],
         scale_dtype=DT[s_tag],
         scale=scale,

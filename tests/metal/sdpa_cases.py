@@ -32,8 +32,12 @@ class Case:
         kv_extra_rows=0,
         kv_pad_cols=False,
         q_layout="contiguous",
+        v_bits=None,
+        v_group_size=None,
     ):
         self.bits, self.group_size, self.q_tag, self.s_tag = bits, group_size, q_dtype, kv_dtype
+        self.v_bits = bits if v_bits is None else v_bits
+        self.v_group_size = group_size if v_group_size is None else v_group_size
         self.q, self.k, self.v = random_inputs(
             rng,
             B=B,
@@ -47,6 +51,8 @@ class Case:
             group_size=group_size,
             q_dtype=DTYPES[q_dtype],
             kv_dtype=DTYPES[kv_dtype],
+            v_bits=self.v_bits,
+            v_group_size=self.v_group_size,
         )
         self.shape = (B, Hq, L, N)
         q = to_np(self.q)
@@ -94,6 +100,8 @@ class Case:
             scale=scale,
             bits=self.bits,
             group_size=self.group_size,
+            v_bits=self.v_bits,
+            v_group_size=self.v_group_size,
             mask="causal" if mask == "causal" else mask_np,
             mask_tag=mask_tag,
             sinks=sinks_np,
@@ -109,6 +117,8 @@ class Case:
             sinks=sinks,
             group_size=self.group_size,
             bits=self.bits,
+            v_bits=self.v_bits,
+            v_group_size=self.v_group_size,
         )
         assert_close(to_mx(out, self.q_tag), ref, dtype=DTYPES[self.q_tag])
         return out, plan

@@ -91,6 +91,8 @@ def test_argument_block_layout():
         Dv=64,
         bits=3,
         group_size=32,
+        v_bits=5,
+        v_group_size=64,
         scale=0.25,
         q_strides=(1, 2, 3, 4),
         has_sinks=True,
@@ -99,13 +101,15 @@ def test_argument_block_layout():
         sinks_stride=2,
     )
     raw = p["params"]
-    assert len(raw) == 27 * 8 + 22 * 4
+    assert len(raw) == 27 * 8 + 24 * 4
     longs = struct.unpack_from("<27q", raw)
-    ints = struct.unpack_from("<20i", raw, 27 * 8)
-    (scale,) = struct.unpack_from("<f", raw, 27 * 8 + 20 * 4)
+    ints = struct.unpack_from("<23i", raw, 27 * 8)
+    (scale,) = struct.unpack_from("<f", raw, 27 * 8 + 23 * 4)
     assert longs[:4] == (1, 2, 3, 4) and longs[22:26] == (5, 6, 7, 8) and longs[26] == 2
-    assert ints[:10] == (3, 12, 4, 5, 77, 96, 64, 3, 32, 15)  # B..rep, group, rows
-    assert ints[14:17] == (2, 0, 1) and scale == 0.25  # mask kind, scale dtype, sinks
+    # B..rep, K and V group sizes and bits, rows
+    assert ints[:13] == (3, 12, 4, 5, 77, 96, 64, 3, 32, 64, 3, 5, 15)
+    assert ints[17:20] == (2, 0, 1) and scale == 0.25  # mask kind, scale dtype, sinks
+    assert "_kv_d128" in p["kernel"]
 
 
 def test_ring_plans():
@@ -132,7 +136,27 @@ def test_ring_plans():
     assert c["kernel"] == "mlxq_copy4d_u64" and c["grid"] == (7, 5, 6)
 
 
+def test_kernel_widths_names():
+    names = {
+        (4, 4): "_b4_",
+        (3, 3): "_b3_",
+        (8, 4): "_k8v4_",
+        (4, 8): "_kv_",
+        (8, 2): "_kv_",
+    }
+    for (kb, vb), tag in names.items():
+        p = plan(Hq=4, Hkv=1, L=1, N=100, Dk=128, bits=kb, v_bits=vb)
+        assert tag in p["kernel"], (kb, vb, p["kernel"])
+        assert p["params"][27 * 8 + 10 * 4 : 27 * 8 + 12 * 4] == struct.pack("<2i", kb, vb)
+
+
 def test_unsupported_shapes_raise():
-    for kw in (dict(Dk=100), dict(Dk=1024), dict(Hq=6, Hkv=4), dict(group_size=16)):
+    for kw in (
+        dict(Dk=100),
+        dict(Dk=1024),
+        dict(Hq=6, Hkv=4),
+        dict(group_size=16),
+        dict(v_group_size=16),
+    ):
         with pytest.raises(ValueError, match="unsupported"):
             plan(**kw)

@@ -48,6 +48,43 @@ def test_bits_and_scale_dtypes(emu, rng, bits, kv_dtype):
     run_case(emu, case, rng, "causal")
 
 
+# Separate K and V quantization: the k8v4 instance, the run-time-widths
+# instance for every other pair, own group sizes, both modes.
+MIXED = [
+    # k_bits, k_group, v_bits, v_group, Dk, Dv, mode, mask, kernel widths
+    (8, 64, 4, 64, 128, 128, "decode", "causal", "k8v4"),
+    (8, 32, 4, 128, 256, 256, "prefill", "bool_BHLN", "k8v4"),
+    (8, 64, 4, 64, 512, 512, "decode", "none", "k8v4"),
+    (4, 64, 8, 64, 64, 64, "decode", "causal", "kv"),
+    (8, 128, 2, 32, 128, 64, "prefill", "causal", "kv"),
+    (3, 32, 6, 64, 96, 128, "decode", "add_f16", "kv"),
+    (5, 64, 4, 32, 192, 160, "prefill", "none", "kv"),
+    (6, 64, 3, 64, 512, 256, "decode", "bool_keypad", "kv"),
+    (2, 32, 5, 32, 64, 96, "auto", "causal", "kv"),
+]
+
+
+@pytest.mark.parametrize("kb,kg,vb,vg,Dk,Dv,mode,mask,widths", MIXED)
+def test_separate_key_and_value_quantization(emu, rng, kb, kg, vb, vg, Dk, Dv, mode, mask, widths):
+    case = Case(
+        rng,
+        B=2,
+        Hq=4,
+        Hkv=2,
+        L=5 if mode == "decode" else 19,
+        N=83,
+        Dk=Dk,
+        Dv=Dv,
+        bits=kb,
+        group_size=kg,
+        v_bits=vb,
+        v_group_size=vg,
+        kv_dtype="f16",
+    )
+    out, plan = run_case(emu, case, rng, mask, with_sinks=kb == 8, mode=mode)
+    assert f"_{widths}_d" in plan["kernel"], plan["kernel"]
+
+
 # --- head dims, GQA, batch, query length ------------------------------------------------
 
 
@@ -360,8 +397,9 @@ def test_every_instantiation(emu, rng, q_dtype, bits, dims, mode):
 def test_every_kernel_is_reachable_from_the_plan(metal_emu):
     """The kernels in the build are exactly those the grid arithmetic names."""
     names = set()
-    for q, bits, dims, mode in itertools.product(
-        DT, BITS, [(64, 64), (512, 64)], ["decode", "prefill"]
+    widths = [(b, b) for b in BITS] + [(8, 4), (4, 8)]
+    for q, (kb, vb), dims, mode in itertools.product(
+        DT, widths, [(64, 64), (512, 64)], ["decode", "prefill"]
     ):
         p = mlxq._ext._metal_plan_sdpa(
             dict(
@@ -372,7 +410,8 @@ def test_every_kernel_is_reachable_from_the_plan(metal_emu):
                 N=100,
                 Dk=dims[0],
                 Dv=dims[1],
-                bits=bits,
+                bits=kb,
+                v_bits=vb,
                 group_size=32,
                 q_dtype=DT[q],
                 mode=MODES[mode],

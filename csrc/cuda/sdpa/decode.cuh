@@ -309,10 +309,9 @@ issue_codes(uint8_t* stage, int k0, int N, int lane, const uint8_t* k, const uin
 // The kernel's per-step stages, always inlined: issue_step and decode_step
 // were lambdas of decode_kernel_impl and take its values by const reference
 // as the lambdas captured them, so the sm_90 SASS is identical to the
-// single-function kernel. The query fragments and the block merge stay
-// inline in the kernel: moved into functions, they changed its register
-// allocation (same instruction count, different code), which would need a
-// benchmark to show it changed nothing.
+// single-function kernel. The query fragments and the block merge below
+// moved later; see bench/results/gpu_stages_nvidia_h200.json for their
+// effect on the SASS and on time.
 
 // Ring issue: one step's codes (K and V rows of S::kKeys keys from kk, zero
 // past N) and its four scale arrays into a ring stage, as one cp.async group.
@@ -591,13 +590,198 @@ __device__ __forceinline__ void decode_step(
   }
 }
 
+// Query fragments: the lane's query values (row q) as the B operand of the
+// scores, scaled by 2^e per row into f16 range (the high-nibble slots of
+// 4-bit codes take q / 16), into qf (and qsm for D > 128, from warp 0); and
+// the per-row constants of its score columns in log2 softmax units.
+// Arguments by reference, as the kernel's locals they were.
+template <typename S, bool kTwoTerms>
+__device__ __forceinline__ void load_query_fragments(
+    const SdpaArgs& a,
+    const int& b,
+    const int& kvh,
+    const int& q,
+    const int& t,
+    const int& lane,
+    const int& warp,
+    const int& R,
+    uint2* qsm,
+    uint32_t (&qf)[S::kGroups][S::kGroupKSteps][2],
+    float (&inv)[2],
+    float (&off)[S::kGroups][2],
+    float (&qs)[S::kGroups][2]) {
+  constexpr int G = S::kGroups;
+  // The lane's query values (row q), read once: its row base is computed
+  // once (no per-element divisions by rep), the dtype is the instance's.
+  using QT = std::conditional_t<kTwoTerms, __half, __nv_bfloat16>;
+  const bool qlive = q < R;
+  const QT* qrow = static_cast<const QT*>(a.q) + b * a.q_st[0] +
+      (kvh * a.rep + (qlive ? q % a.rep : 0)) * a.q_st[1] + (qlive ? q / a.rep : 0) * a.q_st[2];
+  float qv[G][S::kGroupKSteps][4];
+  float amax = 0.0f;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int j = 0; j < S::kGroupKSteps; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        qv[g][j][e] = qlive ? to_f32(qrow[S::key_dim(t, g, j, e) * a.q_st[3]]) : 0.0f;
+        amax = fmaxf(amax, fabsf(qv[g][j][e]));
+      }
+    }
+  }
+  amax = lanes_max<1, 2>(amax);
+  int ex = 0;
+  frexpf(amax, &ex);
+  // (The exponent stays finite for bf16 rows below 2^-113.)
+  const float up = amax > 0.0f && amax <= FLT_MAX ? ldexpf(1.0f, min(15 - ex, 126)) : 1.0f;
+  float fed[G], qsum[G]; // per group: sum of the fed f16 values, sum of q
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    fed[g] = qsum[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < S::kGroupKSteps; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int e = 2 * h + i;
+          const float x = qv[g][j][e];
+          qsum[g] += x;
+          v[i] = x * up * (S::high_nibble(e) ? 0.0625f : 1.0f);
+        }
+        const __half2 hv = __floats2half2_rn(v[0], v[1]);
+        const float2 back = __half22float2(hv);
+        fed[g] += back.x + back.y;
+        qf[g][j][h] = h2_bits(hv);
+      }
+      if (S::kQInSmem && warp == 0) {
+        qsm[(g * S::kGroupKSteps + j) * 32 + lane] = make_uint2(qf[g][j][0], qf[g][j][1]);
+      }
+    }
+  }
+  // Per-row constants of the lane's score columns (rows 2t, 2t + 1), all in
+  // log2 softmax units: 2^-e, the fed codes' 1024 offset, and qsum (for the
+  // biases).
+  const float scale2 = a.scale * kLog2e;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    fed[g] = lanes_sum<1, 2>(fed[g]);
+    qsum[g] = lanes_sum<1, 2>(qsum[g]);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int src = 4 * (2 * t + i);
+    const float down = 1.0f / __shfl_sync(0xffffffffu, up, src);
+    inv[i] = down * scale2;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      off[g][i] = -1024.0f * __shfl_sync(0xffffffffu, fed[g], src) * inv[i];
+      qs[g][i] = __shfl_sync(0xffffffffu, qsum[g], src) * scale2;
+    }
+  }
+}
+
+// Block merge: the four warps' states of rows 2t, 2t + 1 into one partial
+// (output, max, sum) per block in a.part_o / a.part_ml, through the freed
+// rings (`codes`) and the per-warp (max, sum) rows wm / wl.
+template <int BITS, int D, typename S>
+__device__ __forceinline__ void merge_block(
+    const SdpaArgs& a,
+    const int& b,
+    const int& kvh,
+    const int& q,
+    const int& t,
+    const int& warp,
+    const int& R,
+    float (&m)[2],
+    float (&l)[2],
+    float (&vbias)[S::kGroups][2],
+    float (&acc)[S::kVTiles][4],
+    float (&poff)[S::kGroups][4],
+    uint8_t* codes,
+    float* wm,
+    float* wl) {
+  constexpr int G = S::kGroups;
+  constexpr float kVOff = kVOffset<BITS>;
+  constexpr int kChunksPerGroup = S::kKSteps * 16 / S::kGroups / S::kChunkDims;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] = lanes_sum<4, 16>(l[i]);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      vbias[g][i] = lanes_sum<4, 16>(vbias[g][i]);
+    }
+  }
+  if (q == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      wm[warp * S::kMaxRows + 2 * t + i] = m[i];
+      wl[warp * S::kMaxRows + 2 * t + i] = l[i];
+    }
+  }
+  cp_async_wait_all();
+  __syncthreads(); // every warp is done with its ring: it now holds the outputs
+  // Each warp's weight for rows 2t, 2t + 1 (its output columns).
+  float wgt[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = 2 * t + i;
+    float mb = -INFINITY;
+    if (r < R) {
+      for (int w = 0; w < kWarps; ++w)
+        mb = fmaxf(mb, wm[w * S::kMaxRows + r]);
+    }
+    wgt[i] = r < R && m[i] != -INFINITY ? exp2f(m[i] - mb) : 0.0f;
+  }
+  // Every (row, dim) of a warp's slice is written by exactly one lane.
+  float* wout = reinterpret_cast<float*>(codes) + warp * S::kMaxRows * D;
+#pragma unroll
+  for (int c = 0; c < S::kChunks; ++c) {
+    const int g = c / kChunksPerGroup;
+#pragma unroll
+    for (int jj = 0; jj < S::kTilesPerChunk; ++jj) {
+      const int tile = c * S::kTilesPerChunk + jj;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e & 1, r = 2 * t + i;
+        const int d = c * S::kChunkDims + (S::kChunkDims / 8) * q + 2 * jj + (e >> 1);
+        const float o = acc[tile][e] - kVOff * poff[g][i] + vbias[g][i];
+        wout[r * D + d] = wgt[i] > 0.0f ? wgt[i] * o : 0.0f;
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t blk = (int64_t(b) * a.Hkv + kvh) * a.splits + blockIdx.x;
+  const float* outs = reinterpret_cast<const float*>(codes);
+  for (int i = threadIdx.x; i < R * D; i += blockDim.x) {
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      o += outs[w * S::kMaxRows * D + i];
+    a.part_o[blk * R * D + i] = o;
+  }
+  if (threadIdx.x < R) {
+    const int r = threadIdx.x;
+    float mb = -INFINITY;
+    for (int w = 0; w < kWarps; ++w)
+      mb = fmaxf(mb, wm[w * S::kMaxRows + r]);
+    float lb = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = wm[w * S::kMaxRows + r];
+      lb += mw == -INFINITY ? 0.0f : exp2f(mw - mb) * wl[w * S::kMaxRows + r];
+    }
+    a.part_ml[(blk * R + r) * 2] = mb == -INFINITY ? -INFINITY : mb * kLn2;
+    a.part_ml[(blk * R + r) * 2 + 1] = lb;
+  }
+}
+
 template <int BITS, int D, int GS, typename ST, bool kTwoTerms>
 __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlocks)
     decode_kernel_impl(SdpaArgs a) {
   using S = Shape<BITS, D, GS, ST>;
   constexpr int G = S::kGroups;
-  constexpr float kVOff = kVOffset<BITS>;
-  constexpr int kChunksPerGroup = GS / S::kChunkDims;
   extern __shared__ float4 smem4[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int q = lane >> 2, t = lane & 3;
@@ -658,60 +842,9 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
     }
   }
 
-  // Query fragments (B operand of the scores: column n = q is query row q),
-  // scaled by 2^e per row into f16 range; the high-nibble slots of 4-bit
-  // codes take q / 16.
-  // The lane's query values (row q), read once: its row base is computed
-  // once (no per-element divisions by rep), the dtype is the instance's.
-  using QT = std::conditional_t<kTwoTerms, __half, __nv_bfloat16>;
-  const bool qlive = q < R;
-  const QT* qrow = static_cast<const QT*>(a.q) + b * a.q_st[0] +
-      (kvh * a.rep + (qlive ? q % a.rep : 0)) * a.q_st[1] + (qlive ? q / a.rep : 0) * a.q_st[2];
-  float qv[G][S::kGroupKSteps][4];
-  float amax = 0.0f;
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-#pragma unroll
-    for (int j = 0; j < S::kGroupKSteps; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        qv[g][j][e] = qlive ? to_f32(qrow[S::key_dim(t, g, j, e) * a.q_st[3]]) : 0.0f;
-        amax = fmaxf(amax, fabsf(qv[g][j][e]));
-      }
-    }
-  }
-  amax = lanes_max<1, 2>(amax);
-  int ex = 0;
-  frexpf(amax, &ex);
-  // (The exponent stays finite for bf16 rows below 2^-113.)
-  const float up = amax > 0.0f && amax <= FLT_MAX ? ldexpf(1.0f, min(15 - ex, 126)) : 1.0f;
   uint32_t qf[G][S::kGroupKSteps][2];
-  float fed[G], qsum[G]; // per group: sum of the fed f16 values, sum of q
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    fed[g] = qsum[g] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < S::kGroupKSteps; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float v[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int e = 2 * h + i;
-          const float x = qv[g][j][e];
-          qsum[g] += x;
-          v[i] = x * up * (S::high_nibble(e) ? 0.0625f : 1.0f);
-        }
-        const __half2 hv = __floats2half2_rn(v[0], v[1]);
-        const float2 back = __half22float2(hv);
-        fed[g] += back.x + back.y;
-        qf[g][j][h] = h2_bits(hv);
-      }
-      if (S::kQInSmem && warp == 0) {
-        qsm[(g * S::kGroupKSteps + j) * 32 + lane] = make_uint2(qf[g][j][0], qf[g][j][1]);
-      }
-    }
-  }
+  float inv[2], off[G][2], qs[G][2];
+  load_query_fragments<S, kTwoTerms>(a, b, kvh, q, t, lane, warp, R, qsm, qf, inv, off, qs);
   auto qfrag = [&](int g, int j) {
     if constexpr (S::kQInSmem) {
       return qsm[(g * S::kGroupKSteps + j) * 32 + lane];
@@ -719,27 +852,6 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
       return make_uint2(qf[g][j][0], qf[g][j][1]);
     }
   };
-  // Per-row constants of the lane's score columns (rows 2t, 2t + 1), all in
-  // log2 softmax units: 2^-e, the fed codes' 1024 offset, and qsum (for the
-  // biases).
-  const float scale2 = a.scale * kLog2e;
-  float inv[2], off[G][2], qs[G][2];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    fed[g] = lanes_sum<1, 2>(fed[g]);
-    qsum[g] = lanes_sum<1, 2>(qsum[g]);
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int src = 4 * (2 * t + i);
-    const float down = 1.0f / __shfl_sync(0xffffffffu, up, src);
-    inv[i] = down * scale2;
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      off[g][i] = -1024.0f * __shfl_sync(0xffffffffu, fed[g], src) * inv[i];
-      qs[g][i] = __shfl_sync(0xffffffffu, qsum[g], src) * scale2;
-    }
-  }
   __syncthreads();
 
   // Running state of the lane's rows 2t, 2t + 1: max (log2 units, the same
@@ -827,76 +939,7 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
     cur_stage = cur_stage == S::kStages - 1 ? 0 : cur_stage + 1;
   }
 
-  // Block merge of the four warps' states, then one partial per block.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] = lanes_sum<4, 16>(l[i]);
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      vbias[g][i] = lanes_sum<4, 16>(vbias[g][i]);
-    }
-  }
-  if (q == 0) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      wm[warp * S::kMaxRows + 2 * t + i] = m[i];
-      wl[warp * S::kMaxRows + 2 * t + i] = l[i];
-    }
-  }
-  cp_async_wait_all();
-  __syncthreads(); // every warp is done with its ring: it now holds the outputs
-  // Each warp's weight for rows 2t, 2t + 1 (its output columns).
-  float wgt[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = 2 * t + i;
-    float mb = -INFINITY;
-    if (r < R) {
-      for (int w = 0; w < kWarps; ++w)
-        mb = fmaxf(mb, wm[w * S::kMaxRows + r]);
-    }
-    wgt[i] = r < R && m[i] != -INFINITY ? exp2f(m[i] - mb) : 0.0f;
-  }
-  // Every (row, dim) of a warp's slice is written by exactly one lane.
-  float* wout = reinterpret_cast<float*>(codes) + warp * S::kMaxRows * D;
-#pragma unroll
-  for (int c = 0; c < S::kChunks; ++c) {
-    const int g = c / kChunksPerGroup;
-#pragma unroll
-    for (int jj = 0; jj < S::kTilesPerChunk; ++jj) {
-      const int tile = c * S::kTilesPerChunk + jj;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = e & 1, r = 2 * t + i;
-        const int d = c * S::kChunkDims + (S::kChunkDims / 8) * q + 2 * jj + (e >> 1);
-        const float o = acc[tile][e] - kVOff * poff[g][i] + vbias[g][i];
-        wout[r * D + d] = wgt[i] > 0.0f ? wgt[i] * o : 0.0f;
-      }
-    }
-  }
-  __syncthreads();
-  const int64_t blk = (int64_t(b) * a.Hkv + kvh) * a.splits + blockIdx.x;
-  const float* outs = reinterpret_cast<const float*>(codes);
-  for (int i = threadIdx.x; i < R * D; i += blockDim.x) {
-    float o = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w)
-      o += outs[w * S::kMaxRows * D + i];
-    a.part_o[blk * R * D + i] = o;
-  }
-  if (threadIdx.x < R) {
-    const int r = threadIdx.x;
-    float mb = -INFINITY;
-    for (int w = 0; w < kWarps; ++w)
-      mb = fmaxf(mb, wm[w * S::kMaxRows + r]);
-    float lb = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = wm[w * S::kMaxRows + r];
-      lb += mw == -INFINITY ? 0.0f : exp2f(mw - mb) * wl[w * S::kMaxRows + r];
-    }
-    a.part_ml[(blk * R + r) * 2] = mb == -INFINITY ? -INFINITY : mb * kLn2;
-    a.part_ml[(blk * R + r) * 2 + 1] = lb;
-  }
+  merge_block<BITS, D, S>(a, b, kvh, q, t, warp, R, m, l, vbias, acc, poff, codes, wm, wl);
   // The ring is free again: the merging block's weights go there.
   if (a.counters && last_block_of_head(a.counters + b * a.Hkv + kvh, a.splits)) {
     merge_head_splits<kWarps * 32>(a, b, kvh, reinterpret_cast<float*>(codes));

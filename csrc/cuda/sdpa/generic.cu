@@ -50,8 +50,9 @@ __host__ __device__ inline int round4(int x) {
   return (x + 3) & ~3;
 }
 
-__host__ __device__ inline int smem_floats(int Dk, int Dv, int bits, Smem* out, void* base) {
-  const int Wk = Dk * bits / 32, Wv = Dv * bits / 32;
+__host__ __device__ inline int
+smem_floats(int Dk, int Dv, int k_bits, int v_bits, Smem* out, void* base) {
+  const int Wk = Dk * k_bits / 32, Wv = Dv * v_bits / 32;
   const int sizes[] = {
       RT * Dk,
       TK * (Dk + 4),
@@ -185,11 +186,12 @@ __device__ void dequant_tile(
   }
 }
 
-template <int BITS>
+// Keys and values have their own widths (KBITS, VBITS) and group sizes.
+template <int KBITS, int VBITS>
 __global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
   extern __shared__ float4 smem_raw[];
   Smem sm;
-  smem_floats(a.Dk, a.Dv, BITS, &sm, smem_raw);
+  smem_floats(a.Dk, a.Dv, KBITS, VBITS, &sm, smem_raw);
 
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   const int split = blockIdx.y;
@@ -198,8 +200,8 @@ __global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
   const int r0 = tile * a.row_tile;
   const int R = min(a.row_tile, a.rows - r0);
   const int Dk = a.Dk, Dv = a.Dv;
-  const int Wk = Dk * BITS / 32, Wv = Dv * BITS / 32;
-  const int Gk = Dk / a.gs, Gv = Dv / a.gs;
+  const int Wk = Dk * KBITS / 32, Wv = Dv * VBITS / 32;
+  const int Gk = Dk / a.k_gs, Gv = Dv / a.v_gs;
   const int n0 = split * a.split_keys;
   int n1 = min(n0 + a.split_keys, a.N);
   if (a.mask_kind == kMaskCausal) {
@@ -263,8 +265,8 @@ __global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
         sm.vraw,
         sm.vsb);
     __syncthreads();
-    dequant_tile<BITS>(sm.kraw, sm.ksb, Dk, Wk, Gk, a.gs, sm.k, Dk + 4);
-    dequant_tile<BITS>(sm.vraw, sm.vsb, Dv, Wv, Gv, a.gs, sm.v, Dv);
+    dequant_tile<KBITS>(sm.kraw, sm.ksb, Dk, Wk, Gk, a.k_gs, sm.k, Dk + 4);
+    dequant_tile<VBITS>(sm.vraw, sm.vsb, Dv, Wv, Gv, a.v_gs, sm.v, Dv);
     __syncthreads();
 
     // Scores with masks.
@@ -393,24 +395,46 @@ __global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
 
 } // namespace
 
-int generic_smem_bytes(int Dk, int Dv, int bits) {
-  return smem_floats(Dk, Dv, bits, nullptr, nullptr) * int(sizeof(float));
+int generic_smem_bytes(int Dk, int Dv, int k_bits, int v_bits) {
+  return smem_floats(Dk, Dv, k_bits, v_bits, nullptr, nullptr) * int(sizeof(float));
 }
 
-void* generic_kernel(int bits) {
-  switch (bits) {
+namespace {
+
+template <int KBITS>
+void* generic_for_values(int v_bits) {
+  switch (v_bits) {
     case 2:
-      return handle<generic_kernel_impl<2>>();
+      return handle<generic_kernel_impl<KBITS, 2>>();
     case 3:
-      return handle<generic_kernel_impl<3>>();
+      return handle<generic_kernel_impl<KBITS, 3>>();
     case 4:
-      return handle<generic_kernel_impl<4>>();
+      return handle<generic_kernel_impl<KBITS, 4>>();
     case 5:
-      return handle<generic_kernel_impl<5>>();
+      return handle<generic_kernel_impl<KBITS, 5>>();
     case 6:
-      return handle<generic_kernel_impl<6>>();
+      return handle<generic_kernel_impl<KBITS, 6>>();
     default:
-      return handle<generic_kernel_impl<8>>();
+      return handle<generic_kernel_impl<KBITS, 8>>();
+  }
+}
+
+} // namespace
+
+void* generic_kernel(int k_bits, int v_bits) {
+  switch (k_bits) {
+    case 2:
+      return generic_for_values<2>(v_bits);
+    case 3:
+      return generic_for_values<3>(v_bits);
+    case 4:
+      return generic_for_values<4>(v_bits);
+    case 5:
+      return generic_for_values<5>(v_bits);
+    case 6:
+      return generic_for_values<6>(v_bits);
+    default:
+      return generic_for_values<8>(v_bits);
   }
 }
 

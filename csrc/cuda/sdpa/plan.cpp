@@ -84,19 +84,32 @@ const char* family_name(Family f) {
   }
 }
 
+// The decode kernel and the tiled kernel over codes stage K and V rows of
+// one width and group size; mixed K/V quantization reaches them only as the
+// dense tiled kernel's (or the GEMM family's) dequantized copies.
 bool decode_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
-  return limits.decode_on && half_queries(p) && p.Dk == p.Dv && p.mask != kMaskArray &&
-      layout.vec_loads && p.N >= 1 && layout.head_fits_32bit && layout.dense_kv;
+  return limits.decode_on && half_queries(p) && p.Dk == p.Dv && p.same_quantization() &&
+      p.mask != kMaskArray && layout.vec_loads && p.N >= 1 && layout.head_fits_32bit &&
+      layout.dense_kv;
 }
 
-bool tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
+namespace {
+
+bool tiled_shape_ok(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
   return limits.tiled_on && half_queries(p) && p.Dk == p.Dv && p.rows() > kMaxTileRows &&
       p.N >= 1 && layout.packed_unit_stride && layout.head_fits_32bit;
 }
 
+} // namespace
+
 bool dense_tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
-  return limits.dense_on && tiled_candidate(p, layout, limits) && (p.Dk == 256 || p.Dk == 512) &&
+  return limits.dense_on && tiled_shape_ok(p, layout, limits) && (p.Dk == 256 || p.Dk == 512) &&
       p.rows() >= kDenseMinRows;
+}
+
+bool tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
+  return tiled_shape_ok(p, layout, limits) &&
+      (p.same_quantization() || dense_tiled_candidate(p, layout, limits));
 }
 
 bool gemm_candidate(const SdpaProblem& p, const Limits& limits) {

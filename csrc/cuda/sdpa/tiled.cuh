@@ -603,7 +603,7 @@ struct TiledStages {
     const int64_t kb0 = b * a.kb_st[0] + kvh * a.kb_st[1];
     const int64_t vs0 = b * a.vs_st[0] + kvh * a.vs_st[1];
     const int64_t vb0 = b * a.vb_st[0] + kvh * a.vb_st[1];
-    const int bits = a.bits;
+    const int bits = a.k_bits; // (= a.v_bits: the plan's tiled_candidate)
     const int W = D * bits / 32; // words per row
 
     // Running state of rows ra (index 0) and rb (1): max (log2 units), this

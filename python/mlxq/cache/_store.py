@@ -14,12 +14,12 @@ from outside (``restore``, ``state``) are written in place only when MLX says
 they may be donated, else copied first.
 """
 
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import mlx.core as mx
 
 from .. import _ext
-from ..quantization import BITS, GROUP_SIZES
+from ..quantization import BITS, GROUP_SIZES, FormattedTriple
 from ..ring import quantized_ring_update
 from ..rotation import RotatedTriple, mark, rotate
 
@@ -31,10 +31,10 @@ class Plain:
 
     quantized = False
 
-    def encode(self, x: mx.array) -> mx.array:
+    def encode(self, x: mx.array, values: bool = False) -> mx.array:
         return x
 
-    def zeros(self, like: mx.array, n: int) -> mx.array:
+    def zeros(self, like: mx.array, n: int, values: bool = False) -> mx.array:
         """``n`` zero rows in the stored layout of ``like`` ([B, H, *, D] input)."""
         B, H, _, D = like.shape
         return mx.zeros((B, H, n, D), like.dtype)
@@ -48,7 +48,7 @@ class Plain:
     def concat(self, parts: Sequence[mx.array]) -> mx.array:
         return mx.concatenate(list(parts), axis=2)
 
-    def fetched(self, t: mx.array) -> mx.array:
+    def fetched(self, t: mx.array, values: bool = False) -> mx.array:
         return t
 
     def write_kv(self, keys, values, new_keys, new_values, pos: int, owned: bool):
@@ -63,7 +63,7 @@ class Plain:
         k, v = self.write_kv(keys, values, new_keys, new_values, pos, True)
         return k, v, self.rows(k, stop=stop), self.rows(v, stop=stop)
 
-    def head_dim(self, t: mx.array) -> int:
+    def head_dim(self, t: mx.array, values: bool = False) -> int:
         return t.shape[3]
 
     def dtype(self, t: mx.array):
@@ -82,30 +82,52 @@ class Plain:
 class Quantized:
     """Keys/values stored quantized along the head dimension (a triple).
 
-    With ``rotate``, rows are quantized in the Hadamard basis (mlxq.rotation):
-    every write rotates its new rows first, and every fetch is a
-    :class:`~mlxq.rotation.RotatedTriple`, which attention undoes.
+    Keys take ``(group_size, bits)``; values take ``(v_group_size, v_bits)``
+    when given (for example 8-bit keys with 4-bit values), else the same.
+    With separate value quantization every value fetch is a
+    :class:`~mlxq.quantization.FormattedTriple`, which tells attention its
+    width. With ``rotate``, rows are quantized in the Hadamard basis
+    (mlxq.rotation): every write rotates its new rows first, and every fetch
+    is a :class:`~mlxq.rotation.RotatedTriple`, which attention undoes.
+
+    Methods that take one tensor take ``values=True`` for the values' side.
     """
 
     quantized = True
 
-    def __init__(self, group_size: int, bits: int, rotate: bool = False):
+    def __init__(
+        self,
+        group_size: int,
+        bits: int,
+        rotate: bool = False,
+        v_group_size: Optional[int] = None,
+        v_bits: Optional[int] = None,
+    ):
         self.group_size = group_size
         self.bits = bits
+        self.v_group_size = group_size if v_group_size is None else v_group_size
+        self.v_bits = bits if v_bits is None else v_bits
         self.rotate = rotate
+        self.separate = (self.v_group_size, self.v_bits) != (group_size, bits)
+
+    def format(self, values: bool = False) -> Tuple[int, int]:
+        """``(group_size, bits)`` of one side."""
+        return (self.v_group_size, self.v_bits) if values else (self.group_size, self.bits)
 
     def _basis(self, x: mx.array) -> mx.array:
         return rotate(x) if self.rotate else x
 
-    def encode(self, x: mx.array) -> Triple:
-        return tuple(mx.quantize(self._basis(x), group_size=self.group_size, bits=self.bits))
+    def encode(self, x: mx.array, values: bool = False) -> Triple:
+        gs, bits = self.format(values)
+        return tuple(mx.quantize(self._basis(x), group_size=gs, bits=bits))
 
-    def zeros(self, like: mx.array, n: int) -> Triple:
+    def zeros(self, like: mx.array, n: int, values: bool = False) -> Triple:
         B, H, _, D = like.shape
+        gs, bits = self.format(values)
         return (
-            mx.zeros((B, H, n, D * self.bits // 32), mx.uint32),
-            mx.zeros((B, H, n, D // self.group_size), like.dtype),
-            mx.zeros((B, H, n, D // self.group_size), like.dtype),
+            mx.zeros((B, H, n, D * bits // 32), mx.uint32),
+            mx.zeros((B, H, n, D // gs), like.dtype),
+            mx.zeros((B, H, n, D // gs), like.dtype),
         )
 
     def length(self, t: Triple) -> int:
@@ -114,8 +136,11 @@ class Quantized:
     def rows(self, t: Triple, start=None, stop=None) -> Triple:
         return tuple(a[..., start:stop, :] for a in t)
 
-    def fetched(self, t: Triple) -> Triple:
-        """``t`` as a cache hands it out: marked when rotated."""
+    def fetched(self, t: Triple, values: bool = False) -> Triple:
+        """``t`` as a cache hands it out: values carry their format when it
+        differs from the keys'; marked when rotated."""
+        if values and self.separate:
+            t = FormattedTriple(t, self.v_group_size, self.v_bits)
         return mark(t) if self.rotate else t
 
     def concat(self, parts: Sequence[Triple]) -> Triple:
@@ -126,11 +151,12 @@ class Quantized:
         ``QuantizedKVUpdate`` (one launch); others a ring update per array."""
         if owned:
             return self._kv_update(keys, values, new_keys, new_values, pos, fetch=-1)
-        gs, bits = self.group_size, self.bits
         new_keys, new_values = self._basis(new_keys), self._basis(new_values)
+        gs, bits = self.format()
+        vgs, vbits = self.format(values=True)
         return (
             quantized_ring_update(keys, new_keys, pos, group_size=gs, bits=bits),
-            quantized_ring_update(values, new_values, pos, group_size=gs, bits=bits),
+            quantized_ring_update(values, new_values, pos, group_size=vgs, bits=vbits),
         )
 
     def write_and_fetch(self, keys, values, new_keys, new_values, pos: int, stop: int):
@@ -148,10 +174,12 @@ class Quantized:
             group_size=self.group_size,
             bits=self.bits,
             fetch=fetch,
+            v_group_size=self.v_group_size,
+            v_bits=self.v_bits,
         )
 
-    def head_dim(self, t: Triple) -> int:
-        return t[0].shape[3] * 32 // self.bits
+    def head_dim(self, t: Triple, values: bool = False) -> int:
+        return t[0].shape[3] * 32 // self.format(values)[1]
 
     def dtype(self, t: Triple):
         return t[1].dtype
@@ -160,6 +188,7 @@ class Quantized:
         return sum(a.nbytes for a in t)
 
     def check(self, t, name: str, where: str) -> Triple:
+        """``t`` validated as the ``name`` ("keys" or "values") side's triple."""
         if not (
             isinstance(t, (tuple, list))
             and len(t) == 3
@@ -170,7 +199,8 @@ class Quantized:
                 f"arrays as mx.quantize returns, got {_describe(t)}."
             )
         packed, scales, biases = t
-        groups = packed.shape[3] * 32 / (self.bits * self.group_size)
+        gs, bits = self.format(values=name == "values")
+        groups = packed.shape[3] * 32 / (bits * gs)
         if (
             packed.dtype != mx.uint32
             or scales.shape != biases.shape
@@ -178,8 +208,7 @@ class Quantized:
             or groups != scales.shape[3]
         ):
             raise ValueError(
-                f"[{where}] {name} is not a triple of bits={self.bits}, "
-                f"group_size={self.group_size}: {_describe(t)}."
+                f"[{where}] {name} is not a triple of bits={bits}, group_size={gs}: {_describe(t)}."
             )
         return t if isinstance(t, RotatedTriple) else tuple(t)
 
@@ -192,8 +221,12 @@ def _describe(t) -> str:
     return type(t).__name__
 
 
-def check_quantization(group_size, bits, where: str) -> None:
+def check_quantization(group_size, bits, where: str, prefix: str = "") -> None:
+    """ValueError unless mlxq's kernels take (group_size, bits); ``prefix``
+    ("v_") names the values' own."""
     if bits not in BITS:
-        raise ValueError(f"[{where}] bits must be one of {BITS}, got {bits!r}.")
+        raise ValueError(f"[{where}] {prefix}bits must be one of {BITS}, got {bits!r}.")
     if group_size not in GROUP_SIZES:
-        raise ValueError(f"[{where}] group_size must be one of {GROUP_SIZES}, got {group_size!r}.")
+        raise ValueError(
+            f"[{where}] {prefix}group_size must be one of {GROUP_SIZES}, got {group_size!r}."
+        )

@@ -183,13 +183,14 @@ class BaseCache:
             self._reject_shapes(keys, values)
         store = self._store
         for name, x, buf in (("keys", keys, self.keys), ("values", values, self.values)):
+            side = name == "values"
             if store.quantized and (
-                x.shape[3] % store.group_size or not mx.issubdtype(x.dtype, mx.floating)
+                x.shape[3] % store.format(side)[0] or not mx.issubdtype(x.dtype, mx.floating)
             ):
                 self._reject_quantization(name, x)
             if buf is not None:
                 b0 = buf[0] if store.quantized else buf
-                if (b0.shape[0], b0.shape[1], store.head_dim(buf), store.dtype(buf)) != (
+                if (b0.shape[0], b0.shape[1], store.head_dim(buf, side), store.dtype(buf)) != (
                     x.shape[0],
                     x.shape[1],
                     x.shape[3],
@@ -220,7 +221,7 @@ class BaseCache:
             )
         raise ValueError(
             f"[{where}] {name} head dim {x.shape[3]} is not a multiple of "
-            f"group_size {self._store.group_size}."
+            f"group_size {self._store.format(name == 'values')[0]}."
         )
 
     def _reject_misfit(self, name, x, buf):
@@ -229,7 +230,7 @@ class BaseCache:
         raise ValueError(
             f"[{self._where('update_and_fetch')}] {name} of shape {tuple(x.shape)} and dtype "
             f"{dtype_name(x.dtype)} do not fit the cache's [B={b0.shape[0]}, H={b0.shape[1]}, *, "
-            f"D={store.head_dim(buf)}] {dtype_name(store.dtype(buf))} buffer."
+            f"D={store.head_dim(buf, name == 'values')}] {dtype_name(store.dtype(buf))} buffer."
         )
 
     def keys_and_values(self):
@@ -245,7 +246,7 @@ class BaseCache:
 
     def _fetched(self, keys, values):
         """Keys and values as the cache hands them out (see _store.fetched)."""
-        return self._store.fetched(keys), self._store.fetched(values)
+        return self._store.fetched(keys), self._store.fetched(values, values=True)
 
     def update_and_share(self, keys, values):
         """``update_and_fetch``, returned as a :class:`~mlxq.SharedKV` for sharer layers."""
@@ -282,22 +283,40 @@ class BaseCache:
 
 
 class QuantizedStorage:
-    """Mixin for the caches that hold quantized triples (``group_size``, ``bits``,
-    and ``kv_rotate``: rows quantized in the Hadamard basis, see mlxq.rotation).
+    """Mixin for the caches that hold quantized triples: ``group_size`` and
+    ``bits`` (the keys', and the values' unless ``v_group_size`` / ``v_bits``
+    say otherwise: e.g. 8-bit keys with 4-bit values), and ``kv_rotate``
+    (rows quantized in the Hadamard basis, see mlxq.rotation).
 
-    A rotated cache's ``state`` ends with one more scalar, ``kv_rotate`` = 1,
-    so prompt-cache files record it; a state without it is unrotated (mlx-lm's
-    and earlier mlxq files). mlx-lm's own classes cannot load a rotated state.
+    ``state`` and ``meta_state`` are mlx-lm's, plus trailing entries only
+    where mlx-lm has nothing to say: ``(kv_rotate=1,)`` for a rotated cache
+    with one quantization, ``(kv_rotate, v_group_size, v_bits)`` for
+    separate value quantization. A state without them is mlx-lm's (and
+    earlier mlxq files'). mlx-lm's own classes cannot load the extended ones.
     """
 
     kv_rotate = False
+    v_group_size = None
+    v_bits = None
+
+    def _v_format(self):
+        """The values' (group_size, bits)."""
+        gs = self.group_size if self.v_group_size is None else self.v_group_size
+        return gs, self.bits if self.v_bits is None else self.v_bits
+
+    def _separate(self) -> bool:
+        return self._v_format() != (self.group_size, self.bits)
 
     def _use_quantized_store(self) -> None:
         where = self._where("__init__")
         check_quantization(self.group_size, self.bits, where)
+        vgs, vbits = self._v_format()
+        check_quantization(vgs, vbits, where, prefix="v_")
         if not isinstance(self.kv_rotate, bool):
             raise ValueError(f"[{where}] kv_rotate must be a bool, got {self.kv_rotate!r}.")
-        self._store = Quantized(self.group_size, self.bits, rotate=self.kv_rotate)
+        self._store = Quantized(
+            self.group_size, self.bits, rotate=self.kv_rotate, v_group_size=vgs, v_bits=vbits
+        )
 
     def _check_update(self, keys, values) -> int:
         if self.kv_rotate and self._checked is None:
@@ -305,41 +324,73 @@ class QuantizedStorage:
                 check_head_dim(x.shape[-1], self._where("update_and_fetch"))
         return super()._check_update(keys, values)
 
+    def _extras(self) -> tuple:
+        if self._separate():
+            return (int(self.kv_rotate),) + self._v_format()
+        return (1,) if self.kv_rotate else ()
+
+    def _take_extras(self, extras: tuple, where: str) -> None:
+        """Sets kv_rotate / v_group_size / v_bits from a state's trailing entries."""
+        self.v_group_size = self.v_bits = None
+        self.kv_rotate = False
+        if len(extras) not in (0, 1, 3):
+            raise ValueError(
+                f"[{where}] a quantized state ends with (), (kv_rotate,) or "
+                f"(kv_rotate, v_group_size, v_bits); got {len(extras)} extra entries."
+            )
+        if len(extras) == 1 and as_int(extras[0], "kv_rotate", where) != 1:
+            raise ValueError(
+                f"[{where}] a state's trailing kv_rotate entry must be 1, got {extras[0]!r}."
+            )
+        if extras:
+            rotate = as_int(extras[0], "kv_rotate", where)
+            if rotate not in (0, 1):
+                raise ValueError(f"[{where}] kv_rotate must be 0 or 1, got {rotate}.")
+            self.kv_rotate = bool(rotate)
+        if len(extras) == 3:
+            self.v_group_size = as_int(extras[1], "v_group_size", where)
+            self.v_bits = as_int(extras[2], "v_bits", where)
+
     @property
     def state(self):
-        extra = (1,) if self.kv_rotate else ()
-        return BaseCache.state.fget(self) + extra
+        return BaseCache.state.fget(self) + self._extras()
 
     @state.setter
     def state(self, v):
         v = tuple(v)
-        self.kv_rotate = len(v) == 3 + len(self._SCALARS)
-        if self.kv_rotate:
-            if as_int(v[-1], "kv_rotate", self._where("state")) != 1:
-                raise ValueError(
-                    f"[{self._where('state')}] a state's trailing kv_rotate entry must be 1, "
-                    f"got {v[-1]!r}."
-                )
-            v = v[:-1]
-        BaseCache.state.fset(self, v)
+        n = 2 + len(self._SCALARS)
+        self._take_extras(v[n:], self._where("state"))
+        BaseCache.state.fset(self, v[:n])
 
     @property
     def meta_state(self):
-        return BaseCache.meta_state.fget(self) + (("1",) if self.kv_rotate else ())
+        return BaseCache.meta_state.fget(self) + tuple(str(x) for x in self._extras())
 
     @meta_state.setter
     def meta_state(self, v):
         v = tuple(v)
-        self.kv_rotate = len(v) == 1 + len(self._SCALARS) and v[-1] == "1"
-        BaseCache.meta_state.fset(self, v[:-1] if self.kv_rotate else v)
+        n = len(self._SCALARS)
+        extras = tuple(int(x) for x in v[n:]) if all(str(x).isdigit() for x in v[n:]) else v[n:]
+        self._take_extras(extras, self._where("meta_state"))
+        BaseCache.meta_state.fset(self, v[:n])
 
-    def to_quantized(self, group_size: int = 64, bits: int = 4, kv_rotate: bool = False):
+    def _quantization(self) -> tuple:
+        return (self.group_size, self.bits, self.kv_rotate) + self._v_format()
+
+    def to_quantized(
+        self,
+        group_size: int = 64,
+        bits: int = 4,
+        kv_rotate: bool = False,
+        v_group_size: Optional[int] = None,
+        v_bits: Optional[int] = None,
+    ):
         """Already quantized: ``self`` when the parameters match."""
-        if (group_size, bits, kv_rotate) != (self.group_size, self.bits, self.kv_rotate):
+        want = (group_size, bits, kv_rotate, v_group_size or group_size, v_bits or bits)
+        if want != self._quantization():
             raise ValueError(
                 f"[{self._where('to_quantized')}] the cache is quantized with "
-                f"group_size={self.group_size}, bits={self.bits}, kv_rotate={self.kv_rotate}; "
-                f"cannot requantize to group_size={group_size}, bits={bits}, "
-                f"kv_rotate={kv_rotate}."
+                f"(group_size, bits, kv_rotate, v_group_size, v_bits) = {self._quantization()}; "
+                f"cannot requantize to {want}."
             )
         return self

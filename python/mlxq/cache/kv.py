@@ -7,6 +7,8 @@ whole number of steps, then extended with zero steps), so buffers, fetches
 and saved states match mlx-lm's bit for bit.
 """
 
+from typing import Optional
+
 from ..masks import create_attention_mask
 from .base import BaseCache, QuantizedStorage
 
@@ -80,16 +82,28 @@ class KVCache(_GrowingCache):
     mlx_lm_name = "KVCache"
 
     def to_quantized(
-        self, group_size: int = 64, bits: int = 4, kv_rotate: bool = False
+        self,
+        group_size: int = 64,
+        bits: int = 4,
+        kv_rotate: bool = False,
+        v_group_size: Optional[int] = None,
+        v_bits: Optional[int] = None,
     ) -> "QuantizedKVCache":
         """The same tokens in a :class:`QuantizedKVCache` (the whole buffer is
-        quantized; rotated first with ``kv_rotate``, see mlxq.rotation)."""
-        cache = QuantizedKVCache(group_size=group_size, bits=bits, kv_rotate=kv_rotate)
+        quantized; rotated first with ``kv_rotate``, see mlxq.rotation; values
+        with ``v_group_size`` / ``v_bits`` when given)."""
+        cache = QuantizedKVCache(
+            group_size=group_size,
+            bits=bits,
+            kv_rotate=kv_rotate,
+            v_group_size=v_group_size,
+            v_bits=v_bits,
+        )
         cache.offset = self.offset
         if self.keys is not None:
             cache._check_update(self.keys, self.values)
             cache.keys = cache._store.encode(self.keys)
-            cache.values = cache._store.encode(self.values)
+            cache.values = cache._store.encode(self.values, values=True)
             cache._owned = True  # fresh mx.quantize outputs, held by nobody else
         return cache
 
@@ -102,16 +116,27 @@ class QuantizedKVCache(QuantizedStorage, _GrowingCache):
     buffers; fetches are triples that :func:`mlxq.sdpa` sends to the fused
     kernel. With ``kv_rotate=True`` rows are quantized in the Hadamard basis
     and fetches are :class:`~mlxq.rotation.RotatedTriple` (see mlxq.rotation).
+    ``v_group_size`` / ``v_bits`` quantize the values apart from the keys
+    (``bits=8, v_bits=4``: llama.cpp's q8_0-K / q4_0-V pairing).
     """
 
     mlx_lm_name = "QuantizedKVCache"
     _SCALARS = ("offset", "group_size", "bits")
 
-    def __init__(self, group_size: int = 64, bits: int = 8, kv_rotate: bool = False):
+    def __init__(
+        self,
+        group_size: int = 64,
+        bits: int = 8,
+        kv_rotate: bool = False,
+        v_group_size: Optional[int] = None,
+        v_bits: Optional[int] = None,
+    ):
         super().__init__()
         self.group_size = group_size
         self.bits = bits
         self.kv_rotate = kv_rotate
+        self.v_group_size = v_group_size
+        self.v_bits = v_bits
         self._configure()
 
     def _configure(self) -> None:

@@ -18,6 +18,8 @@ which lets sliding-window models use a quantized cache (mlx-lm's
 ``RotatingKVCache.to_quantized`` raises).
 """
 
+from typing import Optional
+
 import mlx.core as mx
 
 from ..masks import create_causal_mask
@@ -95,7 +97,7 @@ class _RingCache(BaseCache):
 
     def _update_concat(self, keys, values):
         store = self._store
-        new_k, new_v = store.encode(keys), store.encode(values)
+        new_k, new_v = store.encode(keys), store.encode(values, values=True)
         if self.keys is None:
             self.keys, self.values = new_k, new_v
         else:
@@ -114,7 +116,7 @@ class _RingCache(BaseCache):
         length = 0 if self.keys is None else store.length(self.keys)
         if self.keys is None or (prev >= length and length < self.max_size):
             n = min(self.step, self.max_size - prev)
-            new_k, new_v = store.zeros(keys, n), store.zeros(values, n)
+            new_k, new_v = store.zeros(keys, n), store.zeros(values, n, values=True)
             if self.keys is None:
                 self.keys, self.values = new_k, new_v
             else:
@@ -211,16 +213,24 @@ class RotatingKVCache(_RingCache):
     mlx_lm_name = "RotatingKVCache"
 
     def to_quantized(
-        self, group_size: int = 64, bits: int = 4, kv_rotate: bool = False
+        self,
+        group_size: int = 64,
+        bits: int = 4,
+        kv_rotate: bool = False,
+        v_group_size: Optional[int] = None,
+        v_bits: Optional[int] = None,
     ) -> "RotatingQuantizedKVCache":
         """The same ring, quantized as laid out (ring order and index kept;
-        rotated first with ``kv_rotate``, see mlxq.rotation)."""
-        cache = RotatingQuantizedKVCache(self.max_size, self.keep, group_size, bits, kv_rotate)
+        rotated first with ``kv_rotate``, see mlxq.rotation; values with
+        ``v_group_size`` / ``v_bits`` when given)."""
+        cache = RotatingQuantizedKVCache(
+            self.max_size, self.keep, group_size, bits, kv_rotate, v_group_size, v_bits
+        )
         cache.offset, cache._idx = self.offset, self._idx
         if self.keys is not None:
             cache._check_update(self.keys, self.values)
             cache.keys = cache._store.encode(self.keys)
-            cache.values = cache._store.encode(self.values)
+            cache.values = cache._store.encode(self.values, values=True)
             cache._owned = True  # fresh mx.quantize outputs, held by nobody else
         return cache
 
@@ -243,10 +253,14 @@ class RotatingQuantizedKVCache(QuantizedStorage, _RingCache):
         group_size: int = 64,
         bits: int = 8,
         kv_rotate: bool = False,
+        v_group_size: Optional[int] = None,
+        v_bits: Optional[int] = None,
     ):
         self.group_size = group_size
         self.bits = bits
         self.kv_rotate = kv_rotate
+        self.v_group_size = v_group_size
+        self.v_bits = v_bits
         super().__init__(max_size, keep)
 
     def _configure(self) -> None:

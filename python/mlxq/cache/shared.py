@@ -14,6 +14,7 @@ from typing import Optional
 import mlx.core as mx
 
 from ..attention import is_quantized, sdpa
+from ..quantization import triple_format
 from ._store import Quantized, check_quantization
 
 
@@ -28,6 +29,9 @@ class SharedKV:
           RoPE offset is ``offset - T`` for a ``T``-token step).
         group_size (int, optional): Quantization group size (triples only).
         bits (int, optional): Quantization bits (triples only).
+        v_group_size, v_bits (int, optional): The values' own, when a donor
+          quantizes them apart from the keys (default: what the values
+          triple carries, else ``group_size`` / ``bits``).
     """
 
     keys: object
@@ -35,6 +39,8 @@ class SharedKV:
     offset: int
     group_size: Optional[int] = None
     bits: Optional[int] = None
+    v_group_size: Optional[int] = None
+    v_bits: Optional[int] = None
 
     def __post_init__(self):
         where = "mlxq.SharedKV"
@@ -46,12 +52,26 @@ class SharedKV:
             if self.group_size is None or self.bits is None:
                 raise ValueError(f"[{where}] quantized keys/values need group_size and bits.")
             check_quantization(self.group_size, self.bits, where)
-            store = Quantized(self.group_size, self.bits)
+            carried_group, carried_bits = triple_format(self.values)
+            for name, carried, own in (
+                ("v_group_size", carried_group, self.group_size),
+                ("v_bits", carried_bits, self.bits),
+            ):
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, own if carried is None else carried)
+            check_quantization(self.v_group_size, self.v_bits, where, prefix="v_")
+            store = Quantized(
+                self.group_size, self.bits, v_group_size=self.v_group_size, v_bits=self.v_bits
+            )
             object.__setattr__(self, "keys", store.check(self.keys, "keys", where))
-            object.__setattr__(self, "values", store.check(self.values, "values", where))
+            object.__setattr__(
+                self, "values", store.fetched(store.check(self.values, "values", where), True)
+            )
             k, v = self.keys[0], self.values[0]
         else:
-            if self.group_size is not None or self.bits is not None:
+            if any(
+                x is not None for x in (self.group_size, self.bits, self.v_group_size, self.v_bits)
+            ):
                 raise ValueError(f"[{where}] group_size/bits are only for quantized keys/values.")
             k, v = self.keys, self.values
             for name, x in (("keys", k), ("values", v)):
@@ -91,4 +111,6 @@ class SharedKV:
             sinks=sinks,
             group_size=self.group_size,
             bits=self.bits,
+            v_group_size=self.v_group_size,
+            v_bits=self.v_bits,
         )
