@@ -11,18 +11,22 @@ with the KV cache:
   mlxq kvB gG    mlxq's quantized caches from the first token (B bits, group G)
   mlxq-rot       the same with rows quantized in a Walsh-Hadamard basis
                  (``--kinds mlxq-rot``; mlxq.rotation, ``kv_rotate=True``)
+  K/V pairs      ``--pairs 8:64/4:64``: keys at 8 bits group 64, values at
+                 4 bits group 64 (mlxq's v_bits / v_group_size)
   stock kvB gG   mlx-lm's QuantizedKVCache from the first token (``--stock``;
                  llama-class models only: mlx-lm cannot quantize a rotating cache)
 
 and reports perplexity, its change against the unquantized run, and how often
 the greedy (argmax) next token agrees with the unquantized run's. Bits per
-element count the scales and biases: ``bits + 2 * 16 / group`` for bf16 ones.
+element count the scales and biases: ``bits + 2 * 16 / group`` for bf16 ones
+(the mean of K's and V's for a pair).
 The JSON goes to bench/results/accuracy_<device>.json and a Pareto plot
 (bits per element against perplexity change) next to it.
 
     python bench/accuracy.py --tokens 2048                 # the full grid
     python bench/accuracy.py --tokens 1024 --bits 8 4 3 --groups 64
     python bench/accuracy.py --pairs 8:64 4:32 4:64 --stock --dtype bfloat16
+    python bench/accuracy.py --pairs 8:64/4:64 8:64/4:32 --kinds mlxq mlxq-rot
 """
 
 import argparse
@@ -54,28 +58,48 @@ def caches_for(model, run, bits, group):
     return mlxq_lm.make_prompt_cache(model, kv_bits=bits, kv_group_size=group)
 
 
-def mlxq_for(run):
-    """mlxq enabled for a run of its caches (rotated for mlxq-rot)."""
-    if run == "mlxq-rot":
-        return mlxq_lm.enable(kv_rotate=True)
-    return mlxq_lm.enabled() if run == "mlxq" else contextlib.nullcontext()
+def mlxq_for(run, values):
+    """mlxq enabled for a run of its caches (rotated for mlxq-rot; values at
+    their own (bits, group) when given)."""
+    if run.startswith("mlxq"):
+        v_bits, v_group = values or (None, None)
+        return mlxq_lm.enable(kv_rotate=run == "mlxq-rot", v_bits=v_bits, v_group_size=v_group)
+    return contextlib.nullcontext()
 
 
-def bits_per_element(bits, group, scale_bytes=2):
-    return bits + 2 * 8 * scale_bytes / group
+def bits_per_element(bits, group, values=None, scale_bytes=2):
+    """Stored bits per element, scales and biases included (K and V's mean)."""
+    own = bits + 2 * 8 * scale_bytes / group
+    if values is None:
+        return own
+    return (own + values[0] + 2 * 8 * scale_bytes / values[1]) / 2
+
+
+def parse_pair(text):
+    """ "B:G" or "KB:KG/VB:VG" -> (bits, group, (v_bits, v_group) or None)."""
+    k, _, v = text.partition("/")
+    bits, group = map(int, k.split(":"))
+    return bits, group, tuple(map(int, v.split(":"))) if v else None
 
 
 def runs(args, arch):
-    out = [("unquantized", None, None)]
+    out = [("unquantized", None, None, None)]
     pairs = (
-        [tuple(map(int, pair.split(":"))) for pair in args.pairs]
+        [parse_pair(pair) for pair in args.pairs]
         if args.pairs
-        else [(b, g) for b in args.bits for g in args.groups]
+        else [(b, g, None) for b in args.bits for g in args.groups]
     )
-    out += [(kind, b, g) for kind in args.kinds for b, g in pairs]
+    out += [(kind, b, g, v) for kind in args.kinds for b, g, v in pairs]
     if args.stock and arch == "llama":
-        out += [("stock", b, g) for b in args.stock_bits for g in args.groups]
+        out += [("stock", b, g, None) for b in args.stock_bits for g in args.groups]
     return out
+
+
+def _label(r):
+    """A point's label: g<group>, or K<b>/V<b> for a pair."""
+    if r.get("values"):
+        return f"K{r['bits']}g{r['group']}/V{r['values'].replace(':', 'g')}"
+    return f"g{r['group']}"
 
 
 def plot(path, rows):
@@ -91,13 +115,13 @@ def plot(path, rows):
         sorted({(r["model"], r["run"]) for r in rows if r["bits"]}), "osd^v<>"
     ):
         pts = sorted(
-            (r["bits_per_element"], 100 * r["ppl_change"], r["group"])
+            (r["bits_per_element"], 100 * r["ppl_change"], _label(r))
             for r in rows
             if r["model"] == model and r["run"] == run and r["bits"]
         )
         ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=f"{model} {run}")
-        for x, y, g in pts:
-            ax.annotate(f"g{g}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        for x, y, text in pts:
+            ax.annotate(text, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_yscale("symlog", linthresh=1.0)
     ax.set_xlabel("KV bits per element (scales and biases included)")
     ax.set_ylabel("perplexity change vs unquantized KV (%)")
@@ -117,7 +141,10 @@ def main():
     p.add_argument("--bits", type=int, nargs="+", default=[8, 6, 5, 4, 3, 2])
     p.add_argument("--groups", type=int, nargs="+", default=[32, 64, 128])
     p.add_argument(
-        "--pairs", nargs="+", help="bits:group pairs instead of --bits x --groups, e.g. 4:64 8:32"
+        "--pairs",
+        nargs="+",
+        help="bits:group pairs instead of --bits x --groups, e.g. 4:64 8:32; "
+        "K and V apart as 8:64/4:64",
     )
     p.add_argument(
         "--kinds",
@@ -153,6 +180,7 @@ def main():
         ("run", "run", "{}"),
         ("bits", "bits", "{}"),
         ("group", "group", "{}"),
+        ("V bits:group", "values", "{}"),
         ("bits/el", "bits_per_element", "{:.2f}"),
         ("ppl", "ppl", "{:.3f}"),
         ("change %", "ppl_change_pct", "{:+.2f}"),
@@ -167,12 +195,12 @@ def main():
         ids = tok.encode(text)[: args.tokens + 1]
         ref_ppl = ref_top = None
         head_dim = model.layers[0].self_attn.head_dim
-        for run, bits, group in runs(args, arch):
-            if group and head_dim % group:
+        for run, bits, group, values in runs(args, arch):
+            if group and (head_dim % group or (values and head_dim % values[1])):
                 print(f"  skipped {run} {bits}:{group}: head dim {head_dim} is not a multiple")
                 continue
             t0 = time.time()
-            with mlxq_for(run):
+            with mlxq_for(run, values):
                 ppl, top = teacher_forced(
                     model, ids, caches_for(model, run, bits, group), args.chunk
                 )
@@ -183,7 +211,10 @@ def main():
                 run=run,
                 bits=bits,
                 group=group,
-                bits_per_element=bits_per_element(bits, group) if bits else 16.0,
+                values=f"{values[0]}:{values[1]}" if values else "",
+                v_bits=values[0] if values else bits,
+                v_group=values[1] if values else group,
+                bits_per_element=bits_per_element(bits, group, values) if bits else 16.0,
                 ppl=ppl,
                 ppl_change=ppl / ref_ppl - 1,
                 ppl_change_pct=100 * (ppl / ref_ppl - 1),

@@ -45,7 +45,7 @@ class _GrowingCache(BaseCache):
     def _grow(self, keys, values, T: int) -> None:
         store, prev = self._store, self.offset
         n = (T + self.step - 1) // self.step * self.step
-        new_k, new_v = store.zeros(keys, n), store.zeros(values, n)
+        new_k, new_v = store.zeros(keys, n), store.zeros(values, n, values=True)
         if self.keys is None:
             self.keys, self.values = new_k, new_v
             return
