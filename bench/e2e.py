@@ -15,6 +15,8 @@ random bf16 weights (``mlxq.random_models``), at long prompt lengths:
                token (make_prompt_cache(model, kv_bits=4)): prefill and decode
                on mlxq's fused kernel, updates in place
   mlxq-kv4-rot the same with kv_rotate=True (rows in a Hadamard basis)
+  mlxq-k8v4    mlxq with 8-bit keys and 4-bit values (kv_bits=8,
+               enable(v_bits=4))
 
 ``--gguf smollm2-135m`` (or ``gemma3-270m``) runs a trained model from
 mlxq.gguf's packaged files in bf16 instead of the random llama.
@@ -45,7 +47,7 @@ import mlxq.mlx_lm as mlxq_lm  # noqa: E402
 from mlxq.random_models import model_args, num_parameters, random_model  # noqa: E402
 
 CONTEXTS = [2048, 8192]
-CONFIGS = ["stock-bf16", "stock-kv4", "mlxq-kv4", "mlxq-kv4-rot"]
+CONFIGS = ["stock-bf16", "stock-kv4", "mlxq-kv4", "mlxq-kv4-rot", "mlxq-k8v4"]
 DEFAULT_CONFIGS = CONFIGS[:3]
 KV_BITS, KV_GROUP = 4, 64
 PREFILL_STEP = 2048
@@ -68,11 +70,17 @@ def run(model, config, n_prompt, decode_tokens, seed):
 
     prompt = mx.random.randint(0, 256, (n_prompt,), key=mx.random.key(seed))
     ours = config.startswith("mlxq")
-    handle = mlxq_lm.enable(kv_rotate=config.endswith("-rot")) if ours else None
+    pair = config == "mlxq-k8v4"  # 8-bit keys, KV_BITS values
+    handle = (
+        mlxq_lm.enable(kv_rotate=config.endswith("-rot"), v_bits=KV_BITS if pair else None)
+        if ours
+        else None
+    )
     try:
         if ours:
-            cache = lm_cache.make_prompt_cache(model, kv_bits=KV_BITS, kv_group_size=KV_GROUP)
-            kwargs = dict(kv_bits=KV_BITS, kv_group_size=KV_GROUP, quantized_kv_start=0)
+            bits = 8 if pair else KV_BITS
+            cache = lm_cache.make_prompt_cache(model, kv_bits=bits, kv_group_size=KV_GROUP)
+            kwargs = dict(kv_bits=bits, kv_group_size=KV_GROUP, quantized_kv_start=0)
         elif config == "stock-kv4":
             cache = lm_cache.make_prompt_cache(model)
             kwargs = dict(kv_bits=KV_BITS, kv_group_size=KV_GROUP, quantized_kv_start=n_prompt - 1)
