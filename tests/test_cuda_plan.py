@@ -156,3 +156,20 @@ def test_generic_takes_the_rest():
     assert plan(limits=dict(H200, decode_on=False))["kernel"] == "cuda_generic"
     assert plan(tiled=dict(TILED, available=False), L=64)["kernel"] == "cuda_generic"
     assert plan(layout=dict(packed_unit_stride=False), L=64)["kernel"] == "cuda_generic"
+
+
+def test_keys_and_values_quantized_apart():
+    # The decode kernel and the tiled kernel over codes stage K and V at one
+    # width and group size: a mixed pair takes the generic kernel there, and
+    # the kernels over a dense copy (any pair) where the shape has them.
+    k8v4 = dict(bits=8, v_bits=4)
+    assert plan()["kernel"] == "cuda_decode"
+    assert plan(**k8v4)["kernel"] == "cuda_generic"
+    assert plan(v_group_size=32)["kernel"] == "cuda_generic"
+    assert plan(L=64, **k8v4)["kernel"] == "cuda_generic"
+    wide = dict(L=2048, N=2048, Hq=8, Hkv=1, mask=CAUSAL, **k8v4)
+    til = dict(TILED, threads=256, rows=32, smem=182 * 1024, blocks_per_sm=1, dense=True)
+    p = plan(Dk=256, tiled=til, **wide)
+    assert p["kernel"] == "cuda_tiled" and p["dense_copy"] and p["dense_candidate"]
+    assert plan(Dk=512, tiled=til, **dict(wide, N=8192))["kernel"] == "cuda_gemm"
+    assert plan(Dk=256, **dict(wide, L=31))["kernel"] == "cuda_generic"  # 248 rows: no copy
