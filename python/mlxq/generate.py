@@ -148,8 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
 class ProgressBar:
     """Prefill progress on stderr: shown once a prompt needs more than one step."""
 
-    def __init__(self, step: int, stream=sys.stderr, width: int = 30):
-        self.step, self.stream, self.width = step, stream, width
+    def __init__(self, step: int, stream=None, width: int = 30):
+        # sys.stderr when the bar is made, not when this module was imported
+        # (a test's captured stream may be closed by then).
+        self.step, self.width = step, width
+        self.stream = sys.stderr if stream is None else stream
         self.start = None
         self.shown = False
 
