@@ -11,6 +11,7 @@
 
 #include "quantized_sdpa.h"
 #include "sdpa_codes.h"
+#include "sdpa_dims.h"
 
 namespace mlxq {
 

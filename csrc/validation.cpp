@@ -1,7 +1,10 @@
 #include "validation.h"
 
 #include <cstdio>
+#include <sstream>
 #include <utility>
+
+#include "mlx/utils.h"
 
 namespace mlxq {
 
@@ -22,37 +25,9 @@ std::string to_text(double v) {
 }
 
 std::string dtype_str(mx::Dtype dtype) {
-  switch (dtype) {
-    case mx::bool_:
-      return "bool";
-    case mx::uint8:
-      return "uint8";
-    case mx::uint16:
-      return "uint16";
-    case mx::uint32:
-      return "uint32";
-    case mx::uint64:
-      return "uint64";
-    case mx::int8:
-      return "int8";
-    case mx::int16:
-      return "int16";
-    case mx::int32:
-      return "int32";
-    case mx::int64:
-      return "int64";
-    case mx::float16:
-      return "float16";
-    case mx::bfloat16:
-      return "bfloat16";
-    case mx::float32:
-      return "float32";
-    case mx::float64:
-      return "float64";
-    case mx::complex64:
-      return "complex64";
-  }
-  return "unknown";
+  std::ostringstream s; // MLX's own names: "float32", "bfloat16", ...
+  s << dtype;
+  return s.str();
 }
 
 bool is_float_dtype(mx::Dtype dtype) {

@@ -136,7 +136,8 @@ FAST_PAIRS = [
     (8, 4, 256, 8, 1, 256, 600, mx.bfloat16, "causal", "cuda_tiled_dense"),
     (8, 4, 512, 8, 1, 512, 4096, mx.bfloat16, "causal", "cuda_gemm"),
     (4, 4, 128, 32, 8, 1, 4099, mx.bfloat16, None, "cuda_decode"),
-    (4, 4, 256, 8, 1, 4, 1500, mx.float16, "causal", "cuda_decode"),
+    (4, 4, 256, 8, 1, 1, 1500, mx.float16, "causal", "cuda_decode"),
+    (4, 4, 256, 8, 1, 4, 1500, mx.float16, "causal", "cuda_tiled"),  # 32 rows per KV head
     (4, 4, 128, 8, 2, 64, 300, mx.bfloat16, "causal", "cuda_tiled"),
 ]
 

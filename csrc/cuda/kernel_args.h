@@ -59,14 +59,6 @@ struct SdpaArgs {
 // merge_kernel: one block of kMergeThreads per output row and 32 columns.
 constexpr int kMergeThreads = 256;
 
-struct MergeArgs {
-  const float* part_o;
-  const float* part_ml;
-  const float* sinks;
-  void* out;
-  int B, Hq, Hkv, L, Dv, rep, rows, row_tile, row_tiles, splits, out_dtype;
-};
-
 struct RingArgs {
   const void* src; // update [B, H, T, D] (strided)
   void* dst; // buffer [B, H, S, D] (row-contiguous)

@@ -53,29 +53,13 @@ struct Partials {
 
 // Log-sum-exp merge of the splits' partials into `out` (normalised, sinks).
 void merge(mx::cu::CommandEncoder& enc, const SdpaArgs& a, const Partials& parts, mx::array& out) {
-  MergeArgs m{};
-  m.part_o = a.part_o;
-  m.part_ml = a.part_ml;
-  m.sinks = a.sinks;
-  m.out = a.out;
-  m.B = a.B;
-  m.Hq = a.Hq;
-  m.Hkv = a.Hkv;
-  m.L = a.L;
-  m.Dv = a.Dv;
-  m.rep = a.rep;
-  m.rows = a.rows;
-  m.row_tile = a.row_tile;
-  m.row_tiles = a.row_tiles;
-  m.splits = a.splits;
-  m.out_dtype = a.q_dtype;
   launch(
       enc,
       merge_kernel(),
       dim3(a.B * a.Hkv * a.rows, (a.Dv + 31) / 32),
       dim3(kMergeThreads),
       0,
-      m,
+      a,
       {&parts.scratch, &out},
       {&out});
 }
@@ -255,20 +239,11 @@ SdpaArgs bind(
     const std::vector<mx::array>& in,
     mx::array& out) {
   SdpaArgs a{};
-  a.B = p.B;
-  a.Hq = p.Hq;
-  a.L = p.L;
-  a.Dk = p.Dk;
-  a.Hkv = p.Hkv;
-  a.N = p.N;
-  a.Dv = p.Dv;
+  copy_dims(p, a);
   a.rep = p.rep;
-  a.k_gs = p.k_group;
-  a.k_bits = p.k_bits;
-  a.v_gs = p.v_group;
-  a.v_bits = p.v_bits;
-  a.scale = p.scale;
   a.q_dtype = p.q_dtype;
+  a.k_gs = p.k_group;
+  a.v_gs = p.v_group;
   a.s_dtype = p.scale_dtype;
   a.mask_kind = p.mask;
   a.q = mx::gpu_ptr<void>(in[kInQ]);

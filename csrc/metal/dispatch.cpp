@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "quantization.h"
+#include "sdpa_dims.h"
 
 namespace mlxq::metal_dispatch {
 
@@ -56,22 +57,13 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   }
   SdpaPlan plan;
   MlxqSdpaParams& p = plan.params;
-  p.B = pr.B;
-  p.Hq = pr.Hq;
-  p.Hkv = pr.Hkv;
-  p.L = pr.L;
-  p.N = pr.N;
-  p.Dk = pr.Dk;
-  p.Dv = pr.Dv;
+  copy_dims(pr, p);
   p.rep = pr.Hq / pr.Hkv;
   p.k_group = pr.k_group;
   p.v_group = pr.v_group;
-  p.k_bits = pr.k_bits;
-  p.v_bits = pr.v_bits;
   p.mask_kind = pr.mask_kind;
   p.scale_dtype = pr.scale_dtype;
   p.has_sinks = pr.has_sinks ? 1 : 0;
-  p.scale = pr.scale;
   for (int d = 0; d < 4; ++d) {
     p.q_strides[d] = pr.q_strides[d];
     p.m_strides[d] = pr.m_strides[d];

@@ -57,22 +57,13 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& inputs, mx::array& ou
   // Metal's plan problem: SdpaProblem's fields, the K/V strides of the
   // (possibly copied) rows, and what the kernels' vector loads need.
   md::SdpaProblem pr;
-  pr.B = p.B;
-  pr.Hq = p.Hq;
-  pr.L = p.L;
-  pr.Dk = p.Dk;
-  pr.Hkv = p.Hkv;
-  pr.N = p.N;
-  pr.Dv = p.Dv;
-  pr.k_bits = p.k_bits;
-  pr.k_group = p.k_group;
-  pr.v_bits = p.v_bits;
-  pr.v_group = p.v_group;
+  copy_dims(p, pr);
   pr.q_dtype = p.q_dtype;
+  pr.k_group = p.k_group;
+  pr.v_group = p.v_group;
   pr.scale_dtype = p.scale_dtype;
   pr.mask_kind = mask_code(p);
   pr.has_sinks = p.has_sinks;
-  pr.scale = p.scale;
   for (int i = 0; i < 4; ++i) {
     pr.q_strides[i] = p.q_st[i];
     pr.m_strides[i] = p.m_st[i];

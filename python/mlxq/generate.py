@@ -22,6 +22,7 @@ import time
 import mlx.core as mx
 
 from . import mlx_lm as mlxq_lm
+from .quantization import BITS, GROUP_SIZES
 from .random_models import ARCHITECTURES, random_model
 
 DEFAULT_PREFILL_STEP_SIZE = 2048
@@ -100,13 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-bits",
         type=int,
         default=None,
-        help="Bits for KV-cache quantization (2, 3, 4, 5, 6, 8). Default: none.",
+        help=f"Bits for KV-cache quantization {BITS}. Default: none.",
     )
     p.add_argument(
         "--kv-group-size",
         type=int,
         default=64,
-        help="Group size for KV-cache quantization (32, 64, 128).",
+        help=f"Group size for KV-cache quantization {GROUP_SIZES}.",
     )
     p.add_argument(
         "--v-bits",

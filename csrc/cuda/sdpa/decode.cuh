@@ -976,6 +976,30 @@ DecodeKernel instance(int scale_dtype, int q_dtype) {
   }
 }
 
+// The instance of one group size (32 up to min(128, D)) at head dim D.
+template <int BITS, int D>
+DecodeKernel instance_of_group(int gs, int scale_dtype, int q_dtype) {
+  switch (gs) {
+    case 32:
+      return instance<BITS, D, 32>(scale_dtype, q_dtype);
+    case 64:
+      return instance<BITS, D, 64>(scale_dtype, q_dtype);
+    case 128:
+      if constexpr (D >= 128) {
+        return instance<BITS, D, 128>(scale_dtype, q_dtype);
+      }
+  }
+  return {};
+}
+
+// The instance of BITS-bit codes for (D, gs) among head dims Ds, or none.
+template <int BITS, int... Ds>
+DecodeKernel instance_of(int D, int gs, int scale_dtype, int q_dtype) {
+  DecodeKernel k{};
+  ((D == Ds ? (void)(k = instance_of_group<BITS, Ds>(gs, scale_dtype, q_dtype)) : void()), ...);
+  return k;
+}
+
 } // namespace
 
 DecodeKernel decode_kernel_4bit(int D, int gs, int scale_dtype, int q_dtype);

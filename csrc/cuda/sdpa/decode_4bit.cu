@@ -5,40 +5,7 @@
 namespace mlxq::cuda {
 
 DecodeKernel decode_kernel_4bit(int D, int gs, int scale_dtype, int q_dtype) {
-  if (D == 64 && gs == 32) {
-    return instance<4, 64, 32>(scale_dtype, q_dtype);
-  }
-  if (D == 64 && gs == 64) {
-    return instance<4, 64, 64>(scale_dtype, q_dtype);
-  }
-  if (D == 128 && gs == 32) {
-    return instance<4, 128, 32>(scale_dtype, q_dtype);
-  }
-  if (D == 128 && gs == 64) {
-    return instance<4, 128, 64>(scale_dtype, q_dtype);
-  }
-  if (D == 128 && gs == 128) {
-    return instance<4, 128, 128>(scale_dtype, q_dtype);
-  }
-  if (D == 256 && gs == 32) {
-    return instance<4, 256, 32>(scale_dtype, q_dtype);
-  }
-  if (D == 256 && gs == 64) {
-    return instance<4, 256, 64>(scale_dtype, q_dtype);
-  }
-  if (D == 256 && gs == 128) {
-    return instance<4, 256, 128>(scale_dtype, q_dtype);
-  }
-  if (D == 512 && gs == 32) {
-    return instance<4, 512, 32>(scale_dtype, q_dtype);
-  }
-  if (D == 512 && gs == 64) {
-    return instance<4, 512, 64>(scale_dtype, q_dtype);
-  }
-  if (D == 512 && gs == 128) {
-    return instance<4, 512, 128>(scale_dtype, q_dtype);
-  }
-  return {};
+  return instance_of<4, 64, 128, 256, 512>(D, gs, scale_dtype, q_dtype);
 }
 
 DecodeKernel decode_kernel(int bits, int D, int gs, int scale_dtype, int q_dtype) {

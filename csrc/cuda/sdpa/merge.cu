@@ -1,6 +1,7 @@
 // The split merge of the generic and tiled kernels (and of decode when its
 // fused merge is off): the splits' partial (o, max, sum) of every query row
-// combined by log-sum-exp, sinks applied, written in the query's dtype.
+// combined by log-sum-exp, sinks applied, written in the query's dtype. It
+// takes the attention kernel's own SdpaArgs (partials, sizes, row tiles).
 #include <cfloat>
 
 #include "cuda/device_utils.cuh"
@@ -15,7 +16,7 @@ namespace {
 // shared memory.
 constexpr int kMergeWarps = kMergeThreads / 32;
 
-__global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel_impl(MergeArgs a) {
+__global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel_impl(SdpaArgs a) {
   __shared__ float red_m[kMergeWarps], red_l[kMergeWarps];
   __shared__ float cols[kMergeWarps][32];
   const int row = blockIdx.x;
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel_impl(MergeArgs 
     }
     const float inv = output_scale(mb, lb, a.sinks ? a.sinks + h : nullptr);
     const int64_t out = ((int64_t(b) * a.Hq + h) * a.L + l) * a.Dv + d;
-    store_float(a.out, out, a.out_dtype, ob * inv);
+    store_float(a.out, out, a.q_dtype, ob * inv);
   }
 }
 
