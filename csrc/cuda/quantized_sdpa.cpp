@@ -52,7 +52,7 @@ struct Partials {
 };
 
 // Log-sum-exp merge of the splits' partials into `out` (normalised, sinks).
-void merge(mx::cu::CommandEncoder& enc, const SdpaArgs& a, const Partials& parts, mx::array& out) {
+void merge(mx::cu::CommandEncoder& enc, SdpaArgs a, const Partials& parts, mx::array& out) {
   launch(
       enc,
       merge_kernel(),

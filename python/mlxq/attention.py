@@ -94,6 +94,8 @@ def quantized_sdpa(
             "[mlxq.quantized_sdpa] keys and values must each be a "
             "(packed, scales, biases) triple as mx.quantize returns."
         )
+    if isinstance(stream, mx.DeviceType):  # mx.cpu / mx.gpu, as MLX's ops take them
+        stream = mx.Device(stream)
     # Values that carry their own quantization (a cache's separate V widths).
     carried_group, carried_bits = triple_format(values)
     v_bits = carried_bits if v_bits is None else v_bits
