@@ -1,13 +1,14 @@
 // The sizes every backend's attention arguments carry under the same names:
 // SdpaProblem, CUDA's SdpaArgs, Metal's plan problem and MlxqSdpaParams.
 // One helper copies them from one block to the next; each backend adds the
-// fields it names its own way (group sizes, dtype and mask codes). No MLX
+// fields it names its own way (query dtype, mask code, sinks). No MLX
 // dependency, so every backend's host code can include it.
 #pragma once
 
 namespace mlxq {
 
-// Batch, heads, lengths, head dims, K/V widths and the scale of `from` into `to`.
+// Batch, heads, lengths, head dims, K/V widths and group sizes, the scales'
+// dtype code and the scale of `from` into `to`.
 template <typename From, typename To>
 void copy_dims(const From& from, To& to) {
   to.B = from.B;
@@ -19,6 +20,9 @@ void copy_dims(const From& from, To& to) {
   to.Dv = from.Dv;
   to.k_bits = from.k_bits;
   to.v_bits = from.v_bits;
+  to.k_group = from.k_group;
+  to.v_group = from.v_group;
+  to.scale_dtype = from.scale_dtype;
   to.scale = from.scale;
 }
 

@@ -40,8 +40,8 @@ struct SdpaArgs {
   // Strides in elements of the 4-D inputs (mask: broadcast to [B, Hq, L, N]).
   int64_t q_st[4], kw_st[4], ks_st[4], kb_st[4], vw_st[4], vs_st[4], vb_st[4], m_st[4];
   int B, Hq, Hkv, L, N, Dk, Dv, rep;
-  int k_gs, k_bits, v_gs, v_bits; // K's and V's quantization
-  int q_dtype, s_dtype, mask_dtype;
+  int k_group, k_bits, v_group, v_bits; // K's and V's quantization
+  int q_dtype, scale_dtype, mask_dtype;
   int mask_kind; // MaskCode
   float scale;
   int rows; // rep * L rows per (batch, KV head)

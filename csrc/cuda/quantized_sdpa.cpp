@@ -242,9 +242,6 @@ SdpaArgs bind(
   copy_dims(p, a);
   a.rep = p.rep;
   a.q_dtype = p.q_dtype;
-  a.k_gs = p.k_group;
-  a.v_gs = p.v_group;
-  a.s_dtype = p.scale_dtype;
   a.mask_kind = p.mask;
   a.q = mx::gpu_ptr<void>(in[kInQ]);
   a.kw = mx::gpu_ptr<uint32_t>(in[kInKPacked]);

@@ -59,10 +59,7 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   MlxqSdpaParams& p = plan.params;
   copy_dims(pr, p);
   p.rep = pr.Hq / pr.Hkv;
-  p.k_group = pr.k_group;
-  p.v_group = pr.v_group;
   p.mask_kind = pr.mask_kind;
-  p.scale_dtype = pr.scale_dtype;
   p.has_sinks = pr.has_sinks ? 1 : 0;
   for (int d = 0; d < 4; ++d) {
     p.q_strides[d] = pr.q_strides[d];

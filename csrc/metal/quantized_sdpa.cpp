@@ -59,9 +59,6 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& inputs, mx::array& ou
   md::SdpaProblem pr;
   copy_dims(p, pr);
   pr.q_dtype = p.q_dtype;
-  pr.k_group = p.k_group;
-  pr.v_group = p.v_group;
-  pr.scale_dtype = p.scale_dtype;
   pr.mask_kind = mask_code(p);
   pr.has_sinks = p.has_sinks;
   for (int i = 0; i < 4; ++i) {

@@ -164,16 +164,16 @@ struct TiledStages {
       const int i = threadIdx.x + u * kThreads;
       const int n = c0 + i / kCPR, g = (i % kCPR) * 8 / GS;
       const bool ok = n < n1;
-      sc.ks[u] = ok ? load_float(a.ks, ks0 + n * a.ks_st[2] + g * a.ks_st[3], a.s_dtype) : 0.0f;
-      sc.kb[u] = ok ? load_float(a.kb, kb0 + n * a.kb_st[2] + g * a.kb_st[3], a.s_dtype) : 0.0f;
+      sc.ks[u] = ok ? load_float(a.ks, ks0 + n * a.ks_st[2] + g * a.ks_st[3], a.scale_dtype) : 0.0f;
+      sc.kb[u] = ok ? load_float(a.kb, kb0 + n * a.kb_st[2] + g * a.kb_st[3], a.scale_dtype) : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < ScalesT::kV; ++u) {
       const int i = threadIdx.x + u * kThreads;
       const int n = c0 + i / kG, g = i % kG;
       const bool ok = i < kKeys * kG && n < n1;
-      sc.vs[u] = ok ? load_float(a.vs, vs0 + n * a.vs_st[2] + g * a.vs_st[3], a.s_dtype) : 0.0f;
-      sc.vb[u] = ok ? load_float(a.vb, vb0 + n * a.vb_st[2] + g * a.vb_st[3], a.s_dtype) : 0.0f;
+      sc.vs[u] = ok ? load_float(a.vs, vs0 + n * a.vs_st[2] + g * a.vs_st[3], a.scale_dtype) : 0.0f;
+      sc.vb[u] = ok ? load_float(a.vb, vb0 + n * a.vb_st[2] + g * a.vb_st[3], a.scale_dtype) : 0.0f;
     }
   }
 
