@@ -15,18 +15,17 @@ typedef long mlxq_i64;
 typedef int64_t mlxq_i64;
 #endif
 
-// Mask kinds of MlxqSdpaParams::mask_kind (the mask dtype is folded in).
+// Mask kinds of MlxqSdpaParams::mask_kind: mlxq's MaskCode (csrc/sdpa_codes.h,
+// checked in csrc/metal/kernels.cpp); an array mask's elements are mask_dtype.
 #define MLXQ_MASK_NONE 0
 #define MLXQ_MASK_CAUSAL 1
-#define MLXQ_MASK_BOOL 2
-#define MLXQ_MASK_F32 3
-#define MLXQ_MASK_F16 4
-#define MLXQ_MASK_BF16 5
+#define MLXQ_MASK_ARRAY 2
 
-// Float storage codes (scales/biases dtype).
+// Element codes (scales/biases dtype, mask dtype): mlxq's DtypeCode.
 #define MLXQ_DT_F32 0
 #define MLXQ_DT_F16 1
 #define MLXQ_DT_BF16 2
+#define MLXQ_DT_BOOL 3
 
 // The array of a quantized triple that one QuantizedRingUpdate writes
 // (MlxqRingParams::part; the values of QuantizedRingUpdate::Part).
@@ -66,14 +65,16 @@ struct MlxqSdpaParams {
   int n_blocks;    // key blocks (split-K); 1 for prefill
   int block_keys;  // keys per block
   int mask_kind;   // MLXQ_MASK_*
+  int mask_dtype;  // MLXQ_DT_* of an array mask (MLXQ_DT_BOOL: true attends)
   int scale_dtype; // MLXQ_DT_* of scales and biases
   int has_sinks;
   int direct;      // 1: write the normalised output; 0: write partials
   int k_vec4;      // K packed rows may be staged with 16-byte loads
   int v_vec4;
   float scale;
+  int pad; // the size stays a multiple of 8 without implicit padding
 };
-static_assert(sizeof(MlxqSdpaParams) == 27 * 8 + 24 * 4, "MlxqSdpaParams layout");
+static_assert(sizeof(MlxqSdpaParams) == 27 * 8 + 26 * 4, "MlxqSdpaParams layout");
 
 // RingUpdate and QuantizedRingUpdate: the output buffer is row-contiguous
 // [B, H, S, D] (or, quantized, one part: [B, H, S, W] words or [B, H, S, G]

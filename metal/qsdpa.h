@@ -224,15 +224,15 @@ METAL_FUNC void mlxq_attend(
     // 1. Mask of this lane's key; skip tiles that no row can see.
     bool mvis = true;
     float madd = 0.0f;
-    if (p.mask_kind >= MLXQ_MASK_BOOL) {
+    if (p.mask_kind == MLXQ_MASK_ARRAY) {
       mvis = false;
       if (active && lane < nk) {
         const mlxq_i64 idx = b * p.m_strides[0] + h * p.m_strides[1] +
             l * p.m_strides[2] + n * p.m_strides[3];
-        if (p.mask_kind == MLXQ_MASK_BOOL) {
+        if (p.mask_dtype == MLXQ_DT_BOOL) {
           mvis = ((const device bool*)mask)[idx];
         } else {
-          madd = mlxq_load(mask, idx, p.mask_kind - MLXQ_MASK_F32);
+          madd = mlxq_load(mask, idx, p.mask_dtype);
           mvis = madd != -INFINITY;
         }
       }
@@ -286,10 +286,8 @@ METAL_FUNC void mlxq_attend(
       // 4. Mask, then the online softmax update.
       if (p.mask_kind == MLXQ_MASK_CAUSAL && n > l + shift) {
         mys = -INFINITY;
-      } else if (p.mask_kind == MLXQ_MASK_BOOL && !mvis) {
-        mys = -INFINITY;
-      } else if (p.mask_kind > MLXQ_MASK_BOOL) {
-        mys += madd;
+      } else if (p.mask_kind == MLXQ_MASK_ARRAY) {
+        mys = mvis ? mys + madd : -INFINITY; // (madd is 0 for bool masks)
       }
     }
     float pj_lane = 0.0f;

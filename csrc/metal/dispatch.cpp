@@ -60,6 +60,7 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   copy_dims(pr, p);
   p.rep = pr.Hq / pr.Hkv;
   p.mask_kind = pr.mask_kind;
+  p.mask_dtype = pr.mask_dtype;
   p.has_sinks = pr.has_sinks ? 1 : 0;
   for (int d = 0; d < 4; ++d) {
     p.q_strides[d] = pr.q_strides[d];

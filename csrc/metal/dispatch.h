@@ -62,6 +62,7 @@ struct SdpaProblem {
   int q_dtype = MLXQ_DT_F32; // also the output dtype
   int scale_dtype = MLXQ_DT_F32; // scales and biases of K and V
   int mask_kind = MLXQ_MASK_NONE;
+  int mask_dtype = MLXQ_DT_BOOL; // of an array mask
   bool has_sinks = false;
   float scale = 1.0f;
   // Strides in elements. K/V: [packed, scales, biases] x [B, Hkv, N].

@@ -62,6 +62,7 @@ inline nb::dict sdpa(const nb::dict& d) {
   pr.q_dtype = get<int>(d, "q_dtype", MLXQ_DT_F32);
   pr.scale_dtype = get<int>(d, "scale_dtype", MLXQ_DT_F32);
   pr.mask_kind = get<int>(d, "mask_kind", MLXQ_MASK_NONE);
+  pr.mask_dtype = get<int>(d, "mask_dtype", MLXQ_DT_BOOL);
   pr.has_sinks = get<bool>(d, "has_sinks", false);
   pr.scale = get<float>(d, "scale", 1.0f);
   get_strides(d, "q_strides", pr.q_strides);

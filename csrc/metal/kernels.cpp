@@ -69,8 +69,12 @@ void dispatch(
 
 int dtype_code(mx::Dtype t) {
   static_assert(
-      MLXQ_DT_F32 == kF32 && MLXQ_DT_F16 == kF16 && MLXQ_DT_BF16 == kBF16,
+      MLXQ_DT_F32 == kF32 && MLXQ_DT_F16 == kF16 && MLXQ_DT_BF16 == kBF16 && MLXQ_DT_BOOL == kBool,
       "metal/mlxq_params.h's element codes are sdpa_codes.h's");
+  static_assert(
+      MLXQ_MASK_NONE == kMaskNone && MLXQ_MASK_CAUSAL == kMaskCausal &&
+          MLXQ_MASK_ARRAY == kMaskArray,
+      "metal/mlxq_params.h's mask kinds are sdpa_codes.h's");
   const DtypeCode c = mlxq::dtype_code(t);
   return c == kBool ? MLXQ_DT_F32 : c; // the kernels read floats only
 }

@@ -13,26 +13,6 @@ namespace {
 namespace mh = metal_host;
 namespace md = metal_dispatch;
 
-// The Metal kernels take the mask's kind and element type as one code.
-int mask_code(const SdpaProblem& p) {
-  if (p.mask == kMaskCausal) {
-    return MLXQ_MASK_CAUSAL;
-  }
-  if (p.mask != kMaskArray) {
-    return MLXQ_MASK_NONE;
-  }
-  switch (p.mask_dtype) {
-    case kBool:
-      return MLXQ_MASK_BOOL;
-    case kF16:
-      return MLXQ_MASK_F16;
-    case kBF16:
-      return MLXQ_MASK_BF16;
-    default:
-      return MLXQ_MASK_F32;
-  }
-}
-
 } // namespace
 
 void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -59,7 +39,8 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& inputs, mx::array& ou
   md::SdpaProblem pr;
   copy_dims(p, pr);
   pr.q_dtype = p.q_dtype;
-  pr.mask_kind = mask_code(p);
+  pr.mask_kind = p.mask;
+  pr.mask_dtype = p.mask_dtype;
   pr.has_sinks = p.has_sinks;
   for (int i = 0; i < 4; ++i) {
     pr.q_strides[i] = p.q_st[i];

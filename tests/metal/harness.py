@@ -17,7 +17,9 @@ import mlxq
 DT = {"f32": 0, "f16": 1, "bf16": 2}
 MX_TAG = {mx.float32: "f32", mx.float16: "f16", mx.bfloat16: "bf16"}
 NP_STORAGE = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
-MASK_KIND = {"none": 0, "causal": 1, "bool": 2, "f32": 3, "f16": 4, "bf16": 5}
+# MaskCode and DtypeCode (csrc/sdpa_codes.h): an array mask is kind 2 with its element code.
+MASK_KIND = {"none": 0, "causal": 1, "array": 2}
+MASK_DTYPE = {"f32": 0, "f16": 1, "bf16": 2, "bool": 3}
 
 
 def to_np(x: mx.array) -> np.ndarray:
@@ -132,7 +134,8 @@ def run_sdpa(
         mview = np.broadcast_to(mask, (B, Hq, L, N))
         b, st, _ = Buffer.of_view(mview)
         bufs["mask"] = b
-        problem["mask_kind"] = MASK_KIND[mask_tag]
+        problem["mask_kind"] = MASK_KIND["array"]
+        problem["mask_dtype"] = MASK_DTYPE[mask_tag]
         problem["mask_strides"] = st
     if sinks is not None:
         b, st, _ = Buffer.of_view(sinks)

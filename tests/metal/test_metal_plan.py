@@ -97,18 +97,20 @@ def test_argument_block_layout():
         q_strides=(1, 2, 3, 4),
         has_sinks=True,
         mask_kind=2,
+        mask_dtype=1,
         mask_strides=(5, 6, 7, 8),
         sinks_stride=2,
     )
     raw = p["params"]
-    assert len(raw) == 27 * 8 + 24 * 4
+    assert len(raw) == 27 * 8 + 26 * 4
     longs = struct.unpack_from("<27q", raw)
-    ints = struct.unpack_from("<23i", raw, 27 * 8)
-    (scale,) = struct.unpack_from("<f", raw, 27 * 8 + 23 * 4)
+    ints = struct.unpack_from("<24i", raw, 27 * 8)
+    (scale,) = struct.unpack_from("<f", raw, 27 * 8 + 24 * 4)
     assert longs[:4] == (1, 2, 3, 4) and longs[22:26] == (5, 6, 7, 8) and longs[26] == 2
     # B..rep, K and V group sizes and bits, rows
     assert ints[:13] == (3, 12, 4, 5, 77, 96, 64, 3, 32, 64, 3, 5, 15)
-    assert ints[17:20] == (2, 0, 1) and scale == 0.25  # mask kind, scale dtype, sinks
+    # mask kind (array) and dtype (f16), scale dtype, sinks
+    assert ints[17:21] == (2, 1, 0, 1) and scale == 0.25
     assert "_kv_d128" in p["kernel"]
 
 
