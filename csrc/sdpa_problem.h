@@ -11,7 +11,6 @@
 
 #include "quantized_sdpa.h"
 #include "sdpa_codes.h"
-#include "sdpa_dims.h"
 
 namespace mlxq {
 

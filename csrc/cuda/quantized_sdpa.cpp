@@ -19,6 +19,7 @@
 #include "debug.h"
 #include "mlx/backend/cuda/utils.h"
 #include "quantized_sdpa.h"
+#include "sdpa_dims.h"
 
 namespace mlxq {
 

@@ -4,6 +4,7 @@
 
 #include "debug.h"
 #include "quantized_sdpa.h"
+#include "sdpa_dims.h"
 #include "sdpa_problem.h"
 
 namespace mlxq {

@@ -19,7 +19,7 @@ MX_TAG = {mx.float32: "f32", mx.float16: "f16", mx.bfloat16: "bf16"}
 NP_STORAGE = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
 # MaskCode and DtypeCode (csrc/sdpa_codes.h): an array mask is kind 2 with its element code.
 MASK_KIND = {"none": 0, "causal": 1, "array": 2}
-MASK_DTYPE = {"f32": 0, "f16": 1, "bf16": 2, "bool": 3}
+MASK_DTYPE = {**DT, "bool": 3}
 
 
 def to_np(x: mx.array) -> np.ndarray:
