@@ -9,6 +9,10 @@ stock MLX in one process.
            eval (includes MLX's per-eval launch and sync, ~0.05-0.1 ms), and
            "in graph": 64 calls per eval on distinct inputs that together
            overflow the L2 cache, as the layers of a model's decode step run.
+  pairs    decode in graph over K/V quantization pairs (K4/V4, K8/V4 with
+           group-64 or group-32 values, K8/V8) at 32/8/128, 16/8/256 and
+           9/3/64 (SmolLM2's shape), with the kernel family each reached
+           (only with --only pairs).
   prefill  causal, 32/8/128, 4-bit, L x N from 4096 x 4096 to 512 x 131072 and few
            rows over 32k keys: mlxq as routed (MLX's fused attention over the
            layer's dequantized K/V where it has a fused kernel), mlxq's tiled
@@ -195,6 +199,85 @@ def decode(args, comp):
                 r["x_fast_g"] = g_fast / g_mlxq
                 r["x_comp_g"] = g_comp / g_mlxq
                 r["gbps_g"] = nbytes / (g_mlxq * 1e-3) / 1e9
+                table.row(r)
+                rows.append(r)
+    return rows
+
+
+# Key/value quantization pairs of the pairs part: (label, k bits, k group,
+# v bits, v group).
+PAIRS = [
+    ("K4/V4 g64", 4, 64, 4, 64),
+    ("K8/V4 g64", 8, 64, 4, 64),
+    ("K8/V4 g64/32", 8, 64, 4, 32),
+    ("K8/V8 g64", 8, 64, 8, 64),
+]
+
+
+def pairs(args):
+    """Decode in graph (B=1, L=1) over each K/V pair against mx.fast on bf16
+    K/V: K8/V4 should sit between K4/V4 and K8/V8 in time, as in bytes."""
+    cols = [
+        ("Hq/Hkv/D", "shape", "{}"),
+        ("pair", "pair", "{}"),
+        ("N", "N", "{}"),
+        ("kernel", "kernel", "{}"),
+        ("mlxq ms", "mlxq_g_ms", "{:.4f}"),
+        ("fast bf16 ms", "fast_g_ms", "{:.4f}"),
+        ("x fast", "x_fast_g", "{:.2f}"),
+        ("GB/s", "gbps_g", "{:.0f}"),
+    ]
+    table, rows = common.Table(cols), []
+    table.header()
+    ns = [4096, 32768] if args.quick else [4096, 32768, 131072]
+    for Hq, Hkv, D in [(32, 8, 128), (16, 8, 256), (9, 3, 64)]:
+        for N in ns:
+            scale = D**-0.5
+
+            def make(kb, kg, vb, vg):
+                q = mx.random.normal((1, Hq, 1, D)).astype(mx.bfloat16)
+                k = mx.random.normal((1, Hkv, N, D)).astype(mx.bfloat16)
+                v = mx.random.normal((1, Hkv, N, D)).astype(mx.bfloat16)
+                kq = mx.quantize(k, group_size=kg, bits=kb)
+                vq = mx.quantize(v, group_size=vg, bits=vb)
+                mx.eval(q, k, v, kq, vq)
+                return q, k, v, kq, vq
+
+            fast_g = None
+            for label, kb, kg, vb, vg in PAIRS:
+                first = make(kb, kg, vb, vg)
+                nbytes = sum(a.nbytes for a in (*first[3], *first[4]))
+                sets = max(1, min(GRAPH_CALLS, -(-L2_FLUSH_BYTES // nbytes)))
+                pool = [first] + [make(kb, kg, vb, vg) for _ in range(sets - 1)]
+
+                def call(i, pool=pool, vb=vb, vg=vg):
+                    q, _, _, kq, vq = pool[i]
+                    return mlxq.sdpa(q, kq, vq, scale=scale, v_bits=vb, v_group_size=vg)
+
+                mlxq._ext._take_last_sdpa_kernel()
+                mx.eval(call(0))
+                kernel = mlxq._ext._take_last_sdpa_kernel()
+                g_mlxq = time_graph(call, sets, args.repeats // 5)
+                if fast_g is None:
+                    fast_g = time_graph(
+                        lambda i: mx.fast.scaled_dot_product_attention(
+                            pool[i][0], pool[i][1], pool[i][2], scale=scale
+                        ),
+                        sets,
+                        args.repeats // 5,
+                    )
+                del pool
+                r = dict(
+                    shape=f"{Hq}/{Hkv}/{D}",
+                    pair=label,
+                    N=N,
+                    kernel=kernel,
+                    quantized_kv_bytes=nbytes,
+                    mlxq_g_ms=g_mlxq,
+                    fast_g_ms=fast_g,
+                    x_fast_g=fast_g / g_mlxq,
+                    gbps_g=nbytes / (g_mlxq * 1e-3) / 1e9,
+                )
                 table.row(r)
                 rows.append(r)
     return rows
@@ -465,7 +548,7 @@ def main():
     p.add_argument("--out")
     p.add_argument(
         "--only",
-        choices=["decode", "prefill", "wide", "ring", "cache"],
+        choices=["decode", "pairs", "prefill", "wide", "ring", "cache"],
         action="append",
         help="run only these parts (repeatable)",
     )
@@ -485,6 +568,9 @@ def main():
     if "decode" in parts:
         print("decode (B=1, L=1, bf16 q, group 64)")
         results["decode"] = decode(args, comp)
+    if "pairs" in parts:
+        print("\ndecode in graph per K/V quantization pair (B=1, L=1, bf16 q)")
+        results["pairs"] = pairs(args)
     if "prefill" in parts:
         print("\nprefill (causal, L = N, 32/8/128, 4-bit)")
         results["prefill"] = prefill(args, comp)

@@ -14,6 +14,7 @@ endif()
 add_library(mlxq_cuda_kernels OBJECT
   csrc/cuda/sdpa/decode_4bit.cu
   csrc/cuda/sdpa/decode_8bit.cu
+  csrc/cuda/sdpa/decode_k8v4.cu
   csrc/cuda/sdpa/tiled_bf16.cu
   csrc/cuda/sdpa/tiled_f16.cu
   csrc/cuda/sdpa/generic.cu

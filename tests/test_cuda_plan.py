@@ -159,12 +159,18 @@ def test_generic_takes_the_rest():
 
 
 def test_keys_and_values_quantized_apart():
-    # The decode kernel and the tiled kernel over codes stage K and V at one
-    # width and group size: a mixed pair takes the generic kernel there, and
-    # the kernels over a dense copy (any pair) where the shape has them.
+    # The decode kernel stages K and V of one quantization, or 8-bit keys
+    # with 4-bit values (any groups it has an instance of: the host's decode
+    # shape says); the tiled kernel over codes only the first. Other mixed
+    # pairs take the generic kernel, or the kernels over a dense copy (any
+    # pair) where the shape has them.
     k8v4 = dict(bits=8, v_bits=4)
     assert plan()["kernel"] == "cuda_decode"
-    assert plan(**k8v4)["kernel"] == "cuda_generic"
+    assert plan(**k8v4)["kernel"] == "cuda_decode"
+    assert plan(v_group_size=32, **k8v4)["kernel"] == "cuda_decode"
+    no_instance = dict(DECODE, available=False)
+    assert plan(decode=no_instance, **k8v4)["kernel"] == "cuda_generic"
+    assert plan(bits=4, v_bits=8)["kernel"] == "cuda_generic"
     assert plan(v_group_size=32)["kernel"] == "cuda_generic"
     assert plan(L=64, **k8v4)["kernel"] == "cuda_generic"
     wide = dict(L=2048, N=2048, Hq=8, Hkv=1, mask=CAUSAL, **k8v4)

@@ -125,14 +125,14 @@ def test_separate_key_and_value_bits(rng, k_bits, v_bits):
 
 
 # K8/V4 and K4/V4 on each backend's fast paths: head dims 64-512, decode and
-# prefill row counts, sinks, f16/bf16 queries (on CUDA K4/V4 must reach the
-# tensor-core kernels; K8/V4 prefill reaches the dense copy's kernels where
-# the shape has them, decode the generic kernel).
+# prefill row counts, sinks, f16/bf16 queries (on CUDA both pairs must reach
+# the tensor-core decode kernel; K8/V4 prefill reaches the dense copy's
+# kernels where the shape has them, else the generic kernel).
 FAST_PAIRS = [
     # k_bits, v_bits, D, Hq, Hkv, L, N, q dtype, mask, cuda kernel
-    (8, 4, 128, 32, 8, 1, 4099, mx.bfloat16, None, "cuda_generic"),
-    (8, 4, 64, 9, 3, 1, 700, mx.float16, None, "cuda_generic"),
-    (8, 4, 256, 8, 1, 4, 1500, mx.bfloat16, "causal", "cuda_generic"),
+    (8, 4, 128, 32, 8, 1, 4099, mx.bfloat16, None, "cuda_decode"),
+    (8, 4, 64, 9, 3, 1, 700, mx.float16, None, "cuda_decode"),
+    (8, 4, 256, 8, 1, 4, 1500, mx.bfloat16, "causal", "cuda_generic"),  # 32 rows per KV head
     (8, 4, 256, 8, 1, 256, 600, mx.bfloat16, "causal", "cuda_tiled_dense"),
     (8, 4, 512, 8, 1, 512, 4096, mx.bfloat16, "causal", "cuda_gemm"),
     (4, 4, 128, 32, 8, 1, 4099, mx.bfloat16, None, "cuda_decode"),
@@ -171,6 +171,65 @@ def test_key_value_pairs_on_fast_paths(
         mlxq.routing.set_dequantized_prefill(old)
     ref = sdpa64(
         q, k, v, scale=scale, mask=mask, sinks=sinks, group_size=64, bits=k_bits, v_bits=v_bits
+    )
+    assert_close(out, ref, dtype=q_dtype)
+
+
+# 8-bit keys with 4-bit values on CUDA's decode kernel: every group pair it
+# has an instance of (values at the keys' group or at 32), head dims
+# 64/128/256, the three scale dtypes, f16/bf16 queries, sinks, causal
+# drafts, ragged and split key counts, two batches.
+K8V4_DECODE = [
+    # D, k group, v group, scales dtype, q dtype, B, Hq, Hkv, L, N, mask
+    (64, 64, 32, mx.bfloat16, mx.bfloat16, 1, 9, 3, 1, 2051, None),
+    (64, 32, 32, mx.float16, mx.float16, 2, 4, 2, 2, 97, "causal"),
+    (64, 64, 64, mx.float32, mx.bfloat16, 1, 8, 1, 1, 5000, None),
+    (128, 64, 32, mx.bfloat16, mx.float16, 1, 32, 8, 1, 4099, None),
+    (128, 128, 32, mx.float16, mx.bfloat16, 2, 8, 4, 4, 333, "causal"),
+    (128, 128, 128, mx.bfloat16, mx.bfloat16, 1, 16, 2, 1, 1000, None),
+    (128, 32, 32, mx.float32, mx.float16, 1, 8, 8, 1, 17, None),
+    (256, 64, 32, mx.bfloat16, mx.bfloat16, 1, 8, 1, 1, 1500, None),
+    (256, 128, 128, mx.float16, mx.float16, 1, 4, 1, 2, 700, "causal"),
+]
+
+
+@pytest.mark.parametrize("D,kg,vg,kv_dtype,q_dtype,B,Hq,Hkv,L,N,mask", K8V4_DECODE)
+def test_k8v4_decode(rng, D, kg, vg, kv_dtype, q_dtype, B, Hq, Hkv, L, N, mask):
+    q, k, v = random_inputs(
+        rng,
+        B=B,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=N,
+        Dk=D,
+        bits=8,
+        group_size=kg,
+        v_bits=4,
+        v_group_size=vg,
+        q_dtype=q_dtype,
+        kv_dtype=kv_dtype,
+    )
+    sinks = random_sinks(rng, Hq)
+    scale = D**-0.5
+    mlxq._ext._take_last_sdpa_kernel()
+    out = mlxq.sdpa(q, k, v, scale=scale, mask=mask, sinks=sinks, v_bits=4, v_group_size=vg)
+    mx.eval(out)
+    # Head dim 256 needs ~100 KB of shared memory per block: GPUs that allow
+    # 99 KB (sm_86/89/120) take the generic kernel there.
+    big_smem = mx.device_info().get("compute_capability_major", 0) in (9, 10)
+    assert_cuda_kernel("cuda_decode" if D < 256 or big_smem else None)
+    ref = sdpa64(
+        q,
+        k,
+        v,
+        scale=scale,
+        mask=mask,
+        sinks=sinks,
+        group_size=kg,
+        bits=8,
+        v_bits=4,
+        v_group_size=vg,
     )
     assert_close(out, ref, dtype=q_dtype)
 

@@ -177,9 +177,10 @@ void* gemm_finish_kernel();
 // Dynamic shared memory of the sdpa kernel for the given head dims.
 int generic_smem_bytes(int Dk, int Dv, int k_bits, int v_bits);
 
-// The tensor-core decode kernel (sdpa/decode.cuh) for one (bits, head
-// dim, group size, scales dtype, query dtype), or fn == nullptr where it has
-// no instance. A block is
+// The tensor-core decode kernel (sdpa/decode.cuh) for one (K bits, V bits,
+// head dim, K group size, V group size, scales dtype, query dtype), or
+// fn == nullptr where it has no instance (K and V of one quantization, or
+// 8-bit keys with 4-bit values). A block is
 // kDecodeWarps warps; splits are whole multiples of step_keys keys; it attends
 // at most max_rows query rows per KV head and writes one partial per block.
 constexpr int kDecodeWarps = 4;
@@ -190,7 +191,14 @@ struct DecodeKernel {
   int step_keys = 0;
   int merge_smem = 0; // shared bytes the fused split merge may use
 };
-DecodeKernel decode_kernel(int bits, int D, int group_size, int scale_dtype, int q_dtype);
+DecodeKernel decode_kernel(
+    int k_bits,
+    int v_bits,
+    int D,
+    int k_group,
+    int v_group,
+    int scale_dtype,
+    int q_dtype);
 
 // The tensor-core tiled kernel (sdpa/tiled.cuh) for f16/bf16
 // queries and Dk = Dv = D, or fn == nullptr where it has no instance. A

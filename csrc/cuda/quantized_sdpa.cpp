@@ -188,7 +188,8 @@ struct Candidates {
 Candidates candidates_for(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
   Candidates c;
   if (decode_candidate(p, layout, limits)) {
-    c.decode = decode_kernel(p.k_bits, p.Dk, p.k_group, p.scale_dtype, p.q_dtype);
+    c.decode =
+        decode_kernel(p.k_bits, p.v_bits, p.Dk, p.k_group, p.v_group, p.scale_dtype, p.q_dtype);
     DecodeShape& d = c.decode_shape;
     d.available = c.decode.fn != nullptr;
     d.smem = c.decode.smem;

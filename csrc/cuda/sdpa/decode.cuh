@@ -1,5 +1,6 @@
-// CUDA QuantizedSDPA, tensor-core decode path (4- and 8-bit codes, f16/bf16
-// queries, at most 8 query rows per KV head: decode and short drafts).
+// CUDA QuantizedSDPA, tensor-core decode path (4- and 8-bit codes, K and V
+// of one width or 8-bit keys with 4-bit values, f16/bf16 queries, at most 8
+// query rows per KV head: decode and short drafts).
 //
 // Why this shape: decode reads every packed K/V byte once, so the kernel must
 // stream at HBM speed with enough bytes in flight and few instructions per
@@ -103,21 +104,43 @@ __device__ __forceinline__ uint32_t v_code_pair(uint32_t x) {
   }
 }
 
-// The compile-time layout of one (bits, head dim, group size) instance. A
-// packed row is kChunks 16-byte chunks; a chunk lies in one group (32 dims of
-// 4-bit codes, 16 of 8-bit) and feeds the score mma through lane t's word t.
-template <int BITS, int D, int GS, typename ST>
+// 16-byte slot of chunk c of row r of one operand's rows in a stage (rows
+// of kChunks chunks): XOR-swizzled so the 8 rows an ldmatrix reads at one
+// chunk hit distinct banks.
+template <int kChunks>
+struct Swizzle {
+  static constexpr int kRowsPerSwz = kChunks >= 8 ? 1 : 8 / kChunks;
+  static_assert((16 / kRowsPerSwz) % kChunks == 0, "the swizzle must repeat every 16 rows");
+  __device__ static int slot(int r, int c) {
+    return r * kChunks + (c ^ ((r / kRowsPerSwz) & (kChunks - 1)));
+  }
+};
+
+// The compile-time layout of one instance: KB-bit keys in groups of KGS,
+// VB-bit values in groups of VGS, head dim D, scales of type ST. A packed
+// row is a whole number of 16-byte chunks; a chunk lies in one group (32
+// dims of 4-bit codes, 16 of 8-bit), and a K chunk feeds the score mma
+// through lane t's word t.
+template <int KB, int VB, int D, int KGS, int VGS, typename ST>
 struct Shape {
-  static constexpr int kRow = D * BITS / 8; // bytes of a packed row
-  static constexpr int kChunks = kRow / 16;
-  static constexpr int kChunkDims = 128 / BITS;
-  static constexpr int kGroups = D / GS;
+  // Keys: the scores' operand.
+  static constexpr int kKRow = D * KB / 8; // bytes of a packed key row
+  static constexpr int kKChunks = kKRow / 16;
+  static constexpr int kKGroups = D / KGS;
   static constexpr int kKSteps = D / 16; // 16-dim k-steps of the scores
-  static constexpr int kGroupKSteps = GS / 16;
-  static constexpr int kChunkKSteps = BITS == 4 ? 2 : 1;
-  static constexpr int kTilesPerChunk = kChunkDims / 16; // V m-tiles (16 dims)
+  static constexpr int kGroupKSteps = KGS / 16;
+  static constexpr int kChunkKSteps = KB == 4 ? 2 : 1;
+  // Values: the output's operand.
+  static constexpr int kVRow = D * VB / 8;
+  static constexpr int kVChunks = kVRow / 16;
+  static constexpr int kVChunkDims = 128 / VB;
+  static constexpr int kVGroups = D / VGS;
+  static constexpr int kVChunksPerGroup = VGS / kVChunkDims;
+  static constexpr int kTilesPerChunk = kVChunkDims / 16; // V m-tiles (16 dims)
   static constexpr int kVTiles = D / 16;
-  static constexpr int kKeyTiles = kRow <= 64 ? 2 : 1; // 16-key tiles per warp step
+  static constexpr bool kSameGroups = kKGroups == kVGroups;
+  static constexpr int kKeyTiles =
+      (kKRow > kVRow ? kKRow : kVRow) <= 64 ? 2 : 1; // 16-key tiles per warp step
   static constexpr int kKeys = 16 * kKeyTiles;
   static constexpr int kMaxRows = 8;
   // Query fragments live in registers up to D = 128, in shared memory above
@@ -125,14 +148,15 @@ struct Shape {
   static constexpr bool kQInSmem = D > 128;
   static constexpr int kQSmemBytes = kQInSmem ? kKSteps * 32 * 8 : 0;
   // A step in shared memory: K and V codes, then the step's K scales, K
-  // biases, V scales and V biases as stored ([kKeys][G] each, copied raw, so
-  // they arrive as far ahead as the codes). Steps in flight per warp: enough
-  // bytes to cover HBM latency under load with 12 warps per SM.
-  static constexpr int kCodeBytes = 2 * kKeys * kRow;
-  static constexpr int kScaleArrayBytes = kKeys * kGroups * int(sizeof(ST));
-  static constexpr int kScaleChunks = 4 * kScaleArrayBytes / 16; // 16-byte copies
+  // biases, V scales and V biases as stored ([kKeys][groups] each, copied
+  // raw, so they arrive as far ahead as the codes). Steps in flight per
+  // warp: enough bytes to cover HBM latency under load with 12 warps per SM.
+  static constexpr int kCodeBytes = kKeys * (kKRow + kVRow);
+  static constexpr int kKScaleBytes = kKeys * kKGroups * int(sizeof(ST)); // one K array
+  static constexpr int kVScaleBytes = kKeys * kVGroups * int(sizeof(ST));
+  static constexpr int kScaleChunks = 2 * (kKScaleBytes + kVScaleBytes) / 16; // 16-byte copies
   static constexpr int kScaleCopies = (kScaleChunks + 31) / 32; // per lane
-  static constexpr int kStepBytes = kCodeBytes + 4 * kScaleArrayBytes;
+  static constexpr int kStepBytes = kCodeBytes + 2 * (kKScaleBytes + kVScaleBytes);
   // A block's shared memory with s ring stages (query fragments, rings,
   // per-warp max/sum, 16 static bytes) and how many such blocks an H100/H200
   // SM holds (228 KB, 1 KB reserved per block, 128-byte granules; at most
@@ -149,15 +173,22 @@ struct Shape {
     return by_smem < kMinBlocks ? by_smem : kMinBlocks;
   }
   static constexpr int kStages = blocks_per_sm(4) >= blocks_per_sm(3) ? 4 : 3;
-  static_assert(GS % 32 == 0 && D % GS == 0 && kChunks >= 2, "unsupported shape");
-  static_assert(kScaleArrayBytes % 16 == 0, "a step's scales must be whole 16-byte chunks");
+  static_assert(
+      KGS % 32 == 0 && VGS % 32 == 0 && D % KGS == 0 && D % VGS == 0,
+      "unsupported groups");
+  static_assert(kKChunks >= 2 && kVChunks >= 2, "unsupported head dim");
+  static_assert(
+      kKScaleBytes % 16 == 0 && kVScaleBytes % 16 == 0,
+      "a step's scales must be whole 16-byte chunks");
+  using KSwizzle = Swizzle<kKChunks>;
+  using VSwizzle = Swizzle<kVChunks>;
 
   // Head dim of element e (0: k = 2t, 1: 2t + 1, 2: 2t + 8, 3: 2t + 9) of the
   // K fragments of lane t in k-step j of group g, and whether the code sits
   // there as 16 c (the high nibble of a byte, 4-bit).
   __device__ static int key_dim(int t, int g, int j, int e) {
     const int J = g * kGroupKSteps + j;
-    if constexpr (BITS == 4) {
+    if constexpr (KB == 4) {
       constexpr int kOff[4] = {0, 4, 1, 5};
       return 8 * (4 * (J >> 1) + t) + 2 * (J & 1) + kOff[e];
     } else {
@@ -166,14 +197,7 @@ struct Shape {
     }
   }
   __device__ static constexpr bool high_nibble(int e) {
-    return BITS == 4 && e >= 2;
-  }
-  // 16-byte slot of chunk c of row r of a step in shared memory: XOR-swizzled
-  // so the 8 rows an ldmatrix reads at one chunk hit distinct banks.
-  static constexpr int kRowsPerSwz = kChunks >= 8 ? 1 : 8 / kChunks;
-  static_assert((16 / kRowsPerSwz) % kChunks == 0, "the swizzle must repeat every 16 rows");
-  __device__ static int slot(int r, int c) {
-    return r * kChunks + (c ^ ((r / kRowsPerSwz) & (kChunks - 1)));
+    return KB == 4 && e >= 2;
   }
 };
 
@@ -234,8 +258,9 @@ __device__ __forceinline__ void load_row(const ST* p, float* out) {
 
 // Where a step's data lives: bases at (batch, KV head). Rows are dense (the
 // host sends other layouts to the generic kernel): a key's packed row is
-// D * BITS / 8 bytes, its scales and biases G consecutive elements. So every
-// load of a step is one base plus a compile-time offset.
+// D * KB / 8 bytes, its scales and biases D / KGS consecutive elements (a
+// value's the same with VB and VGS). So every load of a step is one base
+// plus a compile-time offset.
 template <typename ST>
 struct Views {
   const uint8_t *k, *v;
@@ -270,39 +295,58 @@ copy_scale_chunk(uint32_t dst, const uint8_t* src, const uint8_t* head, int byte
   }
 }
 
-// Starts the copies of the K and V codes of keys [k0, k0 + kKeys) into a
-// stage (K rows, then V rows, in swizzled slots). Rows past N (only when
-// !kFull) are zero-filled without being read.
-template <bool kFull, typename S>
+// Starts the copies of kRow-byte rows of keys [k0, k0 + kKeys) of kOps
+// operands of one width (src[i] to the i-th block of kKeys rows from `base`,
+// in swizzled slots). Rows past N (only when !kFull) are zero-filled without
+// being read.
+template <bool kFull, int kKeys, int kRow, int kOps>
 __device__ __forceinline__ void
-issue_codes(uint8_t* stage, int k0, int N, int lane, const uint8_t* k, const uint8_t* v) {
-  constexpr int kCopies = S::kKeys * S::kChunks / 32; // per lane and operand
+issue_rows(uint32_t base, int k0, int N, int lane, const uint8_t* const (&src)[kOps]) {
+  constexpr int kChunks = kRow / 16;
+  using Swz = Swizzle<kChunks>;
+  constexpr int kCopies = kKeys * kChunks / 32; // per lane and operand
   // Copy u of a lane is chunk lane + 32 u of the step, linear in global
   // memory: row r0 + u * kRowsPerCopy, chunk c. Full steps address it as
   // one base plus a compile-time offset (no per-copy 64-bit math).
-  constexpr int kRowsPerCopy = 32 / S::kChunks;
+  constexpr int kRowsPerCopy = 32 / kChunks;
   constexpr int kCopyBytes = 32 * 16; // one copy of the whole warp
-  static_assert(32 % S::kChunks == 0, "a warp's copies must cover whole rows");
-  const int r0 = lane / S::kChunks, c = lane % S::kChunks;
-  const uint32_t base = smem_addr(stage);
-  const size_t lane_src = size_t(k0 + r0) * S::kRow + 16 * c;
-  const uint8_t* ksrc = k + lane_src;
-  const uint8_t* vsrc = v + lane_src;
+  static_assert(32 % kChunks == 0, "a warp's copies must cover whole rows");
+  const int r0 = lane / kChunks, c = lane % kChunks;
+  const size_t lane_src = size_t(k0 + r0) * kRow + 16 * c;
 #pragma unroll
   for (int u = 0; u < kCopies; ++u) {
     const int r = r0 + u * kRowsPerCopy;
-    const uint32_t dst = base + 16 * S::slot(r, c);
+    const uint32_t dst = base + 16 * Swz::slot(r, c);
     if constexpr (kFull) {
-      cp_async_zfill<16>(dst, ksrc + kCopyBytes * u, 16);
-      cp_async_zfill<16>(dst + S::kKeys * S::kRow, vsrc + kCopyBytes * u, 16);
+#pragma unroll
+      for (int i = 0; i < kOps; ++i)
+        cp_async_zfill<16>(dst + i * kKeys * kRow, src[i] + lane_src + kCopyBytes * u, 16);
     } else {
       // Rows past N read row N - 1's address but copy 0 bytes of it.
       const int key = min(k0 + r, N - 1);
       const int bytes = k0 + r < N ? 16 : 0;
-      const size_t src = size_t(key) * S::kRow + 16 * c;
-      cp_async_zfill<16>(dst, k + src, bytes);
-      cp_async_zfill<16>(dst + S::kKeys * S::kRow, v + src, bytes);
+      const size_t at = size_t(key) * kRow + 16 * c;
+#pragma unroll
+      for (int i = 0; i < kOps; ++i)
+        cp_async_zfill<16>(dst + i * kKeys * kRow, src[i] + at, bytes);
     }
+  }
+}
+
+// Starts the copies of the K and V codes of keys [k0, k0 + kKeys) into a
+// stage: K rows, then V rows (in one pass when they are of one width).
+template <bool kFull, typename S>
+__device__ __forceinline__ void
+issue_codes(uint8_t* stage, int k0, int N, int lane, const uint8_t* k, const uint8_t* v) {
+  const uint32_t base = smem_addr(stage);
+  if constexpr (S::kKRow == S::kVRow) {
+    const uint8_t* const src[2] = {k, v};
+    issue_rows<kFull, S::kKeys, S::kKRow, 2>(base, k0, N, lane, src);
+  } else {
+    const uint8_t* const ks[1] = {k};
+    const uint8_t* const vs[1] = {v};
+    issue_rows<kFull, S::kKeys, S::kKRow, 1>(base, k0, N, lane, ks);
+    issue_rows<kFull, S::kKeys, S::kVRow, 1>(base + S::kKeys * S::kKRow, k0, N, lane, vs);
   }
 }
 
@@ -316,17 +360,18 @@ issue_codes(uint8_t* stage, int k0, int N, int lane, const uint8_t* k, const uin
 // Ring issue: one step's codes (K and V rows of S::kKeys keys from kk, zero
 // past N) and its four scale arrays into a ring stage, as one cp.async group.
 // The lane's scale copies j start at scale_src[j] (offset scale_off[j] into
-// their array).
+// their array, whose keys are key_bytes[j] apart: K's and V's differ when
+// their group sizes do).
 template <typename S, typename ST>
 __device__ __forceinline__ void issue_step(
     const Views<ST>& views,
     const uint8_t* const (&scale_src)[S::kScaleCopies],
     const int (&scale_off)[S::kScaleCopies],
+    const int (&key_bytes)[S::kScaleCopies],
     const int& N,
     const int& lane,
     uint8_t* stage,
     int kk) {
-  constexpr int G = S::kGroups;
   const bool full = kk + S::kKeys <= N;
   if (full) {
     issue_codes<true, S>(stage, kk, N, lane, views.k, views.v);
@@ -334,13 +379,15 @@ __device__ __forceinline__ void issue_step(
     issue_codes<false, S>(stage, kk, N, lane, views.k, views.v);
   }
   const uint32_t dst = smem_addr(stage + S::kCodeBytes);
-  const size_t step = size_t(kk) * G * sizeof(ST);
-  // Bytes of each array that exist for this step (keys past N: zeros).
-  const int have = min(N - kk, S::kKeys) * G * int(sizeof(ST));
+  const int keys = min(N - kk, S::kKeys);
 #pragma unroll
   for (int j = 0; j < S::kScaleCopies; ++j) {
     const int i = lane + 32 * j;
     if (S::kScaleChunks % 32 == 0 || i < S::kScaleChunks) {
+      const int per_key = S::kSameGroups ? S::kKGroups * int(sizeof(ST)) : key_bytes[j];
+      const size_t step = size_t(kk) * per_key;
+      // Bytes of the array that exist for this step (keys past N: zeros).
+      const int have = keys * per_key;
       const int bytes = full ? 16 : max(0, min(16, have - scale_off[j]));
       const int mis = int(reinterpret_cast<uintptr_t>(scale_src[j]) & 15);
       if (full && mis == 0) {
@@ -359,41 +406,47 @@ __device__ __forceinline__ void issue_step(
 // `masked` (std::true_type: keys past N or causal), the online softmax update
 // of (m, l) and the value products into acc, poff and vbias.
 template <
-    int BITS,
+    int KB,
+    int VB,
     typename S,
     typename ST,
     bool kTwoTerms,
     typename QFrag,
-    typename TileRows,
+    typename KTileRows,
+    typename VTileRows,
     typename Masked>
 __device__ __forceinline__ void decode_step(
     const QFrag& qfrag,
-    const TileRows& tile_rows,
+    const KTileRows& k_tile_rows,
+    const VTileRows& v_tile_rows,
     const int& q,
     const int& t,
     const int& N,
     const int& limit0,
     const int& limit1,
     const float (&inv)[2],
-    const float (&off)[S::kGroups][2],
-    const float (&qs)[S::kGroups][2],
+    const float (&off)[S::kKGroups][2],
+    const float (&qs)[S::kKGroups][2],
     const uint32_t (&ones)[4],
     float (&m)[2],
     float (&l)[2],
-    float (&vbias)[S::kGroups][2],
+    float (&vbias)[S::kVGroups][2],
     float (&acc)[S::kVTiles][4],
-    float (&poff)[S::kGroups][4],
+    float (&poff)[S::kVGroups][4],
     int k0,
     const uint8_t* stg,
     Masked masked) {
-  constexpr int G = S::kGroups;
-  constexpr float kVOff = kVOffset<BITS>;
-  constexpr int kChunksPerGroup = S::kKSteps * 16 / S::kGroups / S::kChunkDims; // GS / kChunkDims
+  constexpr int G = S::kKGroups;
+  constexpr int VG = S::kVGroups;
+  constexpr float kVOff = kVOffset<VB>;
   constexpr bool clean = !decltype(masked)::value;
-  // The step's scales: [ks, kb, vs, vb][key][G] after the codes.
+  // The step's scales after the codes: [ks, kb][key][G], then [vs, vb][key][VG].
   const ST* sc = reinterpret_cast<const ST*>(stg + S::kCodeBytes);
-  auto key_params = [&](int arr, int key, float* out) {
+  auto key_params = [&](int arr, int key, float* out) { // arr 0: scales, 1: biases
     load_row<G>(sc + (arr * S::kKeys + key) * G, out);
+  };
+  auto value_params = [&](int arr, int key, float* out) {
+    load_row<VG>(sc + 2 * S::kKeys * G + (arr * S::kKeys + key) * VG, out);
   };
 
   // Scores of keys 16 mt + q (e = 0, 1) and 16 mt + q + 8 (e = 2, 3) for
@@ -408,11 +461,11 @@ __device__ __forceinline__ void decode_step(
       key_params(1, 16 * mt + 8 * h + q, sk[h] + G);
     }
     // kx[c][h]: word t of chunk c of key q + 8h.
-    uint32_t kx[S::kChunks][2];
+    uint32_t kx[S::kKChunks][2];
 #pragma unroll
-    for (int c = 0; c < S::kChunks; c += 2) {
+    for (int c = 0; c < S::kKChunks; c += 2) {
       uint32_t r[4];
-      ldsm_x4(r, tile_rows(stg, mt, c));
+      ldsm_x4(r, k_tile_rows(stg, mt, c));
       kx[c][0] = r[0], kx[c][1] = r[1], kx[c + 1][0] = r[2], kx[c + 1][1] = r[3];
     }
     float d[G][4];
@@ -423,7 +476,7 @@ __device__ __forceinline__ void decode_step(
       for (int j = 0; j < S::kGroupKSteps; ++j) {
         const int J = g * S::kGroupKSteps + j, c = J / S::kChunkKSteps;
         uint32_t af[4];
-        if constexpr (BITS == 4) {
+        if constexpr (KB == 4) {
           const uint32_t x0 = kx[c][0] >> (8 * (J & 1));
           const uint32_t x1 = kx[c][1] >> (8 * (J & 1));
           af[0] = and_or(x0, 0x000F000Fu, kF16Magic);
@@ -497,7 +550,7 @@ __device__ __forceinline__ void decode_step(
         acc[i][e] *= corr[e & 1];
     }
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
+    for (int g = 0; g < VG; ++g) {
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         poff[g][e] *= corr[e & 1];
@@ -521,28 +574,28 @@ __device__ __forceinline__ void decode_step(
 #pragma unroll
   for (int mt = 0; mt < S::kKeyTiles; ++mt) {
     // vx[c][h]: chunk c of keys 2t, 2t + 1 (h = 0) or 2t + 8, 2t + 9 (h = 1).
-    uint32_t vx[S::kChunks][2];
+    uint32_t vx[S::kVChunks][2];
 #pragma unroll
-    for (int c = 0; c < S::kChunks; c += 2) {
+    for (int c = 0; c < S::kVChunks; c += 2) {
       uint32_t r[4];
-      ldsm_x4_trans(r, tile_rows(stg + S::kKeys * S::kRow, mt, c));
+      ldsm_x4_trans(r, v_tile_rows(stg + S::kKeys * S::kKRow, mt, c));
       vx[c][0] = r[0], vx[c][1] = r[1], vx[c + 1][0] = r[2], vx[c + 1][1] = r[3];
     }
-    float sv[2][2 * G]; // V scales and biases of keys q, q + 8
+    float sv[2][2 * VG]; // V scales and biases of keys q, q + 8
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      key_params(2, 16 * mt + 8 * h + q, sv[h]);
-      key_params(3, 16 * mt + 8 * h + q, sv[h] + G);
+      value_params(0, 16 * mt + 8 * h + q, sv[h]);
+      value_params(1, 16 * mt + 8 * h + q, sv[h] + VG);
     }
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
+    for (int g = 0; g < VG; ++g) {
       float x[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float* vv = sv[e >> 1];
         const float pe = p[mt][e];
         x[e] = pe * vv[g];
-        float vbt = pe * vv[G + g];
+        float vbt = pe * vv[VG + g];
         if constexpr (!clean) {
           x[e] = pe != 0.0f ? x[e] : 0.0f;
           vbt = pe != 0.0f ? vbt : 0.0f;
@@ -568,16 +621,16 @@ __device__ __forceinline__ void decode_step(
       // Chunks of group g; lane: codes of keys 2t (low half), 2t + 1 (high)
       // at bytes 2q, 2q + 1 of the chunk (and keys 2t + 8, 2t + 9).
 #pragma unroll
-      for (int cg = 0; cg < kChunksPerGroup; ++cg) {
-        const int c = g * kChunksPerGroup + cg;
+      for (int cg = 0; cg < S::kVChunksPerGroup; ++cg) {
+        const int c = g * S::kVChunksPerGroup + cg;
 #pragma unroll
         for (int jj = 0; jj < S::kTilesPerChunk; ++jj) {
           uint32_t av[4];
 #pragma unroll
           for (int h = 0; h < 2; ++h) { // h = 0: row q; 1: row q + 8 (the next dim)
-            const int shift = (2 * jj + h) * BITS;
-            av[h] = v_code_pair<BITS>(vx[c][0] >> shift);
-            av[2 + h] = v_code_pair<BITS>(vx[c][1] >> shift);
+            const int shift = (2 * jj + h) * VB;
+            av[h] = v_code_pair<VB>(vx[c][0] >> shift);
+            av[2 + h] = v_code_pair<VB>(vx[c][1] >> shift);
           }
           float (&o)[4] = acc[c * S::kTilesPerChunk + jj];
           mma<__nv_bfloat16>(o, av, bh[0], bh[1]);
@@ -606,11 +659,11 @@ __device__ __forceinline__ void load_query_fragments(
     const int& warp,
     const int& R,
     uint2* qsm,
-    uint32_t (&qf)[S::kGroups][S::kGroupKSteps][2],
+    uint32_t (&qf)[S::kKGroups][S::kGroupKSteps][2],
     float (&inv)[2],
-    float (&off)[S::kGroups][2],
-    float (&qs)[S::kGroups][2]) {
-  constexpr int G = S::kGroups;
+    float (&off)[S::kKGroups][2],
+    float (&qs)[S::kKGroups][2]) {
+  constexpr int G = S::kKGroups;
   // The lane's query values (row q), read once: its row base is computed
   // once (no per-element divisions by rep), the dtype is the instance's.
   using QT = std::conditional_t<kTwoTerms, __half, __nv_bfloat16>;
@@ -686,7 +739,7 @@ __device__ __forceinline__ void load_query_fragments(
 // Block merge: the four warps' states of rows 2t, 2t + 1 into one partial
 // (output, max, sum) per block in a.part_o / a.part_ml, through the freed
 // rings (`codes`) and the per-warp (max, sum) rows wm / wl.
-template <int BITS, int D, typename S>
+template <int VB, int D, typename S>
 __device__ __forceinline__ void merge_block(
     const SdpaArgs& a,
     const int& b,
@@ -697,15 +750,14 @@ __device__ __forceinline__ void merge_block(
     const int& R,
     float (&m)[2],
     float (&l)[2],
-    float (&vbias)[S::kGroups][2],
+    float (&vbias)[S::kVGroups][2],
     float (&acc)[S::kVTiles][4],
-    float (&poff)[S::kGroups][4],
+    float (&poff)[S::kVGroups][4],
     uint8_t* codes,
     float* wm,
     float* wl) {
-  constexpr int G = S::kGroups;
-  constexpr float kVOff = kVOffset<BITS>;
-  constexpr int kChunksPerGroup = S::kKSteps * 16 / S::kGroups / S::kChunkDims;
+  constexpr int G = S::kVGroups;
+  constexpr float kVOff = kVOffset<VB>;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l[i] = lanes_sum<4, 16>(l[i]);
@@ -738,15 +790,15 @@ __device__ __forceinline__ void merge_block(
   // Every (row, dim) of a warp's slice is written by exactly one lane.
   float* wout = reinterpret_cast<float*>(codes) + warp * S::kMaxRows * D;
 #pragma unroll
-  for (int c = 0; c < S::kChunks; ++c) {
-    const int g = c / kChunksPerGroup;
+  for (int c = 0; c < S::kVChunks; ++c) {
+    const int g = c / S::kVChunksPerGroup;
 #pragma unroll
     for (int jj = 0; jj < S::kTilesPerChunk; ++jj) {
       const int tile = c * S::kTilesPerChunk + jj;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = e & 1, r = 2 * t + i;
-        const int d = c * S::kChunkDims + (S::kChunkDims / 8) * q + 2 * jj + (e >> 1);
+        const int d = c * S::kVChunkDims + (S::kVChunkDims / 8) * q + 2 * jj + (e >> 1);
         const float o = acc[tile][e] - kVOff * poff[g][i] + vbias[g][i];
         wout[r * D + d] = wgt[i] > 0.0f ? wgt[i] * o : 0.0f;
       }
@@ -777,11 +829,12 @@ __device__ __forceinline__ void merge_block(
   }
 }
 
-template <int BITS, int D, int GS, typename ST, bool kTwoTerms>
-__global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlocks)
+template <int KB, int VB, int D, int KGS, int VGS, typename ST, bool kTwoTerms>
+__global__ void __launch_bounds__(kWarps * 32, Shape<KB, VB, D, KGS, VGS, ST>::kMinBlocks)
     decode_kernel_impl(SdpaArgs a) {
-  using S = Shape<BITS, D, GS, ST>;
-  constexpr int G = S::kGroups;
+  using S = Shape<KB, VB, D, KGS, VGS, ST>;
+  constexpr int G = S::kKGroups;
+  constexpr int VG = S::kVGroups;
   extern __shared__ float4 smem4[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int q = lane >> 2, t = lane & 3;
@@ -818,25 +871,29 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
   constexpr int kStride = kWarps * S::kKeys;
   uint8_t* ring = codes + warp * S::kStages * S::kStepBytes;
   // The lane's scale copies j: chunk lane + 32 j of a step's four scale
-  // arrays (16-byte chunk c of array ks, kb, vs or vb); the step of keys k0
-  // starts k0 * G elements into each array.
-  constexpr int kArrayChunks = S::kScaleArrayBytes / 16;
+  // arrays (16-byte chunk c of array ks, kb, vs or vb: K's arrays, then V's);
+  // the step of keys k0 starts k0 * groups elements into each array.
+  constexpr int kKChunks = S::kKScaleBytes / 16, kVChunks = S::kVScaleBytes / 16;
   const uint8_t* scale_src[S::kScaleCopies];
-  int scale_off[S::kScaleCopies];
+  int scale_off[S::kScaleCopies], key_bytes[S::kScaleCopies];
 #pragma unroll
   for (int j = 0; j < S::kScaleCopies; ++j) {
     const int i = min(lane + 32 * j, S::kScaleChunks - 1);
-    const int arr = i / kArrayChunks;
+    const bool k_side = S::kSameGroups || i < 2 * kKChunks;
+    const int per = k_side ? kKChunks : kVChunks;
+    const int rel = k_side ? i : i - 2 * kKChunks;
+    const int arr = (k_side ? 0 : 2) + rel / per;
     const ST* base = arr == 0 ? views.ks : arr == 1 ? views.kb : arr == 2 ? views.vs : views.vb;
-    scale_off[j] = 16 * (i % kArrayChunks);
+    scale_off[j] = 16 * (rel % per);
     scale_src[j] = reinterpret_cast<const uint8_t*>(base) + scale_off[j];
+    key_bytes[j] = (arr < 2 ? G : VG) * int(sizeof(ST));
   }
   int k0 = split_begin + warp * S::kKeys;
 #pragma unroll
   for (int i = 0; i < S::kStages - 1; ++i) {
     const int kk = k0 + i * kStride;
     if (kk < split_end) {
-      issue_step<S>(views, scale_src, scale_off, N, lane, ring + i * S::kStepBytes, kk);
+      issue_step<S>(views, scale_src, scale_off, key_bytes, N, lane, ring + i * S::kStepBytes, kk);
     } else {
       cp_async_commit();
     }
@@ -859,11 +916,11 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
   // per group, O^T tiles (dims x rows) and, for 4-bit codes, the ones . P'
   // sums whose 128 multiple is the codes' offset.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float vbias[G][2];
+  float vbias[VG][2];
   float acc[S::kVTiles][4];
-  float poff[G][4];
+  float poff[VG][4];
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
+  for (int g = 0; g < VG; ++g) {
     vbias[g][0] = vbias[g][1] = 0.0f;
 #pragma unroll
     for (int e = 0; e < 4; ++e)
@@ -884,22 +941,34 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
   // Fragments of one 16-key tile from a stage: lane i addresses row i % 8 of
   // matrix i / 8 = (keys 8 (i / 8 % 2) + .., chunk c + i / 16).
   // The swizzle repeats every 16 rows, so a lane's byte offset depends only
-  // on the chunk pair: computed once, tile mt adds a constant.
-  uint32_t ld_off[S::kChunks / 2];
+  // on the chunk pair: computed once, tile mt adds a constant. K and V rows
+  // of different widths have their own swizzles.
+  const int mi = lane >> 3;
+  uint32_t ld_off[S::kKChunks / 2];
 #pragma unroll
-  for (int cp = 0; cp < S::kChunks / 2; ++cp) {
-    const int mi = lane >> 3;
-    ld_off[cp] = 16 * S::slot(8 * (mi & 1) + (lane & 7), 2 * cp + (mi >> 1));
+  for (int cp = 0; cp < S::kKChunks / 2; ++cp) {
+    ld_off[cp] = 16 * S::KSwizzle::slot(8 * (mi & 1) + (lane & 7), 2 * cp + (mi >> 1));
   }
-  auto tile_rows = [&](const uint8_t* base, int mt, int c) {
-    return base + ld_off[c / 2] + mt * 16 * S::kRow;
+  uint32_t v_ld_off[S::kVChunks / 2];
+#pragma unroll
+  for (int cp = 0; cp < S::kVChunks / 2; ++cp) {
+    v_ld_off[cp] = S::kKRow == S::kVRow
+        ? ld_off[cp]
+        : 16 * S::VSwizzle::slot(8 * (mi & 1) + (lane & 7), 2 * cp + (mi >> 1));
+  }
+  auto k_tile_rows = [&](const uint8_t* base, int mt, int c) {
+    return base + ld_off[c / 2] + mt * 16 * S::kKRow;
+  };
+  auto v_tile_rows = [&](const uint8_t* base, int mt, int c) {
+    return base + v_ld_off[c / 2] + mt * 16 * S::kVRow;
   };
   // One warp step; `masked` (std::true_type) for steps with keys hidden from
   // some row (past N or causal): only those pay for the per-score masks.
   auto step = [&](int k0, const uint8_t* stage, auto masked) {
-    decode_step<BITS, S, ST, kTwoTerms>(
+    decode_step<KB, VB, S, ST, kTwoTerms>(
         qfrag,
-        tile_rows,
+        k_tile_rows,
+        v_tile_rows,
         q,
         t,
         N,
@@ -923,7 +992,8 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
     const int refill = cur_stage == 0 ? S::kStages - 1 : cur_stage - 1;
     const int kk = k0 + (S::kStages - 1) * kStride;
     if (kk < split_end) {
-      issue_step<S>(views, scale_src, scale_off, N, lane, ring + refill * S::kStepBytes, kk);
+      issue_step<S>(
+          views, scale_src, scale_off, key_bytes, N, lane, ring + refill * S::kStepBytes, kk);
     } else {
       cp_async_commit();
     }
@@ -939,7 +1009,7 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<BITS, D, GS, ST>::kMinBlock
     cur_stage = cur_stage == S::kStages - 1 ? 0 : cur_stage + 1;
   }
 
-  merge_block<BITS, D, S>(a, b, kvh, q, t, warp, R, m, l, vbias, acc, poff, codes, wm, wl);
+  merge_block<VB, D, S>(a, b, kvh, q, t, warp, R, m, l, vbias, acc, poff, codes, wm, wl);
   // The ring is free again: the merging block's weights go there.
   if (a.counters && last_block_of_head(a.counters + b * a.Hkv + kvh, a.splits)) {
     merge_head_splits<kWarps * 32>(a, b, kvh, reinterpret_cast<float*>(codes));
@@ -954,39 +1024,40 @@ int smem_of() {
   return S::kQSmemBytes + kWarps * S::kStages * S::kStepBytes + 2 * kWarps * S::kMaxRows * 4;
 }
 
-template <int BITS, int D, int GS, typename ST>
+template <int KB, int VB, int D, int KGS, int VGS, typename ST>
 DecodeKernel instance_for(int q_dtype) {
-  using S = Shape<BITS, D, GS, ST>;
+  using S = Shape<KB, VB, D, KGS, VGS, ST>;
   DecodeKernel k{
       nullptr, smem_of<S>(), S::kMaxRows, S::kKeys * kWarps, kWarps * S::kStages * S::kStepBytes};
-  k.fn = q_dtype == kBF16 ? handle<decode_kernel_impl<BITS, D, GS, ST, false>>()
-                          : handle<decode_kernel_impl<BITS, D, GS, ST, true>>();
+  k.fn = q_dtype == kBF16 ? handle<decode_kernel_impl<KB, VB, D, KGS, VGS, ST, false>>()
+                          : handle<decode_kernel_impl<KB, VB, D, KGS, VGS, ST, true>>();
   return k;
 }
 
-template <int BITS, int D, int GS>
+template <int KB, int VB, int D, int KGS, int VGS>
 DecodeKernel instance(int scale_dtype, int q_dtype) {
   switch (scale_dtype) {
     case kF16:
-      return instance_for<BITS, D, GS, __half>(q_dtype);
+      return instance_for<KB, VB, D, KGS, VGS, __half>(q_dtype);
     case kBF16:
-      return instance_for<BITS, D, GS, __nv_bfloat16>(q_dtype);
+      return instance_for<KB, VB, D, KGS, VGS, __nv_bfloat16>(q_dtype);
     default:
-      return instance_for<BITS, D, GS, float>(q_dtype);
+      return instance_for<KB, VB, D, KGS, VGS, float>(q_dtype);
   }
 }
 
-// The instance of one group size (32 up to min(128, D)) at head dim D.
+// The instance of one group size (32 up to min(128, D)) for K and V alike
+// at head dim D.
 template <int BITS, int D>
 DecodeKernel instance_of_group(int gs, int scale_dtype, int q_dtype) {
   switch (gs) {
     case 32:
-      return instance<BITS, D, 32>(scale_dtype, q_dtype);
+      return instance<BITS, BITS, D, 32, 32>(scale_dtype, q_dtype);
     case 64:
-      return instance<BITS, D, 64>(scale_dtype, q_dtype);
+      return instance<BITS, BITS, D, 64, 64>(scale_dtype, q_dtype);
     case 128:
       if constexpr (D >= 128) {
-        return instance<BITS, D, 128>(scale_dtype, q_dtype);
+        return instance<BITS, BITS, D, 128, 128>(scale_dtype, q_dtype);
       }
   }
   return {};
@@ -1000,9 +1071,42 @@ DecodeKernel instance_of(int D, int gs, int scale_dtype, int q_dtype) {
   return k;
 }
 
+// Mixed widths (KB-bit keys, VB-bit values) at head dim D: K groups 32 up
+// to min(128, D), V groups the keys' or 32 (finer values cost little).
+template <int KB, int VB, int D>
+DecodeKernel pair_instance_of_groups(int kgs, int vgs, int scale_dtype, int q_dtype) {
+  if (vgs != kgs && vgs != 32) {
+    return {};
+  }
+  const bool fine = vgs == 32;
+  switch (kgs) {
+    case 32:
+      return instance<KB, VB, D, 32, 32>(scale_dtype, q_dtype);
+    case 64:
+      return fine ? instance<KB, VB, D, 64, 32>(scale_dtype, q_dtype)
+                  : instance<KB, VB, D, 64, 64>(scale_dtype, q_dtype);
+    case 128:
+      if constexpr (D >= 128) {
+        return fine ? instance<KB, VB, D, 128, 32>(scale_dtype, q_dtype)
+                    : instance<KB, VB, D, 128, 128>(scale_dtype, q_dtype);
+      }
+  }
+  return {};
+}
+
+template <int KB, int VB, int... Ds>
+DecodeKernel pair_instance_of(int D, int kgs, int vgs, int scale_dtype, int q_dtype) {
+  DecodeKernel k{};
+  ((D == Ds ? (void)(k = pair_instance_of_groups<KB, VB, Ds>(kgs, vgs, scale_dtype, q_dtype))
+            : void()),
+   ...);
+  return k;
+}
+
 } // namespace
 
 DecodeKernel decode_kernel_4bit(int D, int gs, int scale_dtype, int q_dtype);
 DecodeKernel decode_kernel_8bit(int D, int gs, int scale_dtype, int q_dtype);
+DecodeKernel decode_kernel_k8v4(int D, int k_gs, int v_gs, int scale_dtype, int q_dtype);
 
 } // namespace mlxq::cuda

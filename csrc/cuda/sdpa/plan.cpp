@@ -84,13 +84,14 @@ const char* family_name(Family f) {
   }
 }
 
-// The decode kernel and the tiled kernel over codes stage K and V rows of
-// one width and group size; mixed K/V quantization reaches them only as the
+// The decode kernel stages K and V rows of one quantization, or 8-bit keys
+// with 4-bit values (whose group sizes it has instances of); the tiled
+// kernel over codes only the first, so other mixed pairs reach it as the
 // dense tiled kernel's (or the GEMM family's) dequantized copies.
 bool decode_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
-  return limits.decode_on && half_queries(p) && p.Dk == p.Dv && p.same_quantization() &&
-      p.mask != kMaskArray && layout.vec_loads && p.N >= 1 && layout.head_fits_32bit &&
-      layout.dense_kv;
+  const bool pair = p.same_quantization() || (p.k_bits == 8 && p.v_bits == 4);
+  return limits.decode_on && half_queries(p) && p.Dk == p.Dv && pair && p.mask != kMaskArray &&
+      layout.vec_loads && p.N >= 1 && layout.head_fits_32bit && layout.dense_kv;
 }
 
 namespace {
