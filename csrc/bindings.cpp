@@ -3,6 +3,7 @@
 // `mx.Device` types come from mlx.core through the shared "mlx" nanobind domain.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
@@ -81,6 +82,28 @@ NB_MODULE(_ext, m) {
       "v_group_size"_a = nb::none(),
       "stream"_a = nb::none(),
       "Fused attention over MLX affine-quantized K/V (see mlxq.quantized_sdpa).");
+
+  m.def(
+      "quantized_sdpa_with_lse",
+      guarded(&mlxq::quantized_sdpa_with_lse),
+      "q"_a,
+      "k_packed"_a,
+      "k_scales"_a,
+      "k_biases"_a,
+      "v_packed"_a,
+      "v_scales"_a,
+      "v_biases"_a,
+      nb::kw_only(),
+      "scale"_a,
+      "mask_mode"_a = "",
+      "mask"_a = nb::none(),
+      "sinks"_a = nb::none(),
+      "bits"_a = nb::none(),
+      "group_size"_a = nb::none(),
+      "v_bits"_a = nb::none(),
+      "v_group_size"_a = nb::none(),
+      "stream"_a = nb::none(),
+      "quantized_sdpa plus each row's log-sum-exp (see mlxq.quantized_sdpa_with_lse).");
 
   m.def(
       "ring_update",

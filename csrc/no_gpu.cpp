@@ -19,7 +19,7 @@ namespace {
 
 } // namespace
 
-void QuantizedSDPA::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+void QuantizedSDPA::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   no_gpu_kernels("mlxq.quantized_sdpa", " or rebuild mlxq against a Metal or CUDA build of MLX");
 }
 

@@ -157,9 +157,15 @@ std::pair<int, int> infer_quantization(
   return {b, g};
 }
 
-} // namespace
+// Validates every input and builds the node's inputs and parameters; the
+// output shape is [B, Hq, L, Dv].
+struct Node {
+  QuantizedSDPAParams params;
+  std::vector<mx::array> inputs;
+  mx::Shape out_shape;
+};
 
-mx::array quantized_sdpa(
+Node build(
     const mx::array& q,
     const mx::array& k_packed,
     const mx::array& k_scales,
@@ -289,12 +295,101 @@ mx::array quantized_sdpa(
     inputs.push_back(mx::contiguous(mx::astype(*sinks, mx::float32, s), false, s));
   }
 
-  auto stream = mx::to_stream(s);
+  return {params, std::move(inputs), {B, Hq, L, Dv}};
+}
+
+} // namespace
+
+mx::array quantized_sdpa(
+    const mx::array& q,
+    const mx::array& k_packed,
+    const mx::array& k_scales,
+    const mx::array& k_biases,
+    const mx::array& v_packed,
+    const mx::array& v_scales,
+    const mx::array& v_biases,
+    float scale,
+    const std::string& mask_mode,
+    const std::optional<mx::array>& mask,
+    const std::optional<mx::array>& sinks,
+    std::optional<int> bits,
+    std::optional<int> group_size,
+    std::optional<int> v_bits,
+    std::optional<int> v_group_size,
+    mx::StreamOrDevice s) {
+  Node n = build(
+      q,
+      k_packed,
+      k_scales,
+      k_biases,
+      v_packed,
+      v_scales,
+      v_biases,
+      scale,
+      mask_mode,
+      mask,
+      sinks,
+      bits,
+      group_size,
+      v_bits,
+      v_group_size,
+      s);
   return mx::array(
-      {B, Hq, L, Dv},
+      n.out_shape,
       q.dtype(),
-      std::make_shared<QuantizedSDPA>(stream, params),
-      std::move(inputs));
+      std::make_shared<QuantizedSDPA>(mx::to_stream(s), n.params),
+      std::move(n.inputs));
+}
+
+std::pair<mx::array, mx::array> quantized_sdpa_with_lse(
+    const mx::array& q,
+    const mx::array& k_packed,
+    const mx::array& k_scales,
+    const mx::array& k_biases,
+    const mx::array& v_packed,
+    const mx::array& v_scales,
+    const mx::array& v_biases,
+    float scale,
+    const std::string& mask_mode,
+    const std::optional<mx::array>& mask,
+    const std::optional<mx::array>& sinks,
+    std::optional<int> bits,
+    std::optional<int> group_size,
+    std::optional<int> v_bits,
+    std::optional<int> v_group_size,
+    mx::StreamOrDevice s) {
+  Node n = build(
+      q,
+      k_packed,
+      k_scales,
+      k_biases,
+      v_packed,
+      v_scales,
+      v_biases,
+      scale,
+      mask_mode,
+      mask,
+      sinks,
+      bits,
+      group_size,
+      v_bits,
+      v_group_size,
+      s);
+  const auto stream = mx::to_stream(s);
+  if (stream.device != mx::Device::cpu) {
+    fail(
+        kOp,
+        "the log-sum-exp output (quantized_sdpa_with_lse) runs on the CPU only for now; pass "
+        "stream=mx.cpu.");
+  }
+  n.params.with_lse = true;
+  const mx::Shape lse_shape(n.out_shape.begin(), n.out_shape.end() - 1);
+  auto outs = mx::array::make_arrays(
+      {n.out_shape, lse_shape},
+      {q.dtype(), mx::float32},
+      std::make_shared<QuantizedSDPA>(stream, n.params),
+      std::move(n.inputs));
+  return {outs[0], outs[1]};
 }
 
 bool QuantizedSDPA::is_equivalent(const mx::Primitive& other) const {
@@ -305,7 +400,11 @@ bool QuantizedSDPA::is_equivalent(const mx::Primitive& other) const {
 std::vector<mx::Shape> QuantizedSDPA::output_shapes(const std::vector<mx::array>& inputs) {
   const auto& q = inputs[0];
   int Dv = (inputs[4].shape(3) * 32) / params_.v_bits;
-  return {{q.shape(0), q.shape(1), q.shape(2), Dv}};
+  std::vector<mx::Shape> shapes = {{q.shape(0), q.shape(1), q.shape(2), Dv}};
+  if (params_.with_lse) {
+    shapes.push_back({q.shape(0), q.shape(1), q.shape(2)});
+  }
+  return shapes;
 }
 
 } // namespace mlxq

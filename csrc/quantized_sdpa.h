@@ -24,6 +24,10 @@ struct QuantizedSDPAParams {
   int v_group_size;
   MaskCode mask; // sdpa_codes.h
   bool has_sinks;
+  // A second output: each row's log-sum-exp of its scaled scores (natural
+  // log, sinks included), so attention over a segment of the keys can be
+  // merged with attention over the rest (quantized_sdpa_with_lse).
+  bool with_lse = false;
 
   bool operator==(const QuantizedSDPAParams&) const = default;
 };
@@ -35,15 +39,17 @@ struct QuantizedSDPAParams {
  *     (mx.quantize triples of [B, Hkv, N, Dk] and [B, Hkv, N, Dv]),
  *   mask broadcast to [B, Hq, L, N] (bool or float) when mask == Array,
  *   sinks [Hq] float32 when has_sinks.
- * Output: [B, Hq, L, Dv] in q's dtype.
+ * Outputs: [B, Hq, L, Dv] in q's dtype; with params.with_lse also the
+ * rows' log-sum-exp [B, Hq, L] float32 (-inf for a row that sees no key and
+ * no sink).
  */
-class QuantizedSDPA : public mx::UnaryPrimitive {
+class QuantizedSDPA : public mx::Primitive {
  public:
   QuantizedSDPA(mx::Stream stream, QuantizedSDPAParams params)
-      : mx::UnaryPrimitive(stream), params_(params) {}
+      : mx::Primitive(stream), params_(params) {}
 
-  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
 
   const char* name() const override {
     return "QuantizedSDPA";
@@ -70,6 +76,31 @@ class QuantizedSDPA : public mx::UnaryPrimitive {
  * std::invalid_argument (ValueError in Python) naming the offending input.
  */
 mx::array quantized_sdpa(
+    const mx::array& q,
+    const mx::array& k_packed,
+    const mx::array& k_scales,
+    const mx::array& k_biases,
+    const mx::array& v_packed,
+    const mx::array& v_scales,
+    const mx::array& v_biases,
+    float scale,
+    const std::string& mask_mode = "",
+    const std::optional<mx::array>& mask = std::nullopt,
+    const std::optional<mx::array>& sinks = std::nullopt,
+    std::optional<int> bits = std::nullopt,
+    std::optional<int> group_size = std::nullopt,
+    std::optional<int> v_bits = std::nullopt,
+    std::optional<int> v_group_size = std::nullopt,
+    mx::StreamOrDevice s = {});
+
+/**
+ * quantized_sdpa that also returns each row's log-sum-exp [B, Hq, L]
+ * (float32, natural log of the softmax denominator, sinks included): two
+ * attentions over disjoint key sets merge exactly by their weights
+ * exp(lse_i - logaddexp(lse_1, lse_2)). CPU only for now: a GPU stream
+ * raises.
+ */
+std::pair<mx::array, mx::array> quantized_sdpa_with_lse(
     const mx::array& q,
     const mx::array& k_packed,
     const mx::array& k_scales,

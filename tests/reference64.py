@@ -69,8 +69,11 @@ def sdpa64(
     rotated=(False, False),
     v_bits=None,
     v_group_size=None,
+    return_lse=False,
 ):
     """Reference output [B, Hq, L, Dv] in float64; rows with no visible key are 0.
+    With ``return_lse`` also each row's log-sum-exp [B, Hq, L] (natural log
+    of the softmax denominator, sinks included; -inf where it is empty).
 
     Values are dequantized with ``v_bits`` / ``v_group_size`` when given,
     else with the keys' ``bits`` / ``group_size``.
@@ -97,6 +100,7 @@ def sdpa64(
     sink64 = None if sinks is None else to_f64(sinks)
 
     out = np.zeros((B, Hq, L, Dv))
+    lse = np.full((B, Hq, L), -np.inf)
     for b in range(B):
         for h in range(Hq):
             kvh = h // rep  # GQA: consecutive query heads share a KV head
@@ -114,4 +118,6 @@ def sdpa64(
                 denom = denom + np.exp(sink64[h] - m)
             o = (p @ v64[b, kvh]) / np.where(live[:, None], denom, 1.0)
             out[b, h] = np.where(live[:, None], o, 0.0)
-    return out
+            with np.errstate(divide="ignore"):
+                lse[b, h] = m[:, 0] + np.log(denom[:, 0])
+    return (out, lse) if return_lse else out

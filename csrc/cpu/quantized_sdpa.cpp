@@ -80,6 +80,7 @@ struct View {
 struct Problem : SdpaProblem {
   View q, kw, ks, kb, vw, vs, vb, m;
   const float* sinks; // [Hq] or null
+  float* lse; // [B, Hq, L] or null: each row's log-sum-exp
   int row_tile;
   int row_tiles;
   int splits;
@@ -471,6 +472,20 @@ inline float inverse_denominator(float m, float l, const float* sink) {
   return denom > 0.0f ? 1.0f / denom : 0.0f;
 }
 
+// The row's log-sum-exp (natural log of its softmax denominator, the sink
+// included), -inf for a row with no key and no sink.
+inline float log_denominator(float m, float l, const float* sink) {
+  const float mm = sink ? std::max(m, *sink) : m;
+  if (mm == kNegInf) {
+    return kNegInf;
+  }
+  float denom = m == kNegInf ? 0.0f : l * std::exp(m - mm);
+  if (sink) {
+    denom += std::exp(*sink - mm);
+  }
+  return denom > 0.0f ? mm + std::log(denom) : kNegInf;
+}
+
 template <int KBITS, int VBITS, int DK, int DV>
 void run_problem(const Problem& P, void* out_data) {
   const int n_tasks = P.B * P.Hkv * P.row_tiles * P.splits;
@@ -514,11 +529,15 @@ void run_problem(const Problem& P, void* out_data) {
         part_l[slot] = S.l[rr];
       } else {
         float* y = &normalised[size_t(worker) * P.Dv];
-        const float inv = inverse_denominator(S.m[rr], S.l[rr], P.sinks ? P.sinks + h : nullptr);
+        const float* sink = P.sinks ? P.sinks + h : nullptr;
+        const float inv = inverse_denominator(S.m[rr], S.l[rr], sink);
         for (int i = 0; i < P.Dv; ++i) {
           y[i] = o[i] * inv;
         }
         store_output(P.q_dtype, out_ptr(b, h, l), y, P.Dv);
+        if (P.lse) {
+          P.lse[(size_t(b) * P.Hq + h) * P.L + l] = log_denominator(S.m[rr], S.l[rr], sink);
+        }
       }
     }
   });
@@ -555,9 +574,13 @@ void run_problem(const Problem& P, void* out_data) {
         axpy(y, w, &part_o[s * P.Dv], P.Dv);
       }
     }
-    const float inv = inverse_denominator(m, lsum, P.sinks ? P.sinks + h : nullptr);
+    const float* sink = P.sinks ? P.sinks + h : nullptr;
+    const float inv = inverse_denominator(m, lsum, sink);
     scale_inplace(y, inv, P.Dv);
     store_output(P.q_dtype, out_ptr(b, h, l), y, P.Dv);
+    if (P.lse) {
+      P.lse[(size_t(b) * P.Hq + h) * P.L + l] = log_denominator(m, lsum, sink);
+    }
   });
 }
 
@@ -667,14 +690,17 @@ void plan(Problem& P) {
 
 } // namespace
 
-void QuantizedSDPA::eval_cpu(const std::vector<mx::array>& in, mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  poison_if_enabled(out);
+void QuantizedSDPA::eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) {
+  mx::array& out = outs[0];
   auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& o : outs) {
+    o.set_data(mx::allocator::malloc(o.nbytes()));
+    poison_if_enabled(o);
+    enc.set_output_array(o);
+  }
   for (const auto& a : in) {
     enc.set_input_array(a);
   }
-  enc.set_output_array(out);
 
   Problem P{};
   static_cast<SdpaProblem&>(P) = SdpaProblem::from(in, params_, out);
@@ -687,6 +713,7 @@ void QuantizedSDPA::eval_cpu(const std::vector<mx::array>& in, mx::array& out) {
     P.m = view_of(in[P.mask_input]);
   }
   P.sinks = P.sinks_input >= 0 ? in[P.sinks_input].data<float>() : nullptr;
+  P.lse = outs.size() > 1 ? outs[1].data<float>() : nullptr;
   plan(P);
   // `in` is captured to keep the input buffers alive until the task runs.
   enc.dispatch([P, in, out_data = out.data<void>()]() {

@@ -42,7 +42,8 @@ def quantized_sdpa(
     v_bits: Optional[int] = None,
     v_group_size: Optional[int] = None,
     stream: Union[None, mx.Stream, mx.Device] = None,
-) -> mx.array:
+    return_lse: bool = False,
+) -> Union[mx.array, Tuple[mx.array, mx.array]]:
     """Fused scaled dot-product attention over affine-quantized keys and values.
 
     Computes ``softmax(scale * q @ dequantize(K).T + mask) @ dequantize(V)``
@@ -80,10 +81,16 @@ def quantized_sdpa(
         v_group_size (int, optional): Group size of the values. Default:
           the keys' group size.
         stream (Stream, optional): Stream or device to run on.
+        return_lse (bool, optional): Also return each row's log-sum-exp
+          ``[B, H_q, L]`` (float32, natural log of the softmax denominator,
+          sinks included; ``-inf`` for a row that sees nothing), so attention
+          over these keys merges exactly with attention over other keys
+          (:func:`merge_attention`). CPU only for now. Default: ``False``.
 
     Returns:
         array: ``[B, H_q, L, D_v]`` in the dtype of ``q``. A query that sees no
-        key at all (every key masked) gets zeros.
+        key at all (every key masked) gets zeros. With ``return_lse``, the
+        pair ``(output, lse)``.
 
     Raises:
         ValueError: If a shape, dtype, bits/group size or mask is unsupported
@@ -105,7 +112,8 @@ def quantized_sdpa(
         check_head_dim(q.shape[-1], "mlxq.quantized_sdpa")
         q = rotate(q, stream=stream)
     mask_mode, mask_arr = _split_mask(mask)
-    out = _ext.quantized_sdpa(  # validates every input, even when routed below
+    op = _ext.quantized_sdpa_with_lse if return_lse else _ext.quantized_sdpa
+    out = op(  # validates every input, even when routed below
         q,
         *keys,
         *values,
@@ -119,7 +127,10 @@ def quantized_sdpa(
         v_group_size=v_group_size,
         stream=stream,
     )
-    if q.shape[2] > 8:  # decode never routes: skip the checks
+    lse = None
+    if return_lse:
+        out, lse = out
+    elif q.shape[2] > 8:  # decode never routes: skip the checks
         routed = _dequantized_route(
             q,
             keys,
@@ -142,7 +153,81 @@ def quantized_sdpa(
         # its own inverse).
         check_head_dim(out.shape[-1], "mlxq.quantized_sdpa")
         out = rotate(out, stream=stream)
-    return out
+    return (out, lse) if return_lse else out
+
+
+# Query rows per block of dense_attention_with_lse: its f32 scores are
+# [B, H_q, rows, N], so a block of 256 rows over 4k keys and 32 heads is 128 MB.
+DENSE_ROW_BLOCK = 256
+
+
+def dense_attention_with_lse(
+    q: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    *,
+    scale: float,
+    mask: Mask = None,
+    sinks: Optional[mx.array] = None,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> Tuple[mx.array, mx.array]:
+    """Attention over plain keys/values ``[B, H_kv, N, D]`` with each row's
+    log-sum-exp, in float32 MLX ops (for the few exact keys that
+    :func:`merge_attention` combines with a quantized segment).
+
+    ``mask`` is ``None``, ``"causal"`` (bottom-right aligned) or an array
+    broadcastable to ``[B, H_q, L, N]`` (bool or additive). Query rows go in
+    blocks of ``DENSE_ROW_BLOCK`` so the scores stay bounded. Returns
+    ``(output in q's dtype, lse float32 [B, H_q, L])``.
+    """
+    B, Hq, L, D = q.shape
+    Hkv, N = keys.shape[1], keys.shape[2]
+    rep = Hq // Hkv
+    k = keys.astype(mx.float32, stream=stream)[:, :, None]  # [B, Hkv, 1, N, D]
+    v = values.astype(mx.float32, stream=stream)[:, :, None]
+    outs, lses = [], []
+    for r0 in range(0, L, DENSE_ROW_BLOCK):
+        r1 = min(L, r0 + DENSE_ROW_BLOCK)
+        qb = q[:, :, r0:r1].astype(mx.float32, stream=stream).reshape(B, Hkv, rep, r1 - r0, D)
+        s = (qb * scale) @ mx.swapaxes(k, -1, -2)  # [B, Hkv, rep, rows, N]
+        s = s.reshape(B, Hq, r1 - r0, N)
+        if isinstance(mask, str):
+            if mask != "causal":
+                raise ValueError(f'[mlxq.dense_attention_with_lse] mask "{mask}" is not "causal".')
+            rows = mx.arange(r0, r1)[:, None] + (N - L)
+            s = mx.where(mx.arange(N)[None, :] <= rows, s, -mx.inf)
+        elif mask is not None:
+            m = mx.broadcast_to(mask, (B, Hq, L, N))[:, :, r0:r1]
+            s = mx.where(m, s, -mx.inf) if m.dtype == mx.bool_ else s + m.astype(mx.float32)
+        if sinks is not None:
+            sk = mx.broadcast_to(sinks.astype(mx.float32)[None, :, None, None], (B, Hq, r1 - r0, 1))
+            lse = mx.logsumexp(mx.concatenate([s, sk], axis=-1), axis=-1)
+        else:
+            lse = mx.logsumexp(s, axis=-1)
+        safe = mx.where(mx.isinf(lse), 0.0, lse)[..., None]
+        p = mx.exp(s - safe).reshape(B, Hkv, rep, r1 - r0, N)
+        outs.append((p @ v).reshape(B, Hq, r1 - r0, -1))
+        lses.append(lse)
+    out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+    lse = lses[0] if len(lses) == 1 else mx.concatenate(lses, axis=2)
+    return out.astype(q.dtype), lse
+
+
+def merge_attention(
+    out_a: mx.array, lse_a: mx.array, out_b: mx.array, lse_b: mx.array
+) -> Tuple[mx.array, mx.array]:
+    """Attention over the union of two disjoint key sets from each set's
+    output ``[..., L, D]`` and log-sum-exp ``[..., L]``: each output weighs
+    ``exp(lse_i - lse)`` with ``lse = logaddexp(lse_a, lse_b)``. A side that
+    saw no key (``lse = -inf``) weighs 0. Returns ``(output, lse)``, the
+    output in ``out_a``'s dtype."""
+    lse = mx.logaddexp(lse_a, lse_b)
+    # Rows that see nothing on either side: lse = -inf, both weights 0.
+    safe = mx.where(mx.isinf(lse), 0.0, lse)
+    wa = mx.exp(lse_a - safe)[..., None]
+    wb = mx.exp(lse_b - safe)[..., None]
+    out = wa * out_a.astype(mx.float32) + wb * out_b.astype(mx.float32)
+    return out.astype(out_a.dtype), lse
 
 
 def _device_of(stream) -> mx.Device:
