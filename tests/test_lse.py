@@ -97,7 +97,8 @@ def test_two_segments_merge_into_the_whole(rng, rotate):
     kq = mx.quantize(k[:, :, :n], group_size=64, bits=4)
     vq = mx.quantize(v[:, :, :n], group_size=64, bits=4)
     if rotate:
-        from mlxq.rotation import RotatedTriple, rotate as hrot
+        from mlxq.rotation import RotatedTriple
+        from mlxq.rotation import rotate as hrot
 
         kq = RotatedTriple(mx.quantize(hrot(k[:, :, :n]), group_size=64, bits=4))
         vq = RotatedTriple(mx.quantize(hrot(v[:, :, :n]), group_size=64, bits=4))
