@@ -13,6 +13,9 @@ with the KV cache:
                  (``--kinds mlxq-rot``; mlxq.rotation, ``kv_rotate=True``)
   K/V pairs      ``--pairs 8:64/4:64``: keys at 8 bits group 64, values at
                  4 bits group 64 (mlxq's v_bits / v_group_size)
+  window R       ``--keep-recent 128``: the caches also keep the last R tokens
+                 exact (mlxq.cache.recent, ``kv_keep_recent``); their bits per
+                 element count the window at this text's length
   stock kvB gG   mlx-lm's QuantizedKVCache from the first token (``--stock``;
                  llama-class models only: mlx-lm cannot quantize a rotating cache)
 
@@ -27,6 +30,7 @@ The JSON goes to bench/results/accuracy_<device>.json and a Pareto plot
     python bench/accuracy.py --tokens 1024 --bits 8 4 3 --groups 64
     python bench/accuracy.py --pairs 8:64 4:32 4:64 --stock --dtype bfloat16
     python bench/accuracy.py --pairs 8:64/4:64 8:64/4:32 --kinds mlxq mlxq-rot
+    python bench/accuracy.py --pairs 4:64 3:64 --kinds mlxq-rot --keep-recent 0 64 128
 """
 
 import argparse
@@ -58,21 +62,27 @@ def caches_for(model, run, bits, group):
     return mlxq_lm.make_prompt_cache(model, kv_bits=bits, kv_group_size=group)
 
 
-def mlxq_for(run, values):
+def mlxq_for(run, values, keep_recent=0):
     """mlxq enabled for a run of its caches (rotated for mlxq-rot; values at
-    their own (bits, group) when given)."""
+    their own (bits, group) when given; an exact window of keep_recent)."""
     if run.startswith("mlxq"):
         v_bits, v_group = values or (None, None)
-        return mlxq_lm.enable(kv_rotate=run == "mlxq-rot", v_bits=v_bits, v_group_size=v_group)
+        return mlxq_lm.enable(
+            kv_rotate=run == "mlxq-rot",
+            v_bits=v_bits,
+            v_group_size=v_group,
+            kv_keep_recent=keep_recent,
+        )
     return contextlib.nullcontext()
 
 
-def bits_per_element(bits, group, values=None, scale_bytes=2):
-    """Stored bits per element, scales and biases included (K and V's mean)."""
+def bits_per_element(bits, group, values=None, scale_bytes=2, keep_recent=0, tokens=1):
+    """Stored bits per element, scales and biases included (K and V's mean);
+    an exact window of keep_recent tokens (16-bit) counted over ``tokens``."""
     own = bits + 2 * 8 * scale_bytes / group
-    if values is None:
-        return own
-    return (own + values[0] + 2 * 8 * scale_bytes / values[1]) / 2
+    if values is not None:
+        own = (own + values[0] + 2 * 8 * scale_bytes / values[1]) / 2
+    return own + 16 * min(keep_recent, tokens) / tokens
 
 
 def parse_pair(text):
@@ -83,23 +93,26 @@ def parse_pair(text):
 
 
 def runs(args, arch):
-    out = [("unquantized", None, None, None)]
+    out = [("unquantized", None, None, None, 0)]
     pairs = (
         [parse_pair(pair) for pair in args.pairs]
         if args.pairs
         else [(b, g, None) for b in args.bits for g in args.groups]
     )
-    out += [(kind, b, g, v) for kind in args.kinds for b, g, v in pairs]
+    out += [
+        (kind, b, g, v, r) for kind in args.kinds for b, g, v in pairs for r in args.keep_recent
+    ]
     if args.stock and arch == "llama":
-        out += [("stock", b, g, None) for b in args.stock_bits for g in args.groups]
+        out += [("stock", b, g, None, 0) for b in args.stock_bits for g in args.groups]
     return out
 
 
 def _label(r):
-    """A point's label: g<group>, or K<b>/V<b> for a pair."""
+    """A point's label: g<group>, or K<b>/V<b> for a pair (+w<R> for a window)."""
+    window = f"+w{r['keep_recent']}" if r.get("keep_recent") else ""
     if r.get("values"):
-        return f"K{r['bits']}g{r['group']}/V{r['values'].replace(':', 'g')}"
-    return f"g{r['group']}"
+        return f"K{r['bits']}g{r['group']}/V{r['values'].replace(':', 'g')}{window}"
+    return f"g{r['group']}{window}"
 
 
 def plot(path, rows):
@@ -153,6 +166,13 @@ def main():
         default=["mlxq"],
         help="mlxq's caches, plain and/or rotated (kv_rotate)",
     )
+    p.add_argument(
+        "--keep-recent",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="exact recent-window sizes of mlxq's caches (kv_keep_recent), e.g. 0 128",
+    )
     p.add_argument("--stock", action="store_true", help="also stock mlx-lm's QuantizedKVCache")
     p.add_argument("--stock-bits", type=int, nargs="+", default=[8, 4])
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
@@ -181,6 +201,7 @@ def main():
         ("bits", "bits", "{}"),
         ("group", "group", "{}"),
         ("V bits:group", "values", "{}"),
+        ("window", "keep_recent", "{}"),
         ("bits/el", "bits_per_element", "{:.2f}"),
         ("ppl", "ppl", "{:.3f}"),
         ("change %", "ppl_change_pct", "{:+.2f}"),
@@ -195,12 +216,12 @@ def main():
         ids = tok.encode(text)[: args.tokens + 1]
         ref_ppl = ref_top = None
         head_dim = model.layers[0].self_attn.head_dim
-        for run, bits, group, values in runs(args, arch):
+        for run, bits, group, values, keep_recent in runs(args, arch):
             if group and (head_dim % group or (values and head_dim % values[1])):
                 print(f"  skipped {run} {bits}:{group}: head dim {head_dim} is not a multiple")
                 continue
             t0 = time.time()
-            with mlxq_for(run, values):
+            with mlxq_for(run, values, keep_recent):
                 ppl, top = teacher_forced(
                     model, ids, caches_for(model, run, bits, group), args.chunk
                 )
@@ -214,7 +235,14 @@ def main():
                 values=f"{values[0]}:{values[1]}" if values else "",
                 v_bits=values[0] if values else bits,
                 v_group=values[1] if values else group,
-                bits_per_element=bits_per_element(bits, group, values) if bits else 16.0,
+                keep_recent=keep_recent,
+                bits_per_element=(
+                    bits_per_element(
+                        bits, group, values, keep_recent=keep_recent, tokens=len(ids) - 1
+                    )
+                    if bits
+                    else 16.0
+                ),
                 ppl=ppl,
                 ppl_change=ppl / ref_ppl - 1,
                 ppl_change_pct=100 * (ppl / ref_ppl - 1),

@@ -7,6 +7,7 @@ import mlx.core as mx
 from . import _ext, routing, workspace
 from .quantization import triple_format
 from .rotation import check_head_dim, is_rotated, rotate
+from .split import is_split
 
 QuantizedTensor = Tuple[mx.array, mx.array, mx.array]
 Mask = Union[None, str, mx.array]
@@ -294,6 +295,75 @@ def _dequantized_route(
     return out
 
 
+def recent_split_sdpa(
+    q: mx.array,
+    keys,
+    values,
+    *,
+    scale: float,
+    mask: Mask = None,
+    sinks: Optional[mx.array] = None,
+    group_size: Optional[int] = None,
+    bits: Optional[int] = None,
+    v_bits: Optional[int] = None,
+    v_group_size: Optional[int] = None,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> mx.array:
+    """Attention over a :class:`~mlxq.cache.recent.RecentSplit` of keys and
+    one of values (a ``keep_recent`` cache's fetch): the quantized rows
+    before the exact window through the fused kernel, the window densely,
+    merged by log-sum-exp. ``mask`` covers all ``N`` keys as usual: a
+    ``"causal"`` mask hides no quantized row (each precedes every query)
+    and is causal over the window; an array is cut at the window's start.
+    Sinks count once, in the quantized part (in the window's when there is
+    no quantized row)."""
+    n = keys.quantized_length
+    if n != values.quantized_length or keys.exact.shape[2] != values.exact.shape[2]:
+        raise ValueError(
+            "[mlxq.sdpa] keys and values of a recent-window fetch must be cut at the same "
+            f"position, got {n} + {keys.exact.shape[2]} and {values.quantized_length} + "
+            f"{values.exact.shape[2]}."
+        )
+    L, T = q.shape[2], keys.exact.shape[2]
+    if T < L:
+        raise ValueError(
+            f"[mlxq.sdpa] a recent-window fetch must hold the step's {L} query tokens exactly, "
+            f"got {T} exact rows."
+        )
+    mask_q, mask_e = None, mask
+    if isinstance(mask, mx.array):
+        if mask.shape[-1] != n + T:
+            raise ValueError(
+                f"[mlxq.sdpa] mask covers {mask.shape[-1]} keys, the fetch holds {n + T}."
+            )
+        mask_q, mask_e = mask[..., :n], mask[..., n:]
+    elif mask is not None and mask != "causal":
+        _split_mask(mask)  # raises for anything else
+    if n == 0:
+        out, _ = dense_attention_with_lse(
+            q, keys.exact, values.exact, scale=scale, mask=mask_e, sinks=sinks, stream=stream
+        )
+        return out
+    out_q, lse_q = quantized_sdpa(
+        q,
+        keys.quantized,
+        values.quantized,
+        scale=scale,
+        mask=mask_q,
+        sinks=sinks,
+        group_size=group_size,
+        bits=bits,
+        v_bits=v_bits,
+        v_group_size=v_group_size,
+        stream=stream,
+        return_lse=True,
+    )
+    out_e, lse_e = dense_attention_with_lse(
+        q, keys.exact, values.exact, scale=scale, mask=mask_e, stream=stream
+    )
+    return merge_attention(out_q, lse_q, out_e, lse_e)[0]
+
+
 def sdpa(
     q: mx.array,
     keys: Union[mx.array, Sequence[mx.array]],
@@ -337,6 +407,25 @@ def sdpa(
         >>> v = mx.quantize(values, group_size=64, bits=4)
         >>> out = mlxq.sdpa(q, k, v, scale=q.shape[-1] ** -0.5, mask="causal")
     """
+    if is_split(keys) or is_split(values):
+        if not (is_split(keys) and is_split(values)):
+            raise ValueError(
+                "[mlxq.sdpa] keys and values must both be recent-window fetches "
+                "(RecentSplit) or neither."
+            )
+        return recent_split_sdpa(
+            q,
+            keys,
+            values,
+            scale=scale,
+            mask=mask,
+            sinks=sinks,
+            group_size=group_size,
+            bits=bits,
+            v_bits=v_bits,
+            v_group_size=v_group_size,
+            stream=stream,
+        )
     if is_quantized(keys) or is_quantized(values):
         return quantized_sdpa(
             q,

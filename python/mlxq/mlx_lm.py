@@ -46,11 +46,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import mlx.core as mx
 
-from .attention import is_quantized, quantized_sdpa
+from .attention import is_quantized, quantized_sdpa, recent_split_sdpa
 from .cache import KVCache, RotatingKVCache, RotatingQuantizedKVCache
 from .cache.base import BaseCache
 from .quantization import BITS, GROUP_SIZES, triple_format
 from .rotation import is_rotated
+from .split import is_split
 
 _lock = threading.RLock()
 # (object, attribute, had it, previous value) for every change, in order.
@@ -68,6 +69,8 @@ _kv_rotate = False
 # The values' own (group_size, bits) for the caches mlxq quantizes; None:
 # kv_group_size / kv_bits, as the keys (enable(v_bits=...)).
 _kv_values: Tuple[Optional[int], Optional[int]] = (None, None)
+# How many recent tokens those caches also keep exact (enable(kv_keep_recent=)).
+_kv_keep_recent = 0
 
 
 # ----------------------------------------------------------------- devices
@@ -141,6 +144,18 @@ def scaled_dot_product_attention(queries, keys, values, cache, scale: float, mas
     cache, as in Gemma's KV-shared layers). Anything else goes to mlx-lm's
     original function.
     """
+    if is_split(keys):  # a keep_recent cache's fetch: only mlxq can attend it
+        _counts["mlxq"] += 1
+        return recent_split_sdpa(
+            queries,
+            keys,
+            values,
+            scale=scale,
+            mask=mask,
+            sinks=sinks,
+            group_size=getattr(cache, "group_size", None),
+            bits=getattr(cache, "bits", None),
+        )
     if is_quantized(keys):
         group_size = getattr(cache, "group_size", None) if hasattr(cache, "bits") else None
         bits = getattr(cache, "bits", None) if group_size is not None else None
@@ -173,6 +188,7 @@ def _to_mlxq_quantized(cache, group_size: int, bits: int):
 
     kind = type(cache)
     try:
+        recent = {}
         if kind is lm_cache.KVCache:
             ours = KVCache().restore(cache.keys, cache.values, cache.offset)
         elif kind is lm_cache.RotatingKVCache:
@@ -183,7 +199,10 @@ def _to_mlxq_quantized(cache, group_size: int, bits: int):
             ours = cache
         else:
             return None
+        if isinstance(ours, KVCache) and _kv_keep_recent:
+            recent = {"keep_recent": _kv_keep_recent}  # (sliding windows: not yet)
         return ours.to_quantized(
+            **recent,
             group_size=group_size,
             bits=bits,
             kv_rotate=_kv_rotate,
@@ -346,6 +365,7 @@ def enable(
     kv_rotate: Optional[bool] = None,
     v_bits: Optional[int] = None,
     v_group_size: Optional[int] = None,
+    kv_keep_recent: Optional[int] = None,
 ) -> _Handle:
     """Make mlx-lm use mlxq (see the module docstring). Idempotent.
 
@@ -361,11 +381,26 @@ def enable(
           given and reset by :func:`disable`.
         v_group_size (int, optional): The values' group size. Default:
           ``kv_group_size``.
+        kv_keep_recent (int, optional): How many of the most recent tokens
+          those caches also keep exact (mlxq.cache.recent; the quantized
+          rows before them and the exact window merge by log-sum-exp).
+          Growing caches only; CPU only for now. Default 0. Set when given,
+          reset by :func:`disable`.
 
     Returns a context manager: ``with mlxq.mlx_lm.enable(): ...`` disables
     again on exit.
     """
-    global _patches, _kv_rotate, _kv_values
+    global _patches, _kv_rotate, _kv_values, _kv_keep_recent
+    if kv_keep_recent is not None:
+        if (
+            isinstance(kv_keep_recent, bool)
+            or not isinstance(kv_keep_recent, int)
+            or (kv_keep_recent < 0)
+        ):
+            raise ValueError(
+                f"[mlxq.mlx_lm.enable] kv_keep_recent must be an int >= 0, got {kv_keep_recent!r}."
+            )
+        _kv_keep_recent = kv_keep_recent
     if kv_rotate is not None:
         if not isinstance(kv_rotate, bool):
             raise ValueError(f"[mlxq.mlx_lm.enable] kv_rotate must be a bool, got {kv_rotate!r}.")
@@ -408,10 +443,11 @@ def disable() -> None:
     Names that modules imported while mlxq was enabled (bound to mlxq's
     replacements) are pointed back at mlx-lm's originals too. Idempotent.
     """
-    global _patches, _kv_rotate, _kv_values
+    global _patches, _kv_rotate, _kv_values, _kv_keep_recent
     with _lock:
         _kv_rotate = False
         _kv_values = (None, None)
+        _kv_keep_recent = 0
         if _patches is None:
             return
         for obj, name, had, old in reversed(_patches):

@@ -7,10 +7,12 @@ whole number of steps, then extended with zero steps), so buffers, fetches
 and saved states match mlx-lm's bit for bit.
 """
 
+import copy
 from typing import Optional
 
 from ..masks import create_attention_mask
-from .base import BaseCache, QuantizedStorage
+from .base import BaseCache, QuantizedStorage, as_int
+from .recent import RecentSplit, RecentWindow
 
 
 class _GrowingCache(BaseCache):
@@ -88,16 +90,19 @@ class KVCache(_GrowingCache):
         kv_rotate: bool = False,
         v_group_size: Optional[int] = None,
         v_bits: Optional[int] = None,
+        keep_recent: int = 0,
     ) -> "QuantizedKVCache":
         """The same tokens in a :class:`QuantizedKVCache` (the whole buffer is
         quantized; rotated first with ``kv_rotate``, see mlxq.rotation; values
-        with ``v_group_size`` / ``v_bits`` when given)."""
+        with ``v_group_size`` / ``v_bits`` when given; the last
+        ``keep_recent`` tokens also kept exact)."""
         cache = QuantizedKVCache(
             group_size=group_size,
             bits=bits,
             kv_rotate=kv_rotate,
             v_group_size=v_group_size,
             v_bits=v_bits,
+            keep_recent=keep_recent,
         )
         cache.offset = self.offset
         if self.keys is not None:
@@ -105,6 +110,8 @@ class KVCache(_GrowingCache):
             cache.keys = cache._store.encode(self.keys)
             cache.values = cache._store.encode(self.values, values=True)
             cache._owned = True  # fresh mx.quantize outputs, held by nobody else
+            if cache._recent is not None:
+                cache._recent.fill(self.keys, self.values, self.offset)
         return cache
 
 
@@ -118,10 +125,19 @@ class QuantizedKVCache(QuantizedStorage, _GrowingCache):
     and fetches are :class:`~mlxq.rotation.RotatedTriple` (see mlxq.rotation).
     ``v_group_size`` / ``v_bits`` quantize the values apart from the keys
     (``bits=8, v_bits=4``: llama.cpp's q8_0-K / q4_0-V pairing).
+
+    ``keep_recent=R`` also keeps the last ``R`` tokens exact (see
+    mlxq.cache.recent): fetches are then :class:`RecentSplit` pairs, which
+    :func:`mlxq.sdpa` attends as the quantized rows before the window plus
+    the exact window (CPU only for now: it needs the kernel's log-sum-exp).
+    The window is a runtime choice, not part of ``state``: a cache restored
+    from a state or file reads its earlier tokens quantized.
     """
 
     mlx_lm_name = "QuantizedKVCache"
     _SCALARS = ("offset", "group_size", "bits")
+    keep_recent = 0
+    _recent: Optional[RecentWindow] = None
 
     def __init__(
         self,
@@ -130,6 +146,7 @@ class QuantizedKVCache(QuantizedStorage, _GrowingCache):
         kv_rotate: bool = False,
         v_group_size: Optional[int] = None,
         v_bits: Optional[int] = None,
+        keep_recent: int = 0,
     ):
         super().__init__()
         self.group_size = group_size
@@ -137,10 +154,54 @@ class QuantizedKVCache(QuantizedStorage, _GrowingCache):
         self.kv_rotate = kv_rotate
         self.v_group_size = v_group_size
         self.v_bits = v_bits
+        self.keep_recent = as_int(keep_recent, "keep_recent", self._where("__init__"), minimum=0)
         self._configure()
 
     def _configure(self) -> None:
         self._use_quantized_store()
+        if not self.keep_recent:
+            self._recent = None
+        elif self._recent is None or self._recent.size != self.keep_recent:
+            self._recent = RecentWindow(self.keep_recent)
+            self._recent.reset(self.offset)
+
+    def update_and_fetch(self, keys, values):
+        """Append and fetch (see _GrowingCache); with ``keep_recent``, the
+        fetch is a :class:`RecentSplit` of keys and one of values."""
+        if self._recent is None:
+            return super().update_and_fetch(keys, values)
+        prev = self.offset
+        super().update_and_fetch(keys, values)
+        lo, exact_k, exact_v = self._recent.step(keys, values, prev)
+        qk, qv = self._fetched(
+            self._store.rows(self.keys, stop=lo), self._store.rows(self.values, stop=lo)
+        )
+        return RecentSplit(qk, exact_k), RecentSplit(qv, exact_v)
+
+    def _adopt(self, keys, values, method: str) -> None:
+        super()._adopt(keys, values, method)
+        if self._recent is not None:  # adopted rows were never held exactly
+            self._recent.reset(self.offset)
+
+    def trim(self, n: int) -> int:
+        old = self.offset
+        n = super().trim(n)
+        if self._recent is not None and n:
+            # The ring holds [old - R, old): what of it lies below the new
+            # offset stays readable; below that, only new writes will be.
+            start = max(self._recent.start, old - self.keep_recent)
+            self._recent.start = min(start, self.offset)
+        return n
+
+    def __copy__(self):
+        other = super().__copy__()
+        other._recent = copy.copy(self._recent)  # its arrays are shared, then copied on write
+        return other
+
+    @property
+    def nbytes(self) -> int:
+        window = self._recent.nbytes if self._recent is not None else 0
+        return super().nbytes + window
 
 
 __all__ = ["KVCache", "QuantizedKVCache"]

@@ -1,0 +1,237 @@
+"""Quantized caches that keep their most recent tokens exact (``keep_recent``,
+mlxq.cache.recent): the window's bookkeeping through growth, trims, states
+and copies, the two-part attention against float64, and mlx-lm's generation
+with ``enable(kv_keep_recent=...)``."""
+
+import copy
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from cache_helpers import assert_same, kv, quantize
+from helpers import to_f64
+from reference64 import dequantize64, hadamard64
+
+import mlxq
+import mlxq.mlx_lm as mlxq_lm
+from mlxq.random_models import random_model
+from mlxq.split import RecentSplit
+
+pytestmark = pytest.mark.skipif(
+    mx.default_device() != mx.cpu, reason="the recent window needs the CPU kernel's log-sum-exp"
+)
+
+
+def cpu_only():
+    if mx.default_device() != mx.cpu:
+        pytest.skip("the recent window needs the kernel's log-sum-exp, CPU only for now")
+
+
+def reference(q, ks, vs, n, *, scale, gs, bits, v_fmt=None, rotate=False, sinks=None, mask=None):
+    """Attention in float64 over every token so far: the rows before ``n``
+    dequantized as the cache stored them, the rest exact."""
+    vg, vb = v_fmt or (gs, bits)
+    K, V = to_f64(mx.concatenate(ks, axis=2)), to_f64(mx.concatenate(vs, axis=2))
+    D = K.shape[-1]
+    H = hadamard64(D) if rotate else np.eye(D)
+    kq = dequantize64(quantize(mx.array(K @ H, mx.float32), gs, bits), gs, bits) @ H
+    vq = dequantize64(quantize(mx.array(V @ H, mx.float32), vg, vb), vg, vb) @ H
+    K[:, :, :n], V[:, :, :n] = kq[:, :, :n], vq[:, :, :n]
+    q64 = to_f64(q)
+    B, Hq, L, _ = q64.shape
+    N, rep = K.shape[2], Hq // K.shape[1]
+    vis = np.ones((L, N), bool) if mask is None else np.array(mask)
+    if isinstance(mask, str):
+        vis = np.arange(N)[None, :] <= np.arange(L)[:, None] + N - L
+    out = np.zeros((B, Hq, L, V.shape[-1]))
+    for b in range(B):
+        for h in range(Hq):
+            s = np.where(vis, scale * q64[b, h] @ K[b, h // rep].T, -np.inf)
+            m = s.max(-1, keepdims=True)
+            if sinks is not None:
+                m = np.maximum(m, float(sinks[h].item()))
+            p = np.exp(s - m)
+            den = p.sum(-1, keepdims=True)
+            if sinks is not None:
+                den = den + np.exp(float(sinks[h].item()) - m)
+            out[b, h] = p @ V[b, h // rep] / den
+    return out
+
+
+STEPS = [5, 1, 1, 7, 1, 20, 1, 1, 3, 300, 1, 2]
+
+
+@pytest.mark.parametrize(
+    "gs,bits,v_fmt,rotate,R",
+    [
+        (64, 4, None, False, 8),
+        (64, 4, None, True, 16),
+        (64, 8, (32, 4), False, 32),
+        (32, 3, None, True, 1),
+    ],
+)
+def test_attention_reads_the_window_exactly(rng, gs, bits, v_fmt, rotate, R):
+    cpu_only()
+    vg, vb = v_fmt or (None, None)
+    cache = mlxq.QuantizedKVCache(
+        gs, bits, kv_rotate=rotate, v_group_size=vg, v_bits=vb, keep_recent=R
+    )
+    plain = mlxq.QuantizedKVCache(gs, bits, kv_rotate=rotate, v_group_size=vg, v_bits=vb)
+    ks, vs = [], []
+    sinks = mx.array(rng.normal(0.5, 1.5, 4).astype(np.float32))
+    for T in STEPS:
+        k, v = kv(rng, T, D=64)
+        ks.append(k)
+        vs.append(v)
+        prev = cache.offset
+        K, V = cache.update_and_fetch(k, v)
+        assert isinstance(K, RecentSplit) and isinstance(V, RecentSplit)
+        n = K.quantized_length
+        assert n == max(0, prev - R) and K.exact.shape[2] == cache.offset - n
+        # Every token also lands in the quantized buffers, exactly as without a window.
+        pk, pv = plain.update_and_fetch(k, v)
+        assert_same(tuple(cache.keys_and_values()[0]), tuple(pk))
+        assert_same(tuple(cache.keys_and_values()[1]), tuple(pv))
+        q = mx.array(rng.standard_normal((1, 4, T, 64)).astype(np.float32))
+        mask = "causal" if T > 1 else None
+        out = mlxq.sdpa(q, K, V, scale=0.125, mask=mask, sinks=sinks)
+        ref = reference(
+            q,
+            ks,
+            vs,
+            n,
+            scale=0.125,
+            gs=gs,
+            bits=bits,
+            v_fmt=v_fmt,
+            rotate=rotate,
+            sinks=sinks,
+            mask=mask,
+        )
+        assert np.max(np.abs(to_f64(out) - ref)) < 2e-5, f"T={T}"
+
+
+def test_an_array_mask_is_cut_at_the_window(rng):
+    cpu_only()
+    cache = mlxq.QuantizedKVCache(64, 4, keep_recent=6)
+    ks, vs = [], []
+    for T in [10, 1, 5]:
+        k, v = kv(rng, T, D=64)
+        ks.append(k)
+        vs.append(v)
+        K, V = cache.update_and_fetch(k, v)
+    N, L = cache.offset, 5
+    vis = rng.random((L, N)) < 0.6
+    vis[:, 0] = True
+    q = mx.array(rng.standard_normal((1, 2, L, 64)).astype(np.float32))
+    out = mlxq.sdpa(q, K, V, scale=0.125, mask=mx.array(vis))
+    ref = reference(q, ks, vs, K.quantized_length, scale=0.125, gs=64, bits=4, mask=vis)
+    assert np.max(np.abs(to_f64(out) - ref)) < 2e-5
+    with pytest.raises(ValueError, match="mask covers"):
+        mlxq.sdpa(q, K, V, scale=0.125, mask=mx.array(vis[:, 1:]))
+
+
+def test_restored_and_trimmed_caches_read_what_they_no_longer_hold_quantized(rng):
+    cpu_only()
+    cache = mlxq.QuantizedKVCache(64, 4, keep_recent=8)
+    cache.update_and_fetch(*kv(rng, 30, D=64))
+    restored = mlxq.QuantizedKVCache.from_state(cache.state)
+    restored.keep_recent = 8
+    restored._configure()
+    K, _ = restored.update_and_fetch(*kv(rng, 1, D=64))
+    assert K.quantized_length == 30 and K.exact.shape[2] == 1
+    # Trim: the ring held [22, 30); after forgetting 5, [22, 25) is still exact.
+    cache.trim(5)
+    K, _ = cache.update_and_fetch(*kv(rng, 1, D=64))
+    assert K.quantized_length == 22 and K.exact.shape[2] == 4
+    # A trim deeper than the window: nothing before the new offset is held.
+    cache.trim(12)
+    K, _ = cache.update_and_fetch(*kv(rng, 2, D=64))
+    assert K.quantized_length == 14 and K.exact.shape[2] == 2
+
+
+def test_copies_keep_their_own_window(rng):
+    cpu_only()
+    a = mlxq.QuantizedKVCache(64, 4, keep_recent=4)
+    a.update_and_fetch(*kv(rng, 6, D=64))
+    b = copy.copy(a)
+    ka, _ = a.update_and_fetch(*kv(rng, 1, D=64))
+    kb_, _ = b.update_and_fetch(*kv(rng, 1, D=64))
+    # Same history, different last tokens: the windows differ only there.
+    assert_same(ka.exact[..., :4, :], kb_.exact[..., :4, :])
+    assert not mx.array_equal(ka.exact[..., 4:, :], kb_.exact[..., 4:, :]).item()
+    assert a.nbytes > mlxq.QuantizedKVCache(64, 4).nbytes
+
+
+def test_to_quantized_starts_with_an_exact_window(rng):
+    cpu_only()
+    plain = mlxq.KVCache()
+    k, v = kv(rng, 40, D=64)
+    plain.update_and_fetch(k, v)
+    cache = plain.to_quantized(64, 4, keep_recent=16)
+    K, V = cache.update_and_fetch(*kv(rng, 1, D=64))
+    assert K.quantized_length == 24
+    assert_same(K.exact[..., :16, :], k[..., 24:, :])
+
+
+def test_bad_window_sizes_are_refused():
+    with pytest.raises(ValueError, match="keep_recent must be >= 0"):
+        mlxq.QuantizedKVCache(64, 4, keep_recent=-1)
+    with pytest.raises(ValueError, match="kv_keep_recent"):
+        mlxq_lm.enable(kv_keep_recent=-3)
+
+
+def test_mismatched_splits_are_refused(rng):
+    cpu_only()
+    cache = mlxq.QuantizedKVCache(64, 4, keep_recent=4)
+    cache.update_and_fetch(*kv(rng, 10, D=64))
+    K, V = cache.update_and_fetch(*kv(rng, 1, D=64))
+    q = mx.zeros((1, 2, 1, 64))
+    with pytest.raises(ValueError, match="both be recent-window"):
+        mlxq.sdpa(q, K, V.quantized, scale=0.1)
+    with pytest.raises(ValueError, match="cut at the same position"):
+        mlxq.sdpa(q, K, RecentSplit(V.quantized, V.exact[..., 1:, :]), scale=0.1)
+
+
+def generate(model, prompt, n, **kw):
+    from mlx_lm.generate import generate_step
+
+    steps = generate_step(mx.array(prompt), model, max_tokens=n, **kw)
+    return [int(tok) for (tok, _), _i in zip(steps, range(n))]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_window_over_everything_generates_as_unquantized(arch):
+    # With a window longer than prompt + generation every key is read
+    # exactly: kv_bits=4 must then give the unquantized run's greedy tokens.
+    cpu_only()
+    model, _ = random_model(arch, seed=3, dtype=mx.float32)
+    prompt = list(range(3, 60))
+    want = generate(model, prompt, 24)
+    with mlxq_lm.enable(kv_keep_recent=128):
+        mlxq_lm.reset_counters()
+        got = generate(model, prompt, 24, kv_bits=4, kv_group_size=32, quantized_kv_start=0)
+        assert mlxq_lm.counters()["mlxq"] > 0
+    assert got == want
+    assert mlxq_lm._kv_keep_recent == 0  # disable() resets it
+
+
+def test_a_short_window_still_generates_and_stays_near_unquantized():
+    cpu_only()
+    model, _ = random_model("llama", seed=5, dtype=mx.float32)
+    prompt = list(range(3, 90))
+    with mlxq_lm.enable(kv_keep_recent=16):
+        got = generate(model, prompt, 32, kv_bits=4, kv_group_size=32, quantized_kv_start=0)
+    assert len(got) == 32
+
+
+def test_cli_kv_keep_recent(capsys):
+    cpu_only()
+    from mlxq.generate import main
+
+    args = ["--random-model", "llama", "--max-tokens", "4", "--prompt-tokens", "40"]
+    main(args + ["--kv-bits", "4", "--kv-keep-recent", "16"])
+    out, _ = capsys.readouterr()
+    assert "Generation: 4 tokens" in out and mlxq_lm._kv_keep_recent == 0
+    with pytest.raises(SystemExit):
+        main(args + ["--kv-keep-recent", "16"])  # without --kv-bits
