@@ -17,6 +17,8 @@ random bf16 weights (``mlxq.random_models``), at long prompt lengths:
   mlxq-kv4-rot the same with kv_rotate=True (rows in a Hadamard basis)
   mlxq-k8v4    mlxq with 8-bit keys and 4-bit values (kv_bits=8,
                enable(v_bits=4))
+  mlxq-kv4-w128  mlxq kv4 that also keeps the last 128 tokens exact
+               (enable(kv_keep_recent=128), mlxq.cache.recent)
 
 ``--gguf smollm2-135m`` (or ``gemma3-270m``) runs a trained model from
 mlxq.gguf's packaged files in bf16 instead of the random llama.
@@ -47,7 +49,7 @@ import mlxq.mlx_lm as mlxq_lm  # noqa: E402
 from mlxq.random_models import model_args, num_parameters, random_model  # noqa: E402
 
 CONTEXTS = [2048, 8192]
-CONFIGS = ["stock-bf16", "stock-kv4", "mlxq-kv4", "mlxq-kv4-rot", "mlxq-k8v4"]
+CONFIGS = ["stock-bf16", "stock-kv4", "mlxq-kv4", "mlxq-kv4-rot", "mlxq-k8v4", "mlxq-kv4-w128"]
 DEFAULT_CONFIGS = CONFIGS[:3]
 KV_BITS, KV_GROUP = 4, 64
 PREFILL_STEP = 2048
@@ -72,7 +74,11 @@ def run(model, config, n_prompt, decode_tokens, seed):
     ours = config.startswith("mlxq")
     pair = config == "mlxq-k8v4"  # 8-bit keys, KV_BITS values
     handle = (
-        mlxq_lm.enable(kv_rotate=config.endswith("-rot"), v_bits=KV_BITS if pair else None)
+        mlxq_lm.enable(
+            kv_rotate=config.endswith("-rot"),
+            v_bits=KV_BITS if pair else None,
+            kv_keep_recent=128 if config.endswith("-w128") else 0,
+        )
         if ours
         else None
     )
@@ -133,7 +139,7 @@ def plot(rows, path, title):
     import matplotlib.pyplot as plt
 
     fig, (ax_mem, ax_tps) = plt.subplots(1, 2, figsize=(10, 4))
-    for config, style in zip(CONFIGS, ("o-", "s--", "^-", "v:")):
+    for config, style in zip(CONFIGS, ("o-", "s--", "^-", "v:", "d-.", "x-")):
         pts = sorted((r["context"], r) for r in rows if r["config"] == config)
         if not pts:
             continue

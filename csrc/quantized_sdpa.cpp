@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "mlx/backend/metal/metal.h"
+
 #include "quantization.h"
 #include "validation.h"
 
@@ -376,11 +378,11 @@ std::pair<mx::array, mx::array> quantized_sdpa_with_lse(
       v_group_size,
       s);
   const auto stream = mx::to_stream(s);
-  if (stream.device != mx::Device::cpu) {
+  if (stream.device != mx::Device::cpu && mx::metal::is_available()) {
     fail(
         kOp,
-        "the log-sum-exp output (quantized_sdpa_with_lse) runs on the CPU only for now; pass "
-        "stream=mx.cpu.");
+        "the log-sum-exp output (quantized_sdpa_with_lse) runs on the CPU and CUDA, not yet "
+        "on Metal; pass stream=mx.cpu.");
   }
   n.params.with_lse = true;
   const mx::Shape lse_shape(n.out_shape.begin(), n.out_shape.end() - 1);

@@ -48,6 +48,7 @@ SdpaProblem SdpaProblem::from(
   p.scale_dtype = dtype_code(in[kInKScales].dtype());
   p.mask = params.mask;
   p.has_sinks = params.has_sinks;
+  p.with_lse = params.with_lse;
   copy4(q, p.q_st);
   for (int i = 0; i < 6; ++i) {
     copy4(in[kInKPacked + i], p.kv_st[i]);

@@ -43,6 +43,7 @@ struct SdpaProblem {
   MaskCode mask = kMaskNone;
   DtypeCode mask_dtype = kBool; // when mask == kMaskArray
   bool has_sinks = false;
+  bool with_lse = false; // a second output: each row's log-sum-exp
   int mask_input = -1; // index in the inputs, or -1
   int sinks_input = -1;
   // Strides in elements: q, the six K/V arrays (SdpaInput order, from 1),

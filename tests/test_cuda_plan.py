@@ -179,3 +179,21 @@ def test_keys_and_values_quantized_apart():
     assert p["kernel"] == "cuda_tiled" and p["dense_copy"] and p["dense_candidate"]
     assert plan(Dk=512, tiled=til, **dict(wide, N=8192))["kernel"] == "cuda_gemm"
     assert plan(Dk=256, **dict(wide, L=31))["kernel"] == "cuda_generic"  # 248 rows: no copy
+
+
+def test_the_log_sum_exp_comes_from_a_split_merge():
+    # quantized_sdpa_with_lse: the merge (fused in decode, merge_kernel
+    # otherwise) writes each row's log-sum-exp, so every family writes
+    # partials, even with one split; the GEMM family has no merge and yields.
+    assert plan(with_lse=True)["kernel"] == "cuda_decode"
+    assert plan(with_lse=True)["fused_merge"]
+    one = plan(q_dtype=F32, L=4, N=64, with_lse=True)
+    assert one["kernel"] == "cuda_generic" and one["splits"] == 1 and one["merge_kernel"]
+    assert one["partial_slots"] > 0
+    assert not plan(q_dtype=F32, L=4, N=64)["merge_kernel"]
+    tiled = plan(L=64, N=300, with_lse=True)
+    assert tiled["kernel"] == "cuda_tiled" and tiled["merge_kernel"]
+    wide = dict(L=2048, N=8192, Hq=8, Hkv=1, Dk=512, mask=CAUSAL)
+    til = dict(TILED, threads=256, rows=32, smem=182 * 1024, blocks_per_sm=1, dense=True)
+    assert plan(tiled=til, **wide)["kernel"] == "cuda_gemm"
+    assert plan(tiled=til, with_lse=True, **wide)["kernel"] != "cuda_gemm"

@@ -11,6 +11,11 @@ import mlxq
 from mlxq.attention import merge_attention
 
 
+def skip_on_metal():
+    if mx.default_device() != mx.cpu and mx.metal.is_available():
+        pytest.skip("the log-sum-exp output runs on the CPU and CUDA, not yet on Metal")
+
+
 def random_sinks(rng, Hq):
     return mx.array(rng.normal(0.5, 1.5, Hq).astype(np.float32))
 
@@ -38,8 +43,7 @@ CASES = [
 
 @pytest.mark.parametrize("bits,v_bits,gs,B,Hq,Hkv,L,N,D,q_dtype,mask,sinks", CASES)
 def test_lse_matches_float64(rng, bits, v_bits, gs, B, Hq, Hkv, L, N, D, q_dtype, mask, sinks):
-    if mx.default_device() != mx.cpu:
-        pytest.skip("the log-sum-exp output runs on the CPU only for now")
+    skip_on_metal()
     q, k, v = random_inputs(
         rng,
         B=B,
@@ -86,8 +90,7 @@ def test_lse_matches_float64(rng, bits, v_bits, gs, B, Hq, Hkv, L, N, D, q_dtype
 def test_two_segments_merge_into_the_whole(rng, rotate):
     """Keys [0, n) quantized through the kernel and keys [n, N) attended
     densely merge into the attention over all N keys (the reference)."""
-    if mx.default_device() != mx.cpu:
-        pytest.skip("the log-sum-exp output runs on the CPU only for now")
+    skip_on_metal()
     B, Hq, Hkv, L, N, D, n = 1, 8, 2, 6, 200, 64, 150
     q = mx.array(rng.standard_normal((B, Hq, L, D)).astype(np.float32))
     k = mx.array(rng.standard_normal((B, Hkv, N, D)).astype(np.float32))
@@ -128,8 +131,10 @@ def test_two_segments_merge_into_the_whole(rng, rotate):
         den = p.sum(-1, keepdims=True) + np.exp(sk - m)
         ref[0, h] = p @ V[0, h // 4] / den
         ref_lse[0, h] = (m + np.log(den))[:, 0]
-    assert np.max(np.abs(to_f64(out) - ref)) < 1e-4
-    assert np.max(np.abs(to_f64(lse) - ref_lse)) < 1e-4
+    # The dense part's f32 matmuls: exact on the CPU, TF32-like on CUDA.
+    tol = 1e-4 if mx.default_device() == mx.cpu else 5e-3
+    assert np.max(np.abs(to_f64(out) - ref)) < tol
+    assert np.max(np.abs(to_f64(lse) - ref_lse)) < tol
 
 
 def test_merge_weighs_an_empty_side_zero():
@@ -141,9 +146,9 @@ def test_merge_weighs_an_empty_side_zero():
     assert np.isclose(lse[0, 0, 0].item(), 0.5) and lse[0, 0, 1].item() == -inf
 
 
-def test_lse_on_a_gpu_stream_is_refused(rng):
+def test_lse_on_metal_is_refused(rng):
     q, k, v = random_inputs(rng, L=1, N=8)
-    if not mx.is_available(mx.gpu):
-        pytest.skip("no GPU backend in this MLX build")
-    with pytest.raises(ValueError, match="CPU only"):
+    if not mx.metal.is_available():
+        pytest.skip("not a Metal build of MLX")
+    with pytest.raises(ValueError, match="not yet on Metal"):
         mlxq.quantized_sdpa(q, k, v, scale=0.1, return_lse=True, stream=mx.gpu)

@@ -226,6 +226,20 @@ __device__ inline float output_scale(float m, float lsum, const float* sink) {
   return lsum > 0.0f ? 1.0f / lsum : 0.0f;
 }
 
+// A row's log-sum-exp (natural log of its softmax denominator, the sink
+// included) from its max m (natural units) and sum; -inf when empty.
+__device__ inline float log_denominator(float m, float lsum, const float* sink) {
+  const float mm = sink ? fmaxf(m, *sink) : m;
+  if (mm == -INFINITY) {
+    return -INFINITY;
+  }
+  float denom = m == -INFINITY ? 0.0f : lsum * expf(m - mm);
+  if (sink) {
+    denom += expf(*sink - mm);
+  }
+  return denom > 0.0f ? mm + logf(denom) : -INFINITY;
+}
+
 // Code i of a row of MLX-packed codes (one little-endian bit stream).
 template <int BITS>
 __device__ __forceinline__ uint32_t extract_code(const uint32_t* words, int i) {

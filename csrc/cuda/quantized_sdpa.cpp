@@ -53,7 +53,18 @@ struct Partials {
 };
 
 // Log-sum-exp merge of the splits' partials into `out` (normalised, sinks).
-void merge(mx::cu::CommandEncoder& enc, SdpaArgs a, const Partials& parts, mx::array& out) {
+// With `lse` (quantized_sdpa_with_lse) it writes each row's log-sum-exp too.
+void merge(
+    mx::cu::CommandEncoder& enc,
+    SdpaArgs a,
+    const Partials& parts,
+    const mx::array& out,
+    const mx::array* lse) {
+  std::vector<mx::array> reads = {parts.scratch, out}, writes = {out};
+  if (lse) {
+    reads.push_back(*lse);
+    writes.push_back(*lse);
+  }
   launch(
       enc,
       merge_kernel(),
@@ -61,8 +72,8 @@ void merge(mx::cu::CommandEncoder& enc, SdpaArgs a, const Partials& parts, mx::a
       dim3(kMergeThreads),
       0,
       a,
-      {&parts.scratch, &out},
-      {&out});
+      reads,
+      writes);
 }
 
 // MLXQ_CUDA_DECODE=0 / MLXQ_CUDA_TILED=0 turn the tensor-core decode / tiled
@@ -354,10 +365,16 @@ void* kernel_of(const Plan& plan, const Candidates& c, const SdpaProblem& p) {
 } // namespace
 
 void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) {
-  mx::array& out = outs[0]; // (quantized_sdpa_with_lse is CPU only for now)
+  mx::array& out = outs[0];
   auto& enc = mx::cu::get_command_encoder(stream());
   allocate(out, enc);
   poison(out, enc);
+  // The log-sum-exp (quantized_sdpa_with_lse), written by the split merge.
+  mx::array* lse = outs.size() > 1 ? &outs[1] : nullptr;
+  if (lse) {
+    allocate(*lse, enc);
+    poison(*lse, enc);
+  }
   const SdpaProblem p = SdpaProblem::from(in, params_, out);
   if (p.empty()) {
     return;
@@ -368,6 +385,7 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::a
   const int generic_smem = generic_smem_bytes(p.Dk, p.Dv, p.k_bits, p.v_bits);
   const Plan plan = plan_sdpa(p, layout, limits, c.decode_shape, c.tiled_shape, generic_smem);
   SdpaArgs a = bind(p, layout, plan, in, out);
+  a.lse = lse ? mx::gpu_ptr<float>(*lse) : nullptr;
   void* kernel = kernel_of(plan, c, p);
   if (plan.family == Family::Generic) {
     cuFuncSetAttribute(
@@ -412,19 +430,16 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::a
   }
   Partials parts(a, plan.partial_slots, enc);
   if (plan.fused_merge) {
-    launch(
-        enc,
-        kernel,
-        grid,
-        dim3(plan.threads),
-        plan.smem,
-        a,
-        {&counters, &out},
-        {&parts.scratch, &out, &counters});
+    std::vector<mx::array> reads = {counters, out}, writes = {parts.scratch, out, counters};
+    if (lse) {
+      reads.push_back(*lse);
+      writes.push_back(*lse);
+    }
+    launch(enc, kernel, grid, dim3(plan.threads), plan.smem, a, reads, writes);
     return;
   }
   launch(enc, kernel, grid, dim3(plan.threads), plan.smem, a, {&out}, {&parts.scratch});
-  merge(enc, a, parts, out);
+  merge(enc, a, parts, out, lse);
 }
 
 } // namespace mlxq

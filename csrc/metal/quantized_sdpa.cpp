@@ -19,7 +19,7 @@ namespace md = metal_dispatch;
 void QuantizedSDPA::eval_gpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
-  mx::array& out = outputs[0]; // (quantized_sdpa_with_lse is CPU only for now)
+  mx::array& out = outputs[0]; // (quantized_sdpa_with_lse is refused on Metal for now)
   auto& s = stream();
   auto& d = mx::metal::device(s.device);
   out.set_data(mx::allocator::malloc(out.nbytes()));

@@ -86,7 +86,8 @@ def quantized_sdpa(
           ``[B, H_q, L]`` (float32, natural log of the softmax denominator,
           sinks included; ``-inf`` for a row that sees nothing), so attention
           over these keys merges exactly with attention over other keys
-          (:func:`merge_attention`). CPU only for now. Default: ``False``.
+          (:func:`merge_attention`). CPU and CUDA (not yet Metal). Default:
+          ``False``.
 
     Returns:
         array: ``[B, H_q, L, D_v]`` in the dtype of ``q``. A query that sees no

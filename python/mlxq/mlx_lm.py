@@ -384,7 +384,7 @@ def enable(
         kv_keep_recent (int, optional): How many of the most recent tokens
           those caches also keep exact (mlxq.cache.recent; the quantized
           rows before them and the exact window merge by log-sum-exp).
-          Growing caches only; CPU only for now. Default 0. Set when given,
+          Growing caches only; CPU and CUDA (not yet Metal). Default 0. Set when given,
           reset by :func:`disable`.
 
     Returns a context manager: ``with mlxq.mlx_lm.enable(): ...`` disables

@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
     for (int c = 0; c < kMaxDvPerThread; ++c) {
       const int d = t + NT * c;
       if (d < Dv) {
-        if (a.splits == 1) {
+        if (a.splits == 1 && !a.lse) {
           const int64_t o = ((int64_t(b) * a.Hq + h) * a.L + l) * Dv + d;
           store_float(a.out, o, a.q_dtype, acc[c][r] * inv);
         } else {
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
         }
       }
     }
-    if (a.splits > 1 && t == 0) {
+    if ((a.splits > 1 || a.lse) && t == 0) {
       a.part_ml[(blk * a.row_tile + r) * 2] = m;
       a.part_ml[(blk * a.row_tile + r) * 2 + 1] = lsum;
     }

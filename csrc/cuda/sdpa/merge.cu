@@ -67,9 +67,13 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel_impl(SdpaArgs a
         }
       }
     }
-    const float inv = output_scale(mb, lb, a.sinks ? a.sinks + h : nullptr);
+    const float* sink = a.sinks ? a.sinks + h : nullptr;
+    const float inv = output_scale(mb, lb, sink);
     const int64_t out = ((int64_t(b) * a.Hq + h) * a.L + l) * a.Dv + d;
     store_float(a.out, out, a.q_dtype, ob * inv);
+    if (a.lse && d == 0) {
+      a.lse[(int64_t(b) * a.Hq + h) * a.L + l] = log_denominator(mb, lb, sink);
+    }
   }
 }
 

@@ -61,7 +61,12 @@ __device__ void merge_head_splits(const SdpaArgs& a, int b, int kvh, float* wsm)
     lsum = warp_sum(lsum);
     if (lane == 0) {
       const int h = row_head(kvh, r, a.rep);
-      row_scale[r] = output_scale(mx, lsum, a.sinks ? a.sinks + h : nullptr);
+      const float* sink = a.sinks ? a.sinks + h : nullptr;
+      row_scale[r] = output_scale(mx, lsum, sink);
+      if (a.lse) {
+        const int l = row_position(r, a.rep);
+        a.lse[(int64_t(b) * a.Hq + h) * a.L + l] = log_denominator(mx, lsum, sink);
+      }
     }
   }
   __syncthreads();

@@ -524,7 +524,7 @@ struct TiledStages {
       }
       const int r = wr0 + g8 + 8 * h;
       const float m_nat = m[h] == -INFINITY ? -INFINITY : m[h] * kLn2;
-      if (a.splits == 1) {
+      if (a.splits == 1 && !a.lse) {
         const float inv = output_scale(m_nat, l[h], a.sinks ? a.sinks + head[h] : nullptr);
         T* out = static_cast<T*>(a.out) + ((int64_t(b) * a.Hq + head[h]) * a.L + lpos[h]) * D + dv0;
 #pragma unroll

@@ -129,7 +129,8 @@ class QuantizedKVCache(QuantizedStorage, _GrowingCache):
     ``keep_recent=R`` also keeps the last ``R`` tokens exact (see
     mlxq.cache.recent): fetches are then :class:`RecentSplit` pairs, which
     :func:`mlxq.sdpa` attends as the quantized rows before the window plus
-    the exact window (CPU only for now: it needs the kernel's log-sum-exp).
+    the exact window (CPU and CUDA; not yet Metal, whose kernels have no
+    log-sum-exp output).
     The window is a runtime choice, not part of ``state``: a cache restored
     from a state or file reads its earlier tokens quantized.
     """
