@@ -61,49 +61,38 @@ NB_MODULE(_ext, m) {
   m.attr("SUPPORTED_BITS") = nb::tuple(bits);
   m.attr("SUPPORTED_GROUP_SIZES") = nb::tuple(group_sizes);
 
-  m.def(
+  // The fused attention and its log-sum-exp variant take the same arguments.
+  auto def_sdpa = [&m](const char* name, auto fn, const char* doc) {
+    m.def(
+        name,
+        guarded(fn),
+        "q"_a,
+        "k_packed"_a,
+        "k_scales"_a,
+        "k_biases"_a,
+        "v_packed"_a,
+        "v_scales"_a,
+        "v_biases"_a,
+        nb::kw_only(),
+        "scale"_a,
+        "mask_mode"_a = "",
+        "mask"_a = nb::none(),
+        "sinks"_a = nb::none(),
+        "bits"_a = nb::none(),
+        "group_size"_a = nb::none(),
+        "v_bits"_a = nb::none(),
+        "v_group_size"_a = nb::none(),
+        "stream"_a = nb::none(),
+        doc);
+  };
+  def_sdpa(
       "quantized_sdpa",
-      guarded(&mlxq::quantized_sdpa),
-      "q"_a,
-      "k_packed"_a,
-      "k_scales"_a,
-      "k_biases"_a,
-      "v_packed"_a,
-      "v_scales"_a,
-      "v_biases"_a,
-      nb::kw_only(),
-      "scale"_a,
-      "mask_mode"_a = "",
-      "mask"_a = nb::none(),
-      "sinks"_a = nb::none(),
-      "bits"_a = nb::none(),
-      "group_size"_a = nb::none(),
-      "v_bits"_a = nb::none(),
-      "v_group_size"_a = nb::none(),
-      "stream"_a = nb::none(),
+      &mlxq::quantized_sdpa,
       "Fused attention over MLX affine-quantized K/V (see mlxq.quantized_sdpa).");
-
-  m.def(
+  def_sdpa(
       "quantized_sdpa_with_lse",
-      guarded(&mlxq::quantized_sdpa_with_lse),
-      "q"_a,
-      "k_packed"_a,
-      "k_scales"_a,
-      "k_biases"_a,
-      "v_packed"_a,
-      "v_scales"_a,
-      "v_biases"_a,
-      nb::kw_only(),
-      "scale"_a,
-      "mask_mode"_a = "",
-      "mask"_a = nb::none(),
-      "sinks"_a = nb::none(),
-      "bits"_a = nb::none(),
-      "group_size"_a = nb::none(),
-      "v_bits"_a = nb::none(),
-      "v_group_size"_a = nb::none(),
-      "stream"_a = nb::none(),
-      "quantized_sdpa plus each row's log-sum-exp (see mlxq.quantized_sdpa_with_lse).");
+      &mlxq::quantized_sdpa_with_lse,
+      "quantized_sdpa plus each row's log-sum-exp (see mlxq.quantized_sdpa).");
 
   m.def(
       "ring_update",

@@ -159,15 +159,9 @@ std::pair<int, int> infer_quantization(
   return {b, g};
 }
 
-// Validates every input and builds the node's inputs and parameters; the
-// output shape is [B, Hq, L, Dv].
-struct Node {
-  QuantizedSDPAParams params;
-  std::vector<mx::array> inputs;
-  mx::Shape out_shape;
-};
+} // namespace
 
-Node build(
+mx::array quantized_sdpa(
     const mx::array& q,
     const mx::array& k_packed,
     const mx::array& k_scales,
@@ -297,50 +291,12 @@ Node build(
     inputs.push_back(mx::contiguous(mx::astype(*sinks, mx::float32, s), false, s));
   }
 
-  return {params, std::move(inputs), {B, Hq, L, Dv}};
-}
-
-} // namespace
-
-mx::array quantized_sdpa(
-    const mx::array& q,
-    const mx::array& k_packed,
-    const mx::array& k_scales,
-    const mx::array& k_biases,
-    const mx::array& v_packed,
-    const mx::array& v_scales,
-    const mx::array& v_biases,
-    float scale,
-    const std::string& mask_mode,
-    const std::optional<mx::array>& mask,
-    const std::optional<mx::array>& sinks,
-    std::optional<int> bits,
-    std::optional<int> group_size,
-    std::optional<int> v_bits,
-    std::optional<int> v_group_size,
-    mx::StreamOrDevice s) {
-  Node n = build(
-      q,
-      k_packed,
-      k_scales,
-      k_biases,
-      v_packed,
-      v_scales,
-      v_biases,
-      scale,
-      mask_mode,
-      mask,
-      sinks,
-      bits,
-      group_size,
-      v_bits,
-      v_group_size,
-      s);
+  auto stream = mx::to_stream(s);
   return mx::array(
-      n.out_shape,
+      {B, Hq, L, Dv},
       q.dtype(),
-      std::make_shared<QuantizedSDPA>(mx::to_stream(s), n.params),
-      std::move(n.inputs));
+      std::make_shared<QuantizedSDPA>(stream, params),
+      std::move(inputs));
 }
 
 std::pair<mx::array, mx::array> quantized_sdpa_with_lse(
@@ -360,7 +316,9 @@ std::pair<mx::array, mx::array> quantized_sdpa_with_lse(
     std::optional<int> v_bits,
     std::optional<int> v_group_size,
     mx::StreamOrDevice s) {
-  Node n = build(
+  // The plain node validates every input; the same node with a second
+  // output replaces it.
+  mx::array plain = quantized_sdpa(
       q,
       k_packed,
       k_scales,
@@ -377,20 +335,21 @@ std::pair<mx::array, mx::array> quantized_sdpa_with_lse(
       v_bits,
       v_group_size,
       s);
-  const auto stream = mx::to_stream(s);
-  if (stream.device != mx::Device::cpu && mx::metal::is_available()) {
+  auto& node = static_cast<QuantizedSDPA&>(plain.primitive());
+  if (node.stream().device != mx::Device::cpu && mx::metal::is_available()) {
     fail(
         kOp,
         "the log-sum-exp output (quantized_sdpa_with_lse) runs on the CPU and CUDA, not yet "
         "on Metal; pass stream=mx.cpu.");
   }
-  n.params.with_lse = true;
-  const mx::Shape lse_shape(n.out_shape.begin(), n.out_shape.end() - 1);
+  QuantizedSDPAParams params = node.params();
+  params.with_lse = true;
+  const mx::Shape lse_shape(plain.shape().begin(), plain.shape().end() - 1);
   auto outs = mx::array::make_arrays(
-      {n.out_shape, lse_shape},
-      {q.dtype(), mx::float32},
-      std::make_shared<QuantizedSDPA>(stream, n.params),
-      std::move(n.inputs));
+      {plain.shape(), lse_shape},
+      {plain.dtype(), mx::float32},
+      std::make_shared<QuantizedSDPA>(node.stream(), params),
+      plain.inputs());
   return {outs[0], outs[1]};
 }
 

@@ -77,7 +77,7 @@ def test_smollm2_perplexity_and_8bit_kv(smollm2):
         mlxq_lm.disable()
     # 8-bit KV from the first token: measured +0.09% and 99.0% agreement.
     assert abs(ppl8 / ppl - 1) < 0.01, (ppl, ppl8)
-    assert (top8 == top).mean() >= 0.97
+    assert (top8 == top).mean() >= 0.98
 
 
 def test_teacher_forced_refuses_too_few_tokens():
@@ -109,3 +109,22 @@ def test_smollm2_4bit_kv_and_rotation(smollm2):
     assert 0.20 < change[False] < 0.55, change
     assert -0.02 < change[True] < min(0.15, 0.5 * change[False]), change
     assert agreement[True] >= 0.80 and agreement[True] > agreement[False], agreement
+
+
+def test_smollm2_4bit_kv_with_a_recent_window(smollm2):
+    # The last 64 tokens kept exact (keep_recent) beside rotated 4-bit g64
+    # KV, over the same 256 tokens (f32; chunks of 64, so the window holds
+    # the chunk and the one before): measured +0.63% (98.0% agreement)
+    # against +1.5% without the window here and +12.8% on the H200.
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, tok = smollm2
+    ids = tok.encode(TEXT)[:257]
+    ppl, top = teacher_forced(model, ids, make_prompt_cache(model))
+    with mlxq_lm.enabled():
+        caches = [
+            mlxq.QuantizedKVCache(64, 4, kv_rotate=True, keep_recent=64) for _ in model.layers
+        ]
+        ppl4, top4 = teacher_forced(model, ids, caches)
+    assert abs(ppl4 / ppl - 1) < 0.02, (ppl, ppl4)
+    assert (top4 == top).mean() >= 0.92

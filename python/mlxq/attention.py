@@ -408,27 +408,15 @@ def sdpa(
         >>> v = mx.quantize(values, group_size=64, bits=4)
         >>> out = mlxq.sdpa(q, k, v, scale=q.shape[-1] ** -0.5, mask="causal")
     """
-    if is_split(keys) or is_split(values):
-        if not (is_split(keys) and is_split(values)):
-            raise ValueError(
-                "[mlxq.sdpa] keys and values must both be recent-window fetches "
-                "(RecentSplit) or neither."
-            )
-        return recent_split_sdpa(
-            q,
-            keys,
-            values,
-            scale=scale,
-            mask=mask,
-            sinks=sinks,
-            group_size=group_size,
-            bits=bits,
-            v_bits=v_bits,
-            v_group_size=v_group_size,
-            stream=stream,
+    split = is_split(keys) or is_split(values)
+    if split and not (is_split(keys) and is_split(values)):
+        raise ValueError(
+            "[mlxq.sdpa] keys and values must both be recent-window fetches "
+            "(RecentSplit) or neither."
         )
-    if is_quantized(keys) or is_quantized(values):
-        return quantized_sdpa(
+    if split or is_quantized(keys) or is_quantized(values):
+        attend = recent_split_sdpa if split else quantized_sdpa
+        return attend(
             q,
             keys,
             values,
