@@ -21,6 +21,7 @@ from mlxq import gguf
 from mlxq.evaluate import teacher_forced
 
 TEXT = (Path(__file__).parent / "data" / "apache-2.0.txt").read_text()
+QUESTION = "Q: What is the capital of France?\nA:"
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,9 @@ def test_gemma3_answers_and_its_kv_quantizes(gemma3):
 
     model, tok = gemma3
     assert type(model).__module__ == "mlx_lm.models.gemma3_text"
-    out = generate(model, tok, "The capital of France is", max_tokens=6, verbose=False)
+    # A base model: asked as a question (greedy, f32: "The capital of France
+    # is Paris."); "The capital of France is" continues with prose instead.
+    out = generate(model, tok, QUESTION, max_tokens=8, verbose=False)
     assert "Paris" in out, out
     ids = tok.encode(TEXT)[:257]
     assert ids[0] == tok.bos_token_id  # Gemma needs its BOS
@@ -64,7 +67,7 @@ def test_gemma3_kv4_generates_where_stock_mlx_lm_raises(gemma3):
     from mlx_lm.generate import generate_step
 
     model, tok = gemma3
-    prompt = mx.array(tok.encode("The capital of France is"))
+    prompt = mx.array(tok.encode("The Eiffel Tower is in the city of"))
     with pytest.raises(NotImplementedError):
         list(
             zip(

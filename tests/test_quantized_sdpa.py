@@ -142,37 +142,74 @@ FAST_PAIRS = [
 ]
 
 
-@pytest.mark.parametrize("k_bits,v_bits,D,Hq,Hkv,L,N,q_dtype,mask,kernel", FAST_PAIRS)
-def test_key_value_pairs_on_fast_paths(
-    rng, k_bits, v_bits, D, Hq, Hkv, L, N, q_dtype, mask, kernel
+def check_pair(
+    rng, *, k_bits, v_bits, kg, vg, D, B, Hq, Hkv, L, N, q_dtype, kv_dtype, mask, kernel
 ):
+    """A K/V pair against float64, with sinks, on mlxq's own kernels
+    (``kernel``: the CUDA family it must reach, or None)."""
     q, k, v = random_inputs(
         rng,
+        B=B,
         Hq=Hq,
         Hkv=Hkv,
         L=L,
         N=N,
         Dk=D,
         bits=k_bits,
-        group_size=64,
+        group_size=kg,
         v_bits=v_bits,
+        v_group_size=vg,
         q_dtype=q_dtype,
-        kv_dtype=q_dtype,
+        kv_dtype=kv_dtype,
     )
     sinks = random_sinks(rng, Hq)
     scale = D**-0.5
     old = mlxq.routing.set_dequantized_prefill(False)  # mlxq's own kernels
     try:
         mlxq._ext._take_last_sdpa_kernel()
-        out = mlxq.sdpa(q, k, v, scale=scale, mask=mask, sinks=sinks, v_bits=v_bits)
+        out = mlxq.sdpa(
+            q, k, v, scale=scale, mask=mask, sinks=sinks, v_bits=v_bits, v_group_size=vg
+        )
         mx.eval(out)
         assert_cuda_kernel(kernel)
     finally:
         mlxq.routing.set_dequantized_prefill(old)
     ref = sdpa64(
-        q, k, v, scale=scale, mask=mask, sinks=sinks, group_size=64, bits=k_bits, v_bits=v_bits
+        q,
+        k,
+        v,
+        scale=scale,
+        mask=mask,
+        sinks=sinks,
+        group_size=kg,
+        bits=k_bits,
+        v_bits=v_bits,
+        v_group_size=vg,
     )
     assert_close(out, ref, dtype=q_dtype)
+
+
+@pytest.mark.parametrize("k_bits,v_bits,D,Hq,Hkv,L,N,q_dtype,mask,kernel", FAST_PAIRS)
+def test_key_value_pairs_on_fast_paths(
+    rng, k_bits, v_bits, D, Hq, Hkv, L, N, q_dtype, mask, kernel
+):
+    check_pair(
+        rng,
+        k_bits=k_bits,
+        v_bits=v_bits,
+        kg=64,
+        vg=64,
+        D=D,
+        B=1,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=N,
+        q_dtype=q_dtype,
+        kv_dtype=q_dtype,
+        mask=mask,
+        kernel=kernel,
+    )
 
 
 # 8-bit keys with 4-bit values on CUDA's decode kernel: every group pair it
@@ -195,43 +232,26 @@ K8V4_DECODE = [
 
 @pytest.mark.parametrize("D,kg,vg,kv_dtype,q_dtype,B,Hq,Hkv,L,N,mask", K8V4_DECODE)
 def test_k8v4_decode(rng, D, kg, vg, kv_dtype, q_dtype, B, Hq, Hkv, L, N, mask):
-    q, k, v = random_inputs(
+    # Head dim 256 needs ~100 KB of shared memory per block: GPUs that allow
+    # 99 KB (sm_86/89/120) take the generic kernel there.
+    big_smem = mx.device_info().get("compute_capability_major", 0) in (9, 10)
+    check_pair(
         rng,
+        k_bits=8,
+        v_bits=4,
+        kg=kg,
+        vg=vg,
+        D=D,
         B=B,
         Hq=Hq,
         Hkv=Hkv,
         L=L,
         N=N,
-        Dk=D,
-        bits=8,
-        group_size=kg,
-        v_bits=4,
-        v_group_size=vg,
         q_dtype=q_dtype,
         kv_dtype=kv_dtype,
-    )
-    sinks = random_sinks(rng, Hq)
-    scale = D**-0.5
-    mlxq._ext._take_last_sdpa_kernel()
-    out = mlxq.sdpa(q, k, v, scale=scale, mask=mask, sinks=sinks, v_bits=4, v_group_size=vg)
-    mx.eval(out)
-    # Head dim 256 needs ~100 KB of shared memory per block: GPUs that allow
-    # 99 KB (sm_86/89/120) take the generic kernel there.
-    big_smem = mx.device_info().get("compute_capability_major", 0) in (9, 10)
-    assert_cuda_kernel("cuda_decode" if D < 256 or big_smem else None)
-    ref = sdpa64(
-        q,
-        k,
-        v,
-        scale=scale,
         mask=mask,
-        sinks=sinks,
-        group_size=kg,
-        bits=8,
-        v_bits=4,
-        v_group_size=vg,
+        kernel="cuda_decode" if D < 256 or big_smem else None,
     )
-    assert_close(out, ref, dtype=q_dtype)
 
 
 def test_value_bits_default_to_the_keys(rng):
