@@ -107,6 +107,17 @@ def on_cuda_gpu() -> bool:
     return mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 
+def skip_without_lse():
+    """Skips where the kernel has no log-sum-exp output (Metal, for now)."""
+    if mx.default_device() != mx.cpu and mx.metal.is_available():
+        pytest.skip("the log-sum-exp output runs on the CPU and CUDA, not yet on Metal")
+
+
+def random_sinks(rng, Hq, dtype=mx.float32):
+    # Around the scale of the scores, so the sink takes a visible share.
+    return mx.array(rng.normal(0.5, 1.5, Hq).astype(np.float32)).astype(dtype)
+
+
 def backend_name() -> str:
     """The backend that runs the default device, for skip reasons."""
     if mx.default_device() == mx.cpu:

@@ -4,20 +4,11 @@ two disjoint key sets merges exactly into attention over their union."""
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import assert_close, random_inputs, to_f64
+from helpers import assert_close, random_inputs, random_sinks, skip_without_lse, to_f64
 from reference64 import sdpa64
 
 import mlxq
 from mlxq.attention import merge_attention
-
-
-def skip_on_metal():
-    if mx.default_device() != mx.cpu and mx.metal.is_available():
-        pytest.skip("the log-sum-exp output runs on the CPU and CUDA, not yet on Metal")
-
-
-def random_sinks(rng, Hq):
-    return mx.array(rng.normal(0.5, 1.5, Hq).astype(np.float32))
 
 
 def assert_lse_close(lse, ref, dtype):
@@ -43,7 +34,7 @@ CASES = [
 
 @pytest.mark.parametrize("bits,v_bits,gs,B,Hq,Hkv,L,N,D,q_dtype,mask,sinks", CASES)
 def test_lse_matches_float64(rng, bits, v_bits, gs, B, Hq, Hkv, L, N, D, q_dtype, mask, sinks):
-    skip_on_metal()
+    skip_without_lse()
     q, k, v = random_inputs(
         rng,
         B=B,
@@ -90,7 +81,7 @@ def test_lse_matches_float64(rng, bits, v_bits, gs, B, Hq, Hkv, L, N, D, q_dtype
 def test_two_segments_merge_into_the_whole(rng, rotate):
     """Keys [0, n) quantized through the kernel and keys [n, N) attended
     densely merge into the attention over all N keys (the reference)."""
-    skip_on_metal()
+    skip_without_lse()
     B, Hq, Hkv, L, N, D, n = 1, 8, 2, 6, 200, 64, 150
     q = mx.array(rng.standard_normal((B, Hq, L, D)).astype(np.float32))
     k = mx.array(rng.standard_normal((B, Hkv, N, D)).astype(np.float32))

@@ -19,6 +19,7 @@ from helpers import (
     assert_cuda_kernel,
     exact_or_skip,
     random_inputs,
+    random_sinks,
     rel_err,
     skip_mx_fast_oracle_on_cuda,
     stock_or_skip,
@@ -47,11 +48,6 @@ def run_and_check(
     assert_close(out, ref, dtype=q.dtype)
     assert_cuda_kernel(cuda_kernel)
     return out
-
-
-def random_sinks(rng, Hq, dtype=mx.float32):
-    # Around the scale of the scores, so the sink takes a visible share.
-    return mx.array(rng.normal(0.5, 1.5, Hq).astype(np.float32)).astype(dtype)
 
 
 # --- bits, group sizes, scale dtypes ------------------------------------------

@@ -9,18 +9,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from cache_helpers import assert_same, kv, quantize
-from helpers import to_f64
+from helpers import skip_without_lse, to_f64
 from reference64 import dequantize64, hadamard64
 
 import mlxq
 import mlxq.mlx_lm as mlxq_lm
 from mlxq.random_models import random_model
 from mlxq.split import RecentSplit
-
-
-def cpu_only():
-    if mx.default_device() != mx.cpu and mx.metal.is_available():
-        pytest.skip("the recent window needs the kernel's log-sum-exp: CPU and CUDA, not yet Metal")
 
 
 def tolerance():
@@ -72,7 +67,7 @@ STEPS = [5, 1, 1, 7, 1, 20, 1, 1, 3, 300, 1, 2]
     ],
 )
 def test_attention_reads_the_window_exactly(rng, gs, bits, v_fmt, rotate, R):
-    cpu_only()
+    skip_without_lse()
     vg, vb = v_fmt or (None, None)
     cache = mlxq.QuantizedKVCache(
         gs, bits, kv_rotate=rotate, v_group_size=vg, v_bits=vb, keep_recent=R
@@ -113,7 +108,7 @@ def test_attention_reads_the_window_exactly(rng, gs, bits, v_fmt, rotate, R):
 
 
 def test_an_array_mask_is_cut_at_the_window(rng):
-    cpu_only()
+    skip_without_lse()
     cache = mlxq.QuantizedKVCache(64, 4, keep_recent=6)
     ks, vs = [], []
     for T in [10, 1, 5]:
@@ -133,7 +128,7 @@ def test_an_array_mask_is_cut_at_the_window(rng):
 
 
 def test_restored_and_trimmed_caches_read_what_they_no_longer_hold_quantized(rng):
-    cpu_only()
+    skip_without_lse()
     cache = mlxq.QuantizedKVCache(64, 4, keep_recent=8)
     cache.update_and_fetch(*kv(rng, 30, D=64))
     restored = mlxq.QuantizedKVCache.from_state(cache.state)
@@ -152,7 +147,7 @@ def test_restored_and_trimmed_caches_read_what_they_no_longer_hold_quantized(rng
 
 
 def test_copies_keep_their_own_window(rng):
-    cpu_only()
+    skip_without_lse()
     a = mlxq.QuantizedKVCache(64, 4, keep_recent=4)
     a.update_and_fetch(*kv(rng, 6, D=64))
     b = copy.copy(a)
@@ -165,7 +160,7 @@ def test_copies_keep_their_own_window(rng):
 
 
 def test_to_quantized_starts_with_an_exact_window(rng):
-    cpu_only()
+    skip_without_lse()
     plain = mlxq.KVCache()
     k, v = kv(rng, 40, D=64)
     plain.update_and_fetch(k, v)
@@ -183,13 +178,15 @@ def test_bad_window_sizes_are_refused():
 
 
 def test_mismatched_splits_are_refused(rng):
-    cpu_only()
+    skip_without_lse()
     cache = mlxq.QuantizedKVCache(64, 4, keep_recent=4)
     cache.update_and_fetch(*kv(rng, 10, D=64))
     K, V = cache.update_and_fetch(*kv(rng, 1, D=64))
     q = mx.zeros((1, 2, 1, 64))
     with pytest.raises(ValueError, match="both be recent-window"):
         mlxq.sdpa(q, K, V.quantized, scale=0.1)
+    with pytest.raises(ValueError, match="mask must be None"):
+        mlxq.sdpa(q, K, V, scale=0.1, mask="full")
     with pytest.raises(ValueError, match="cut at the same position"):
         mlxq.sdpa(q, K, RecentSplit(V.quantized, V.exact[..., 1:, :]), scale=0.1)
 
@@ -220,7 +217,7 @@ def test_a_window_over_everything_generates_as_unquantized(arch):
 
 
 def test_a_short_window_still_generates_and_stays_near_unquantized():
-    cpu_only()
+    skip_without_lse()
     model, _ = random_model("llama", seed=5, dtype=mx.float32)
     prompt = list(range(3, 90))
     with mlxq_lm.enable(kv_keep_recent=16):
@@ -229,7 +226,7 @@ def test_a_short_window_still_generates_and_stays_near_unquantized():
 
 
 def test_cli_kv_keep_recent(capsys):
-    cpu_only()
+    skip_without_lse()
     from mlxq.generate import main
 
     args = ["--random-model", "llama", "--max-tokens", "4", "--prompt-tokens", "40"]

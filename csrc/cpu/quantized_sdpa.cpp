@@ -502,6 +502,17 @@ void run_problem(const Problem& P, void* out_data) {
     part_l.assign(size_t(n_tasks) * P.row_tile, 0.0f);
   }
   std::vector<float> normalised(size_t(threads) * P.Dv);
+  // A finished row: y (its unnormalised output, this worker's scratch)
+  // scaled by the softmax denominator from (m, lsum) and the head's sink,
+  // stored, and the row's log-sum-exp when asked for.
+  auto finish_row = [&](int b, int h, int l, float* y, float m, float lsum) {
+    const float* sink = P.sinks ? P.sinks + h : nullptr;
+    scale_inplace(y, inverse_denominator(m, lsum, sink), P.Dv);
+    store_output(P.q_dtype, out_ptr(b, h, l), y, P.Dv);
+    if (P.lse) {
+      P.lse[(size_t(b) * P.Hq + h) * P.L + l] = log_denominator(m, lsum, sink);
+    }
+  };
 
   cpu::parallel_for(n_tasks, [&](int task, int worker) {
     int t = task;
@@ -529,15 +540,8 @@ void run_problem(const Problem& P, void* out_data) {
         part_l[slot] = S.l[rr];
       } else {
         float* y = &normalised[size_t(worker) * P.Dv];
-        const float* sink = P.sinks ? P.sinks + h : nullptr;
-        const float inv = inverse_denominator(S.m[rr], S.l[rr], sink);
-        for (int i = 0; i < P.Dv; ++i) {
-          y[i] = o[i] * inv;
-        }
-        store_output(P.q_dtype, out_ptr(b, h, l), y, P.Dv);
-        if (P.lse) {
-          P.lse[(size_t(b) * P.Hq + h) * P.L + l] = log_denominator(S.m[rr], S.l[rr], sink);
-        }
+        std::copy(o, o + P.Dv, y);
+        finish_row(b, h, l, y, S.m[rr], S.l[rr]);
       }
     }
   });
@@ -574,13 +578,7 @@ void run_problem(const Problem& P, void* out_data) {
         axpy(y, w, &part_o[s * P.Dv], P.Dv);
       }
     }
-    const float* sink = P.sinks ? P.sinks + h : nullptr;
-    const float inv = inverse_denominator(m, lsum, sink);
-    scale_inplace(y, inv, P.Dv);
-    store_output(P.q_dtype, out_ptr(b, h, l), y, P.Dv);
-    if (P.lse) {
-      P.lse[(size_t(b) * P.Hq + h) * P.L + l] = log_denominator(m, lsum, sink);
-    }
+    finish_row(b, h, l, y, m, lsum);
   });
 }
 

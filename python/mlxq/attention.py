@@ -339,7 +339,7 @@ def recent_split_sdpa(
             )
         mask_q, mask_e = mask[..., :n], mask[..., n:]
     elif mask is not None and mask != "causal":
-        _split_mask(mask)  # raises for anything else
+        raise ValueError(f'[mlxq.sdpa] mask must be None, "causal" or an mx.array, got {mask!r}.')
     if n == 0:
         out, _ = dense_attention_with_lse(
             q, keys.exact, values.exact, scale=scale, mask=mask_e, sinks=sinks, stream=stream

@@ -48,7 +48,7 @@ import mlx.core as mx
 
 from .attention import is_quantized, quantized_sdpa, recent_split_sdpa
 from .cache import KVCache, RotatingKVCache, RotatingQuantizedKVCache
-from .cache.base import BaseCache
+from .cache.base import BaseCache, as_int
 from .quantization import BITS, GROUP_SIZES, triple_format
 from .rotation import is_rotated
 from .split import is_split
@@ -188,7 +188,6 @@ def _to_mlxq_quantized(cache, group_size: int, bits: int):
 
     kind = type(cache)
     try:
-        recent = {}
         if kind is lm_cache.KVCache:
             ours = KVCache().restore(cache.keys, cache.values, cache.offset)
         elif kind is lm_cache.RotatingKVCache:
@@ -199,8 +198,9 @@ def _to_mlxq_quantized(cache, group_size: int, bits: int):
             ours = cache
         else:
             return None
-        if isinstance(ours, KVCache) and _kv_keep_recent:
-            recent = {"keep_recent": _kv_keep_recent}  # (sliding windows: not yet)
+        # Growing caches only: sliding windows have no recent window yet.
+        window = _kv_keep_recent and isinstance(ours, KVCache)
+        recent = {"keep_recent": _kv_keep_recent} if window else {}
         return ours.to_quantized(
             **recent,
             group_size=group_size,
@@ -392,15 +392,7 @@ def enable(
     """
     global _patches, _kv_rotate, _kv_values, _kv_keep_recent
     if kv_keep_recent is not None:
-        if (
-            isinstance(kv_keep_recent, bool)
-            or not isinstance(kv_keep_recent, int)
-            or (kv_keep_recent < 0)
-        ):
-            raise ValueError(
-                f"[mlxq.mlx_lm.enable] kv_keep_recent must be an int >= 0, got {kv_keep_recent!r}."
-            )
-        _kv_keep_recent = kv_keep_recent
+        _kv_keep_recent = as_int(kv_keep_recent, "kv_keep_recent", "mlxq.mlx_lm.enable", minimum=0)
     if kv_rotate is not None:
         if not isinstance(kv_rotate, bool):
             raise ValueError(f"[mlxq.mlx_lm.enable] kv_rotate must be a bool, got {kv_rotate!r}.")

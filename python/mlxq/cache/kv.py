@@ -11,8 +11,9 @@ import copy
 from typing import Optional
 
 from ..masks import create_attention_mask
+from ..split import RecentSplit
 from .base import BaseCache, QuantizedStorage, as_int
-from .recent import RecentSplit, RecentWindow
+from .recent import RecentWindow
 
 
 class _GrowingCache(BaseCache):

@@ -22,7 +22,6 @@ from typing import Optional
 import mlx.core as mx
 
 from ..ring import ring_update
-from ..split import RecentSplit, is_split
 
 
 class RecentWindow:
@@ -99,4 +98,4 @@ class RecentWindow:
         return self.keys.nbytes + self.values.nbytes
 
 
-__all__ = ["RecentSplit", "RecentWindow", "is_split"]
+__all__ = ["RecentWindow"]
