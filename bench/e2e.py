@@ -21,7 +21,10 @@ random bf16 weights (``mlxq.random_models``), at long prompt lengths:
                (enable(kv_keep_recent=128), mlxq.cache.recent)
 
 ``--gguf smollm2-135m`` (or ``gemma3-270m``) runs a trained model from
-mlxq.gguf's packaged files in bf16 instead of the random llama.
+mlxq.gguf's packaged files in bf16 instead of the random llama;
+``--shape-of gemma3-270m`` (or ``smollm2-135m``) a model of the same class
+and configuration with random weights, for speed where the packages are not
+at hand (a step's time does not depend on the weights' values).
 
 Decode tokens/s is 1 / median time between tokens of ``generate_step`` (the
 first two tokens skipped); peak memory is ``mx.get_peak_memory()`` over the
@@ -52,6 +55,40 @@ CONTEXTS = [2048, 8192]
 CONFIGS = ["stock-bf16", "stock-kv4", "mlxq-kv4", "mlxq-kv4-rot", "mlxq-k8v4", "mlxq-kv4-w128"]
 DEFAULT_CONFIGS = CONFIGS[:3]
 KV_BITS, KV_GROUP = 4, 64
+# The packaged models' configurations (mlxq.gguf.PACKAGED), for --shape-of.
+SHAPES = {
+    "smollm2-135m": (
+        "llama",
+        dict(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            head_dim=64,
+            rope_theta=100000.0,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "gemma3-270m": (
+        "gemma3",
+        dict(
+            vocab_size=262144,
+            hidden_size=640,
+            intermediate_size=2048,
+            num_hidden_layers=18,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=256,
+            query_pre_attn_scalar=256,
+            sliding_window=512,
+            sliding_window_pattern=6,
+            rope_theta=1000000.0,
+            rope_local_base_freq=10000.0,
+        ),
+    ),
+}
 PREFILL_STEP = 2048
 
 COLUMNS = [
@@ -184,6 +221,12 @@ def main():
     p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, choices=CONFIGS)
     p.add_argument("--gguf", default=None, help="a packaged trained model (mlxq.gguf.PACKAGED)")
     p.add_argument(
+        "--shape-of",
+        default=None,
+        choices=sorted(SHAPES),
+        help="random weights in a packaged model's class and configuration",
+    )
+    p.add_argument(
         "--decode-tokens",
         type=int,
         default=24,
@@ -217,6 +260,10 @@ def main():
 
         model, _ = gguf.load_packaged(args.gguf, dtype=mx.bfloat16)
         margs = model.args
+    elif args.shape_of:
+        arch, overrides = SHAPES[args.shape_of]
+        model, _ = random_model(arch, seed=args.seed, dtype=mx.bfloat16, **overrides)
+        _, margs = model_args(arch, **overrides)
     else:
         overrides = dict(num_hidden_layers=args.layers)
         model, _ = random_model("llama", "small", seed=args.seed, **overrides)
@@ -233,7 +280,9 @@ def main():
             "vocab_size",
         )
     }
-    config["name"] = args.gguf or "random llama"
+    config["name"] = args.gguf or (
+        f"{args.shape_of} shape, random weights" if args.shape_of else "random llama"
+    )
     weights_gb = sum(v.nbytes for _, v in tree_flatten(model.parameters())) / 1e9
     info = common.machine_info()
     common.print_machine(info)

@@ -15,6 +15,7 @@
 #include "quantization.h"
 #include "quantized_sdpa.h"
 #include "ring_update.h"
+#include "window_attention.h"
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
@@ -93,6 +94,20 @@ NB_MODULE(_ext, m) {
       "quantized_sdpa_with_lse",
       &mlxq::quantized_sdpa_with_lse,
       "quantized_sdpa plus each row's log-sum-exp (see mlxq.quantized_sdpa).");
+
+  m.def(
+      "window_attention",
+      guarded(&mlxq::window_attention),
+      "q"_a,
+      "keys"_a,
+      "values"_a,
+      "out_q"_a,
+      "lse_q"_a,
+      nb::kw_only(),
+      "scale"_a,
+      "stream"_a = nb::none(),
+      "Attention over an exact window every query sees, merged with attention over other "
+      "keys from its output and log-sum-exp (see mlxq.attention.window_attention).");
 
   m.def(
       "ring_update",

@@ -6,6 +6,7 @@
 #include "dequantize_into.h"
 #include "quantized_sdpa.h"
 #include "ring_update.h"
+#include "window_attention.h"
 
 namespace mlxq {
 
@@ -37,6 +38,10 @@ void QuantizedKVUpdate::eval_gpu(const std::vector<mx::array>&, std::vector<mx::
 
 void DequantizeInto::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   no_gpu_kernels("mlxq.dequantize_into");
+}
+
+void WindowAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  no_gpu_kernels("mlxq.window_attention");
 }
 
 } // namespace mlxq

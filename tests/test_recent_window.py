@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from cache_helpers import assert_same, kv, quantize
 from helpers import skip_without_lse, to_f64
-from reference64 import dequantize64, hadamard64
+from reference64 import dequantize64, hadamard64, mask64
 
 import mlxq
 import mlxq.mlx_lm as mlxq_lm
@@ -55,6 +55,13 @@ def reference(q, ks, vs, n, *, scale, gs, bits, v_fmt=None, rotate=False, sinks=
 
 
 STEPS = [5, 1, 1, 7, 1, 20, 1, 1, 3, 300, 1, 2]
+
+
+def in_order(split):
+    """A fetch's exact rows oldest first (a decode step's come in ring order)."""
+    if split.columns is None:
+        return split.exact
+    return split.exact[..., mx.array(np.argsort(split.columns)), :]
 
 
 @pytest.mark.parametrize(
@@ -107,16 +114,19 @@ def test_attention_reads_the_window_exactly(rng, gs, bits, v_fmt, rotate, R):
         assert np.max(np.abs(to_f64(out) - ref)) < tolerance(), f"T={T}"
 
 
-def test_an_array_mask_is_cut_at_the_window(rng):
+@pytest.mark.parametrize("L", [5, 1])
+def test_an_array_mask_is_cut_at_the_window(rng, L):
+    # L = 1: a decode step with a full window, whose exact rows come in ring order.
     skip_without_lse()
     cache = mlxq.QuantizedKVCache(64, 4, keep_recent=6)
     ks, vs = [], []
-    for T in [10, 1, 5]:
+    for T in [10, 1, L]:
         k, v = kv(rng, T, D=64)
         ks.append(k)
         vs.append(v)
         K, V = cache.update_and_fetch(k, v)
-    N, L = cache.offset, 5
+    assert (K.columns is not None) == (L == 1)
+    N = cache.offset
     vis = rng.random((L, N)) < 0.6
     vis[:, 0] = True
     q = mx.array(rng.standard_normal((1, 2, L, 64)).astype(np.float32))
@@ -151,11 +161,22 @@ def test_copies_keep_their_own_window(rng):
     a = mlxq.QuantizedKVCache(64, 4, keep_recent=4)
     a.update_and_fetch(*kv(rng, 6, D=64))
     b = copy.copy(a)
-    ka, _ = a.update_and_fetch(*kv(rng, 1, D=64))
+    mine = kv(rng, 1, D=64)
+    ka, _ = a.update_and_fetch(*mine)
     kb_, _ = b.update_and_fetch(*kv(rng, 1, D=64))
     # Same history, different last tokens: the windows differ only there.
-    assert_same(ka.exact[..., :4, :], kb_.exact[..., :4, :])
-    assert not mx.array_equal(ka.exact[..., 4:, :], kb_.exact[..., 4:, :]).item()
+    ka, kb_ = in_order(ka), in_order(kb_)
+    assert_same(ka[..., :4, :], kb_[..., :4, :])
+    assert not mx.array_equal(ka[..., 4:, :], kb_[..., 4:, :]).item()
+    # Both keep decoding on their own rings (written in place from here):
+    # a's window is a's last five tokens whatever b writes.
+    mine = [mine[0]]
+    for _ in range(6):
+        k = kv(rng, 1, D=64)
+        mine.append(k[0])
+        ka, _ = a.update_and_fetch(*k)
+        b.update_and_fetch(*kv(rng, 1, D=64))
+    assert_same(in_order(ka), mx.concatenate(mine[-5:], axis=2))
     assert a.nbytes > mlxq.QuantizedKVCache(64, 4).nbytes
 
 
@@ -167,7 +188,7 @@ def test_to_quantized_starts_with_an_exact_window(rng):
     cache = plain.to_quantized(64, 4, keep_recent=16)
     K, V = cache.update_and_fetch(*kv(rng, 1, D=64))
     assert K.quantized_length == 24
-    assert_same(K.exact[..., :16, :], k[..., 24:, :])
+    assert_same(in_order(K)[..., :16, :], k[..., 24:, :])
 
 
 def test_bad_window_sizes_are_refused():
@@ -198,11 +219,12 @@ def generate(model, prompt, n, **kw):
     return [int(tok) for (tok, _), _i in zip(steps, range(n))]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
 def test_a_window_over_everything_generates_as_unquantized(arch):
     # With a window longer than prompt + generation every key is read
     # exactly: kv_bits=4 must then give the unquantized run's greedy tokens
-    # (on the CPU, where the dense window's f32 matmuls are exact).
+    # (on the CPU, where the dense window's f32 matmuls are exact). gemma3's
+    # sliding layers clamp the window to their ring, which it then covers.
     if mx.default_device() != mx.cpu:
         pytest.skip("exact only where f32 matmuls are (CUDA's round like TF32)")
     model, _ = random_model(arch, seed=3, dtype=mx.float32)
@@ -235,3 +257,75 @@ def test_cli_kv_keep_recent(capsys):
     assert "Generation: 4 tokens" in out and mlxq_lm._kv_keep_recent == 0
     with pytest.raises(SystemExit):
         main(args + ["--kv-keep-recent", "16"])  # without --kv-bits
+
+
+ROTATING_STEPS = [5, 1, 1, 7] + [1] * 40 + [20] + [1] * 12 + [3] + [1] * 6
+
+
+def attend64(q, K, V, vis, scale):
+    """Float64 attention of q [B, Hq, L, D] over K/V [B, Hkv, N, D] (GQA) where ``vis``."""
+    B, Hq, L, _ = q.shape
+    rep = Hq // K.shape[1]
+    out = np.zeros((B, Hq, L, V.shape[-1]))
+    for b in range(B):
+        for h in range(Hq):
+            s = np.where(vis, scale * q[b, h] @ K[b, h // rep].T, -np.inf)
+            p = np.exp(s - s.max(-1, keepdims=True))
+            out[b, h] = p @ V[b, h // rep] / p.sum(-1, keepdims=True)
+    return out
+
+
+@pytest.mark.parametrize(
+    "max_size,keep,R,gs,bits,rotate,window",
+    [
+        (32, 0, 8, 64, 4, False, None),
+        (32, 4, 8, 64, 4, True, 24),
+        (24, 0, 1, 32, 3, False, None),
+        (40, 2, 20, 64, 8, False, 16),
+    ],
+)
+def test_a_sliding_window_cache_reads_its_window_exactly(
+    rng, max_size, keep, R, gs, bits, rotate, window
+):
+    # RotatingQuantizedKVCache(keep_recent=R) against float64 over the columns
+    # the same ring fetches without a window: its window's tokens exact, the
+    # rest as quantized. Three plain rings in lockstep give each column's
+    # exact K/V, stored codes and position (mlxq's rings follow mlx-lm's).
+    skip_without_lse()
+    cache = mlxq.RotatingQuantizedKVCache(max_size, keep, gs, bits, rotate, keep_recent=R)
+    plain = mlxq.RotatingQuantizedKVCache(max_size, keep, gs, bits, rotate)
+    exact, where = mlxq.RotatingKVCache(max_size, keep), mlxq.RotatingKVCache(max_size, keep)
+    H = hadamard64(64) if rotate else np.eye(64)
+    for T in ROTATING_STEPS:
+        k, v = kv(rng, T, D=64)
+        pos = mx.broadcast_to(
+            mx.arange(cache.offset, cache.offset + T, dtype=mx.float32)[None, None, :, None],
+            (1, 1, T, 1),
+        )
+        mask = cache.make_mask(T, window_size=window)
+        K, V = cache.update_and_fetch(k, v)
+        QK, QV = plain.update_and_fetch(k, v)
+        EK, EV = exact.update_and_fetch(k, v)
+        P = to_f64(where.update_and_fetch(pos, pos)[0])[0, 0, :, 0]
+        lo = cache.offset - K.exact.shape[2]
+        assert K.exact.shape[2] == min(cache.offset, R + T if T > 1 else R + 1)
+        if T == 1:  # the ring with the window's slots hidden
+            assert K.quantized_length == len(P) and np.array(K.hidden).sum() == cache.offset - lo
+            assert np.array_equal(np.sort(P[np.array(K.hidden)]), np.arange(lo, cache.offset))
+        Kd = np.where(P[:, None] >= lo, to_f64(EK), dequantize64(QK, gs, bits) @ H)
+        Vd = np.where(P[:, None] >= lo, to_f64(EV), dequantize64(QV, gs, bits) @ H)
+        q = mx.array(rng.standard_normal((1, 4, T, 64)).astype(np.float32))
+        out = mlxq.sdpa(q, K, V, scale=0.125, mask=mask)
+        vis = mask64(mask, (1, 1, T, len(P)))[0][0, 0]
+        ref = attend64(to_f64(q), Kd, Vd, vis, 0.125)
+        assert np.max(np.abs(to_f64(out) - ref)) < tolerance(), f"T={T} offset={cache.offset}"
+
+
+def test_a_sliding_window_cache_refuses_a_window_that_does_not_fit():
+    with pytest.raises(ValueError, match="keep_recent"):
+        mlxq.RotatingQuantizedKVCache(32, 4, 64, 4, keep_recent=28)
+    plain = mlxq.RotatingKVCache(64)
+    plain.update_and_fetch(*kv(np.random.default_rng(0), 70, D=64))
+    cache = plain.to_quantized(64, 4, keep_recent=16)
+    K, _ = cache.update_and_fetch(*kv(np.random.default_rng(1), 1, D=64))
+    assert K.exact.shape[2] == 17 and np.array(K.hidden).sum() == 17

@@ -164,7 +164,22 @@ struct GemmFinishArgs {
   int Hq, Hkv, L, Dv, rep, rows, out_dtype;
 };
 
+// WindowAttention (window_attention.cu): one block per query row.
+constexpr int kWindowWarps = 4;
+struct WindowArgs {
+  const void* q; // [B, Hq, L, Dk] (strided), dtype
+  const void* k; // [B, Hkv, T, Dk]
+  const void* v; // [B, Hkv, T, Dv]
+  const void* out_q; // [B, Hq, L, Dv]
+  const float* lse_q; // [B, Hq, L]
+  void* out; // [B, Hq, L, Dv], contiguous
+  int64_t q_st[4], k_st[4], v_st[4], o_st[4], l_st[3];
+  int Hq, L, T, Dk, Dv, rep, dtype;
+  float scale;
+};
+
 // Driver handles of the kernels (cudaGetFuncBySymbol in the .cu files).
+void* window_kernel();
 void* generic_kernel(int k_bits, int v_bits);
 void* merge_kernel();
 void* ring_kernel();

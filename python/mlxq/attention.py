@@ -296,6 +296,61 @@ def _dequantized_route(
     return out
 
 
+def window_attention(
+    q: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    out_q: mx.array,
+    lse_q: mx.array,
+    *,
+    scale: float,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> mx.array:
+    """Attention over plain ``keys``/``values`` ``[B, H_kv, T, D]`` that
+    every query row sees, merged with attention over other keys given as its
+    output ``out_q`` ``[B, H_q, L, D_v]`` and log-sum-exp ``lse_q`` (float32
+    ``[B, H_q, L]``, ``-inf`` for rows that saw none): what
+    :func:`merge_attention` of :func:`dense_attention_with_lse` computes, in
+    one primitive (a decode step's recent window; CPU and CUDA, head dims up
+    to 512)."""
+    return _ext.window_attention(q, keys, values, out_q, lse_q, scale=scale, stream=stream)
+
+
+def _split_masks(keys, mask, L: int):
+    """The masks of a recent-window step's quantized and exact parts."""
+    n = keys.quantized_length
+    mask_q, mask_e = None, mask
+    if isinstance(mask, mx.array):
+        if mask.shape[-1] != keys.mask_columns:
+            raise ValueError(
+                f"[mlxq.sdpa] mask covers {mask.shape[-1]} keys, the fetch holds "
+                f"{keys.mask_columns}."
+            )
+        mask_q = mask[..., :n]
+        if keys.columns is None:
+            mask_e = mask[..., n:]
+        else:
+            mask_e = mx.take(mask, mx.array(keys.columns, dtype=mx.int32), axis=-1)
+    elif mask is not None and mask != "causal":
+        raise ValueError(f'[mlxq.sdpa] mask must be None, "causal" or an mx.array, got {mask!r}.')
+    elif keys.columns is not None:
+        # Rows in ring order: only a one-token step, which sees all of them.
+        if L != 1:
+            raise ValueError(
+                f"[mlxq.sdpa] a recent-window fetch in ring order serves one query, got {L}."
+            )
+        mask_e = None
+    if keys.hidden is not None:
+        visible = mx.logical_not(keys.hidden)
+        if mask_q is None:
+            mask_q = visible
+        elif mask_q.dtype == mx.bool_:
+            mask_q = mx.logical_and(mask_q, visible)
+        else:
+            mask_q = mx.where(visible, mask_q, -mx.inf)
+    return mask_q, mask_e
+
+
 def recent_split_sdpa(
     q: mx.array,
     keys,
@@ -310,16 +365,20 @@ def recent_split_sdpa(
     v_group_size: Optional[int] = None,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array:
-    """Attention over a :class:`~mlxq.cache.recent.RecentSplit` of keys and
-    one of values (a ``keep_recent`` cache's fetch): the quantized rows
-    before the exact window through the fused kernel, the window densely,
-    merged by log-sum-exp. ``mask`` covers all ``N`` keys as usual: a
-    ``"causal"`` mask hides no quantized row (each precedes every query)
-    and is causal over the window; an array is cut at the window's start.
-    Sinks count once, in the quantized part (in the window's when there is
-    no quantized row)."""
+    """Attention over a :class:`~mlxq.split.RecentSplit` of keys and one of
+    values (a ``keep_recent`` cache's fetch): the quantized rows through the
+    fused kernel, the exact window densely, merged by log-sum-exp. ``mask``
+    covers the fetch's columns as usual (``RecentSplit``): a ``"causal"``
+    mask hides no quantized row (each precedes every query) and is causal
+    over the window; an array is cut into the two parts. Sinks count once,
+    in the quantized part (in the window's when there is no quantized row)."""
     n = keys.quantized_length
-    if n != values.quantized_length or keys.exact.shape[2] != values.exact.shape[2]:
+    same_cut = (
+        n == values.quantized_length
+        and keys.exact.shape[2] == values.exact.shape[2]
+        and (keys.columns is None) == (values.columns is None)
+    )
+    if not same_cut:
         raise ValueError(
             "[mlxq.sdpa] keys and values of a recent-window fetch must be cut at the same "
             f"position, got {n} + {keys.exact.shape[2]} and {values.quantized_length} + "
@@ -331,15 +390,7 @@ def recent_split_sdpa(
             f"[mlxq.sdpa] a recent-window fetch must hold the step's {L} query tokens exactly, "
             f"got {T} exact rows."
         )
-    mask_q, mask_e = None, mask
-    if isinstance(mask, mx.array):
-        if mask.shape[-1] != n + T:
-            raise ValueError(
-                f"[mlxq.sdpa] mask covers {mask.shape[-1]} keys, the fetch holds {n + T}."
-            )
-        mask_q, mask_e = mask[..., :n], mask[..., n:]
-    elif mask is not None and mask != "causal":
-        raise ValueError(f'[mlxq.sdpa] mask must be None, "causal" or an mx.array, got {mask!r}.')
+    mask_q, mask_e = _split_masks(keys, mask, L)
     if n == 0:
         out, _ = dense_attention_with_lse(
             q, keys.exact, values.exact, scale=scale, mask=mask_e, sinks=sinks, stream=stream
@@ -359,6 +410,11 @@ def recent_split_sdpa(
         stream=stream,
         return_lse=True,
     )
+    if mask_e is None and max(q.shape[3], values.exact.shape[3]) <= 512:
+        # Every query sees every exact row (a decode step): one primitive.
+        return window_attention(
+            q, keys.exact, values.exact, out_q, lse_q, scale=scale, stream=stream
+        )
     out_e, lse_e = dense_attention_with_lse(
         q, keys.exact, values.exact, scale=scale, mask=mask_e, stream=stream
     )

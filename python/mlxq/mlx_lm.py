@@ -198,11 +198,11 @@ def _to_mlxq_quantized(cache, group_size: int, bits: int):
             ours = cache
         else:
             return None
-        # Growing caches only: sliding windows have no recent window yet.
-        window = _kv_keep_recent and isinstance(ours, KVCache)
-        recent = {"keep_recent": _kv_keep_recent} if window else {}
+        recent = _kv_keep_recent
+        if isinstance(ours, RotatingKVCache):  # a sliding window's ring holds at most this
+            recent = min(recent, ours.max_size - ours.keep - 1)
         return ours.to_quantized(
-            **recent,
+            keep_recent=recent,
             group_size=group_size,
             bits=bits,
             kv_rotate=_kv_rotate,
@@ -383,9 +383,10 @@ def enable(
           ``kv_group_size``.
         kv_keep_recent (int, optional): How many of the most recent tokens
           those caches also keep exact (mlxq.cache.recent; the quantized
-          rows before them and the exact window merge by log-sum-exp).
-          Growing caches only; CPU and CUDA (not yet Metal). Default 0. Set when given,
-          reset by :func:`disable`.
+          rows before them and the exact window merge by log-sum-exp); a
+          sliding-window layer keeps at most its ring's ``max_size - keep -
+          1``. CPU and CUDA (not yet Metal). Default 0. Set when given, reset
+          by :func:`disable`.
 
     Returns a context manager: ``with mlxq.mlx_lm.enable(): ...`` disables
     again on exit.

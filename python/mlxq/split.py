@@ -1,24 +1,43 @@
 """The fetch of a quantized cache that keeps its recent tokens exact (see
 mlxq.cache.recent): a leaf module, so attention and the caches share it."""
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import mlx.core as mx
+import numpy as np
 
 
 class RecentSplit(NamedTuple):
-    """Keys (or values) of one attention step, cut where the exact window
-    starts: ``quantized`` holds the triple of positions ``[0, n)`` (as the
-    cache hands triples out), ``exact`` the array ``[B, H, T, D]`` of
-    positions ``[n, offset)``, in order. The step's queries are the last of
-    those positions, so every quantized row precedes every query."""
+    """Keys (or values) of one attention step in two parts: ``quantized``,
+    a triple of ``n`` rows as the cache hands triples out, and ``exact``, an
+    array ``[B, H, T, D]`` of the window's rows.
+
+    The step's mask covers ``n + T`` columns. By default the quantized rows
+    are columns ``[0, n)`` and the exact rows follow in order, every
+    quantized row preceding every query. A decode step may instead hand out
+    its buffers as laid out in their rings:
+
+    * ``hidden``: a bool array ``[n]``, True where a quantized row is a
+      window token (a sliding-window ring holds every token once); attention
+      skips those rows there.
+    * ``columns``: for each exact row, its column in the step's mask (numpy
+      int64 ``[T]``); then the quantized part covers all ``n`` columns.
+    """
 
     quantized: tuple
     exact: mx.array
+    hidden: Optional[mx.array] = None
+    columns: Optional[np.ndarray] = None
 
     @property
     def quantized_length(self) -> int:
         return self.quantized[0].shape[2]
+
+    @property
+    def mask_columns(self) -> int:
+        """How many columns the step's mask covers."""
+        n = self.quantized_length
+        return n if self.hidden is not None else n + self.exact.shape[2]
 
 
 def is_split(x) -> bool:

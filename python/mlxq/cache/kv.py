@@ -7,13 +7,12 @@ whole number of steps, then extended with zero steps), so buffers, fetches
 and saved states match mlx-lm's bit for bit.
 """
 
-import copy
 from typing import Optional
 
 from ..masks import create_attention_mask
 from ..split import RecentSplit
 from .base import BaseCache, QuantizedStorage, as_int
-from .recent import RecentWindow
+from .recent import KeepsRecent
 
 
 class _GrowingCache(BaseCache):
@@ -28,13 +27,18 @@ class _GrowingCache(BaseCache):
         The result is ``buffer[..., :offset, :]`` (a view of the buffer) for
         plain caches and the same slice of each component for quantized ones.
         """
+        return self._append(keys, values, None)
+
+    def _append(self, keys, values, stop):
+        """The update; fetches rows [0, stop) (default: all, [0, offset))."""
         T = self._check_update(keys, values)
         prev = self.offset
+        stop = prev + T if stop is None else stop
         if self.keys is None or prev + T > self._store.length(self.keys):
             self._grow(keys, values, T)
         if self._owned:  # the decode path: write and fetch in one call
             self.keys, self.values, k, v = self._store.write_and_fetch(
-                self.keys, self.values, keys, values, prev, prev + T
+                self.keys, self.values, keys, values, prev, stop
             )
             self.offset = prev + T
             return self._fetched(k, v)
@@ -43,7 +47,10 @@ class _GrowingCache(BaseCache):
         )
         self._owned = True  # donated or copied: ours alone now
         self.offset = prev + T
-        return self.keys_and_values()
+        if stop == self._store.length(self.keys):
+            return self._fetched(self.keys, self.values)
+        rows = self._store.rows
+        return self._fetched(rows(self.keys, stop=stop), rows(self.values, stop=stop))
 
     def _grow(self, keys, values, T: int) -> None:
         store, prev = self._store, self.offset
@@ -112,11 +119,11 @@ class KVCache(_GrowingCache):
             cache.values = cache._store.encode(self.values, values=True)
             cache._owned = True  # fresh mx.quantize outputs, held by nobody else
             if cache._recent is not None:
-                cache._recent.fill(self.keys, self.values, self.offset)
+                cache._recent.fill(*self.keys_and_values(), self.offset)
         return cache
 
 
-class QuantizedKVCache(QuantizedStorage, _GrowingCache):
+class QuantizedKVCache(KeepsRecent, QuantizedStorage, _GrowingCache):
     """mlx-lm's ``QuantizedKVCache``: keys and values quantized as they are written.
 
     Each update is quantized by the ring primitive itself (bit-identical to
@@ -138,8 +145,6 @@ class QuantizedKVCache(QuantizedStorage, _GrowingCache):
 
     mlx_lm_name = "QuantizedKVCache"
     _SCALARS = ("offset", "group_size", "bits")
-    keep_recent = 0
-    _recent: Optional[RecentWindow] = None
 
     def __init__(
         self,
@@ -161,11 +166,7 @@ class QuantizedKVCache(QuantizedStorage, _GrowingCache):
 
     def _configure(self) -> None:
         self._use_quantized_store()
-        if not self.keep_recent:
-            self._recent = None
-        elif self._recent is None or self._recent.size != self.keep_recent:
-            self._recent = RecentWindow(self.keep_recent)
-            self._recent.reset(self.offset)
+        self._configure_recent()
 
     def update_and_fetch(self, keys, values):
         """Append and fetch (see _GrowingCache); with ``keep_recent``, the
@@ -173,37 +174,11 @@ class QuantizedKVCache(QuantizedStorage, _GrowingCache):
         if self._recent is None:
             return super().update_and_fetch(keys, values)
         prev = self.offset
-        super().update_and_fetch(keys, values)
-        lo, exact_k, exact_v = self._recent.step(keys, values, prev)
-        qk, qv = self._fetched(
-            self._store.rows(self.keys, stop=lo), self._store.rows(self.values, stop=lo)
-        )
-        return RecentSplit(qk, exact_k), RecentSplit(qv, exact_v)
-
-    def _adopt(self, keys, values, method: str) -> None:
-        super()._adopt(keys, values, method)
-        if self._recent is not None:  # adopted rows were never held exactly
-            self._recent.reset(self.offset)
-
-    def trim(self, n: int) -> int:
-        old = self.offset
-        n = super().trim(n)
-        if self._recent is not None and n:
-            # The ring holds [old - R, old): what of it lies below the new
-            # offset stays readable; below that, only new writes will be.
-            start = max(self._recent.start, old - self.keep_recent)
-            self._recent.start = min(start, self.offset)
-        return n
-
-    def __copy__(self):
-        other = super().__copy__()
-        other._recent = copy.copy(self._recent)  # its arrays are shared, then copied on write
-        return other
-
-    @property
-    def nbytes(self) -> int:
-        window = self._recent.nbytes if self._recent is not None else 0
-        return super().nbytes + window
+        # The quantized rows attention reads: those before the window.
+        qk, qv = self._append(keys, values, self._recent.first_exact(prev))
+        lo, exact_k, exact_v, order = self._recent.step(keys, values, prev)
+        columns = None if order is None else lo + order
+        return RecentSplit(qk, exact_k, None, columns), RecentSplit(qv, exact_v, None, columns)
 
 
 __all__ = ["KVCache", "QuantizedKVCache"]

@@ -17,16 +17,21 @@ changes which copy attention reads. Its bytes are ``2 * R * D`` elements per
 KV head, whatever the context length.
 """
 
+import copy
 from typing import Optional
 
 import mlx.core as mx
+import numpy as np
 
-from ..ring import ring_update
+from .. import _ext
 
 
 class RecentWindow:
     """The ring of a cache's last ``size`` tokens, exact.
 
+    The ring has ``size + 1`` slots, so that a one-token step writes its
+    token first and then attends the whole ring as laid out (the ``size``
+    held tokens and itself): two in-place writes and no copy per step.
     ``start`` is the first position the ring may serve: positions before it
     were never held (a cache restored from a state, or trimmed) and are read
     quantized.
@@ -34,9 +39,11 @@ class RecentWindow:
 
     def __init__(self, size: int):
         self.size = size
+        self.slots = size + 1
         self.keys: Optional[mx.array] = None
         self.values: Optional[mx.array] = None
         self.start = 0
+        self._owned = False  # the ring arrays are this window's alone
 
     def reset(self, offset: int) -> None:
         """Nothing before ``offset`` is held exactly any more."""
@@ -47,49 +54,67 @@ class RecentWindow:
         return min(offset, max(offset - self.size, self.start, 0))
 
     def _span(self, ring: mx.array, lo: int, hi: int) -> mx.array:
-        """Positions [lo, hi) from the ring, oldest first (hi - lo <= size)."""
-        a, n = lo % self.size, hi - lo
-        if a + n <= self.size:
+        """Positions [lo, hi) from the ring, oldest first (hi - lo <= slots)."""
+        a, n = lo % self.slots, hi - lo
+        if a + n <= self.slots:
             return ring[..., a : a + n, :]
-        return mx.concatenate([ring[..., a:, :], ring[..., : a + n - self.size, :]], axis=2)
+        return mx.concatenate([ring[..., a:, :], ring[..., : a + n - self.slots, :]], axis=2)
+
+    def _fits(self, keys: mx.array) -> bool:
+        return (
+            self.keys is not None
+            and self.keys.dtype == keys.dtype
+            and self.keys.shape[:2] == keys.shape[:2]
+        )
 
     def step(self, keys: mx.array, values: mx.array, offset: int):
         """The exact keys and values of a step appending ``keys``/``values``
-        ``[B, H, T, D]`` at ``offset`` (the held window, then the step's
-        rows), and the ring updated with the step's last rows. Returns
-        ``(first exact position, keys, values)``."""
+        ``[B, H, T, D]`` at ``offset``, and the ring updated with the step's
+        last rows. Returns ``(lo, keys, values, order)``: the step reads
+        positions ``[lo, offset + T)`` exactly; ``order`` is None when the
+        rows are those positions in order, else (a one-token step with a
+        full window: the ring itself) each row's index in that range."""
         lo = self.first_exact(offset)
+        if keys.shape[2] == 1 and offset - lo == self.size and self._fits(keys):
+            self._write(keys, values, offset, self._owned)
+            order = (np.arange(self.slots) - lo) % self.slots
+            return lo, self.keys, self.values, order
         if lo < offset:
             k = mx.concatenate([self._span(self.keys, lo, offset), keys], axis=2)
             v = mx.concatenate([self._span(self.values, lo, offset), values], axis=2)
         else:
             k, v = keys, values
-        self._write(keys, values, offset)
-        return lo, k, v
+        # Not in place: the spans above still read the rows being replaced.
+        self._write(keys, values, offset, False)
+        return lo, k, v, None
 
-    def _write(self, keys: mx.array, values: mx.array, offset: int) -> None:
+    def _write(self, keys: mx.array, values: mx.array, offset: int, owned: bool) -> None:
         T = keys.shape[2]
-        if (
-            self.keys is None
-            or self.keys.dtype != keys.dtype
-            or self.keys.shape[:2] != keys.shape[:2]
-        ):
+        if not self._fits(keys):
             B, H, _, D = keys.shape
-            self.keys = mx.zeros((B, H, self.size, D), keys.dtype)
-            self.values = mx.zeros((B, H, self.size, values.shape[3]), values.dtype)
-        m = min(T, self.size)
-        pos = (offset + T - m) % self.size
-        self.keys = ring_update(self.keys, keys[..., T - m :, :], pos)
-        self.values = ring_update(self.values, values[..., T - m :, :], pos)
+            self.keys = mx.zeros((B, H, self.slots, D), keys.dtype)
+            self.values = mx.zeros((B, H, self.slots, values.shape[3]), values.dtype)
+        m = min(T, self.slots)
+        pos = (offset + T - m) % self.slots
+        self.keys = _ext.ring_update(self.keys, keys[..., T - m :, :], pos, owned=owned)
+        self.values = _ext.ring_update(self.values, values[..., T - m :, :], pos, owned=owned)
+        self._owned = True  # written by us: a copy, or ours already
 
     def fill(self, keys: mx.array, values: mx.array, offset: int) -> None:
-        """Hold the last tokens of plain ``keys``/``values`` ``[B, H, offset,
-        D]`` (a cache being quantized): the window starts exact."""
-        lo = max(0, offset - self.size)
+        """Hold the newest of plain rows ``keys``/``values`` ``[B, H, S, D]``,
+        oldest first, the last at position ``offset - 1`` (a cache being
+        quantized): the window starts exact."""
+        m = min(self.slots, keys.shape[2], offset)
         self.keys = self.values = None
-        if offset > lo:
-            self._write(keys[..., lo:offset, :], values[..., lo:offset, :], lo)
-        self.start = 0
+        if m:
+            self._write(keys[..., -m:, :], values[..., -m:, :], offset - m, False)
+        self.start = offset - min(m, self.size)
+
+    def __copy__(self):
+        other = RecentWindow(self.size)
+        other.keys, other.values, other.start = self.keys, self.values, self.start
+        self._owned = False  # shared now: the next write of either copies
+        return other
 
     @property
     def nbytes(self) -> int:
@@ -98,4 +123,44 @@ class RecentWindow:
         return self.keys.nbytes + self.values.nbytes
 
 
-__all__ = ["RecentWindow"]
+class KeepsRecent:
+    """A quantized cache's ``keep_recent`` option: its window's life cycle
+    next to the cache's (mixed in before the cache classes)."""
+
+    keep_recent = 0
+    _recent: Optional[RecentWindow] = None
+
+    def _configure_recent(self) -> None:
+        if not self.keep_recent:
+            self._recent = None
+        elif self._recent is None or self._recent.size != self.keep_recent:
+            self._recent = RecentWindow(self.keep_recent)
+            self._recent.reset(self.offset)
+
+    def _adopt(self, keys, values, method: str) -> None:
+        super()._adopt(keys, values, method)
+        if self._recent is not None:  # adopted rows were never held exactly
+            self._recent.reset(self.offset)
+
+    def trim(self, n: int) -> int:
+        old = self.offset
+        n = super().trim(n)
+        if self._recent is not None and n:
+            # The ring holds [old - R, old): what of it lies below the new
+            # offset stays readable; below that, only new writes will be.
+            start = max(self._recent.start, old - self.keep_recent)
+            self._recent.start = min(start, self.offset)
+        return n
+
+    def __copy__(self):
+        other = super().__copy__()
+        other._recent = copy.copy(self._recent)  # its arrays are shared, then copied on write
+        return other
+
+    @property
+    def nbytes(self) -> int:
+        window = self._recent.nbytes if self._recent is not None else 0
+        return super().nbytes + window
+
+
+__all__ = ["KeepsRecent", "RecentWindow"]

@@ -21,9 +21,12 @@ which lets sliding-window models use a quantized cache (mlx-lm's
 from typing import Optional
 
 import mlx.core as mx
+import numpy as np
 
 from ..masks import create_causal_mask
+from ..split import RecentSplit
 from .base import BaseCache, QuantizedStorage, as_int
+from .recent import KeepsRecent
 
 
 class _RingCache(BaseCache):
@@ -219,12 +222,21 @@ class RotatingKVCache(_RingCache):
         kv_rotate: bool = False,
         v_group_size: Optional[int] = None,
         v_bits: Optional[int] = None,
+        keep_recent: int = 0,
     ) -> "RotatingQuantizedKVCache":
         """The same ring, quantized as laid out (ring order and index kept;
         rotated first with ``kv_rotate``, see mlxq.rotation; values with
-        ``v_group_size`` / ``v_bits`` when given)."""
+        ``v_group_size`` / ``v_bits`` when given; the last ``keep_recent``
+        tokens also kept exact)."""
         cache = RotatingQuantizedKVCache(
-            self.max_size, self.keep, group_size, bits, kv_rotate, v_group_size, v_bits
+            self.max_size,
+            self.keep,
+            group_size,
+            bits,
+            kv_rotate,
+            v_group_size,
+            v_bits,
+            keep_recent,
         )
         cache.offset, cache._idx = self.offset, self._idx
         if self.keys is not None:
@@ -232,15 +244,23 @@ class RotatingKVCache(_RingCache):
             cache.keys = cache._store.encode(self.keys)
             cache.values = cache._store.encode(self.values, values=True)
             cache._owned = True  # fresh mx.quantize outputs, held by nobody else
+            if cache._recent is not None:
+                cache._recent.fill(*self.temporal(), self.offset)
         return cache
 
 
-class RotatingQuantizedKVCache(QuantizedStorage, _RingCache):
+class RotatingQuantizedKVCache(KeepsRecent, QuantizedStorage, _RingCache):
     """The ring of :class:`RotatingKVCache` over quantized triples.
 
     Fetches equal ``mx.quantize`` of a ``RotatingKVCache``'s fetches after
     the same updates; one-token steps quantize and write in one in-place
     primitive.
+
+    ``keep_recent=R`` (``R < max_size - keep``) also keeps the last ``R``
+    tokens exact, as for :class:`~mlxq.QuantizedKVCache`: a one-token
+    step's fetch is then the quantized ring with the window's slots hidden
+    plus the exact window, both as laid out in their rings; a longer step's,
+    the quantized rows before the window plus the window in order.
     """
 
     mlx_lm_name = "RotatingQuantizedKVCache"  # mlx-lm has no such class
@@ -255,14 +275,59 @@ class RotatingQuantizedKVCache(QuantizedStorage, _RingCache):
         kv_rotate: bool = False,
         v_group_size: Optional[int] = None,
         v_bits: Optional[int] = None,
+        keep_recent: int = 0,
     ):
         self.group_size = group_size
         self.bits = bits
         self.kv_rotate = kv_rotate
         self.v_group_size = v_group_size
         self.v_bits = v_bits
+        self.keep_recent = keep_recent
         super().__init__(max_size, keep)
 
     def _configure(self) -> None:
         super()._configure()
         self._use_quantized_store()
+        where = self._where("__init__")
+        self.keep_recent = as_int(self.keep_recent, "keep_recent", where, minimum=0)
+        if self.keep_recent >= self.max_size - self.keep:
+            raise ValueError(
+                f"[{where}] keep_recent ({self.keep_recent}) must be < max_size - keep "
+                f"({self.max_size - self.keep}): the window must fit in the ring's evictable part."
+            )
+        self._configure_recent()
+
+    def update_and_fetch(self, keys, values):
+        """See _RingCache; with ``keep_recent``, the fetch is a
+        :class:`RecentSplit` of keys and one of values."""
+        if self._recent is None:
+            return super().update_and_fetch(keys, values)
+        prev = self.offset
+        if self._check_update(keys, values) > 1:
+            k_all, v_all = self._update_concat(keys, values)
+            lo, exact_k, exact_v, _ = self._recent.step(keys, values, prev)
+            n = self._store.length(k_all) - (self.offset - lo)
+            rows = self._store.rows
+            qk, qv = self._fetched(rows(k_all, stop=n), rows(v_all, stop=n))
+            return RecentSplit(qk, exact_k), RecentSplit(qv, exact_v)
+        qk, qv = self._update_in_place(keys, values)
+        lo, exact_k, exact_v, order = self._recent.step(keys, values, prev)
+        # The ring slots of positions [lo, prev] (newest first), hidden from
+        # the quantized part; each exact row's mask column is its slot.
+        slots = self._newest_slots(self.offset - lo)
+        hidden = np.zeros(self._store.length(qk), dtype=np.bool_)
+        hidden[slots] = True
+        t = np.arange(self.offset - lo) if order is None else order
+        columns = slots[prev - lo - t]
+        hidden = mx.array(hidden)
+        return RecentSplit(qk, exact_k, hidden, columns), RecentSplit(qv, exact_v, hidden, columns)
+
+    def _newest_slots(self, k: int) -> np.ndarray:
+        """The ring slots of the ``k`` newest tokens, newest first, after a
+        one-token step: back from the slot just written, wrapping from
+        ``keep`` to the buffer's end once tokens have been evicted."""
+        slots = self._idx - 1 - np.arange(k)
+        length = self._store.length(self.keys)
+        if self.offset > length:
+            slots = np.where(slots < self.keep, slots + (length - self.keep), slots)
+        return slots

@@ -1,0 +1,106 @@
+#include "window_attention.h"
+
+#include "mlx/backend/metal/metal.h"
+
+#include "validation.h"
+
+namespace mlxq {
+
+namespace {
+
+constexpr const char* kOp = "mlxq.window_attention";
+
+void check_4d(const mx::array& a, const char* name) {
+  if (a.ndim() != 4) {
+    fail(kOp, name, " must be 4-D, got shape ", shape_str(a.shape()), ".");
+  }
+}
+
+} // namespace
+
+mx::array window_attention(
+    const mx::array& q,
+    const mx::array& keys,
+    const mx::array& values,
+    const mx::array& out_q,
+    const mx::array& lse_q,
+    float scale,
+    mx::StreamOrDevice s) {
+  check_4d(q, "q");
+  check_4d(keys, "keys");
+  check_4d(values, "values");
+  check_4d(out_q, "out_q");
+  if (!is_float_dtype(q.dtype())) {
+    fail(kOp, "q must be float32, float16 or bfloat16, got ", dtype_str(q.dtype()), ".");
+  }
+  for (const auto* a : {&keys, &values, &out_q}) {
+    if (a->dtype() != q.dtype()) {
+      fail(
+          kOp,
+          "keys, values and out_q must have q's dtype ",
+          dtype_str(q.dtype()),
+          ", got ",
+          dtype_str(keys.dtype()),
+          ", ",
+          dtype_str(values.dtype()),
+          " and ",
+          dtype_str(out_q.dtype()),
+          ".");
+    }
+  }
+  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), Dk = q.shape(3);
+  const int Hkv = keys.shape(1), T = keys.shape(2), Dv = values.shape(3);
+  if (keys.shape(0) != B || keys.shape(3) != Dk || values.shape(0) != B || values.shape(1) != Hkv ||
+      values.shape(2) != T) {
+    fail(
+        kOp,
+        "keys [B, Hkv, T, Dk] and values [B, Hkv, T, Dv] do not fit q ",
+        shape_str(q.shape()),
+        ": got ",
+        shape_str(keys.shape()),
+        " and ",
+        shape_str(values.shape()),
+        ".");
+  }
+  if (Hkv < 1 || Hq % Hkv != 0) {
+    fail(kOp, "q's ", Hq, " heads are not a multiple of the keys' ", Hkv, ".");
+  }
+  if (T < 1) {
+    fail(kOp, "the window must hold at least one key, got T = ", T, ".");
+  }
+  if (Dk < 1 || Dv < 1 || Dk > kWindowMaxHeadDim || Dv > kWindowMaxHeadDim) {
+    fail(kOp, "head dims must lie in [1, ", kWindowMaxHeadDim, "], got ", Dk, " and ", Dv, ".");
+  }
+  const mx::Shape out_shape{B, Hq, L, Dv};
+  if (out_q.shape() != out_shape) {
+    fail(
+        kOp,
+        "out_q must be ",
+        shape_str(out_shape),
+        " (q's rows, the values' dim), got ",
+        shape_str(out_q.shape()),
+        ".");
+  }
+  if (lse_q.dtype() != mx::float32 || lse_q.shape() != mx::Shape{B, Hq, L}) {
+    fail(
+        kOp,
+        "lse_q must be float32 ",
+        shape_str(mx::Shape{B, Hq, L}),
+        ", got ",
+        dtype_str(lse_q.dtype()),
+        " ",
+        shape_str(lse_q.shape()),
+        ".");
+  }
+  const auto stream = mx::to_stream(s);
+  if (stream.device != mx::Device::cpu && mx::metal::is_available()) {
+    fail(kOp, "runs on the CPU and CUDA, not yet on Metal; pass stream=mx.cpu.");
+  }
+  return mx::array(
+      out_shape,
+      q.dtype(),
+      std::make_shared<WindowAttention>(stream, scale),
+      {q, keys, values, out_q, lse_q});
+}
+
+} // namespace mlxq

@@ -1,0 +1,58 @@
+// A decode step's exact recent window, attended and merged with the
+// quantized part's attention in one primitive (mlxq.cache.recent): the
+// dozen MLX ops it replaces cost ~100-250 us of GPU eval per layer on an
+// H200, this one launch a few.
+#pragma once
+
+#include <vector>
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace mlxq {
+
+namespace mx = mlx::core;
+
+/** Inputs: q [B, Hq, L, Dk], keys [B, Hkv, T, Dk], values [B, Hkv, T, Dv]
+ *  (q's dtype), out_q [B, Hq, L, Dv] (q's dtype) and lse_q [B, Hq, L]
+ *  (float32): attention over other keys and each row's log-sum-exp (-inf
+ *  for a row that saw none). Output [B, Hq, L, Dv] in q's dtype: attention
+ *  over those keys and these T, which every query row sees (no mask), in
+ *  float32: softmax(scale q K^T) V merged with out_q by log-sum-exp. */
+class WindowAttention : public mx::UnaryPrimitive {
+ public:
+  WindowAttention(mx::Stream stream, float scale) : mx::UnaryPrimitive(stream), scale_(scale) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  const char* name() const override {
+    return "WindowAttention";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return scale_ == static_cast<const WindowAttention&>(other).scale_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[3].shape()};
+  }
+  float scale() const {
+    return scale_;
+  }
+
+ private:
+  float scale_;
+};
+
+// The most head dims the window's kernels take (registers per lane on CUDA).
+constexpr int kWindowMaxHeadDim = 512;
+
+mx::array window_attention(
+    const mx::array& q,
+    const mx::array& keys,
+    const mx::array& values,
+    const mx::array& out_q,
+    const mx::array& lse_q,
+    float scale,
+    mx::StreamOrDevice s = {});
+
+} // namespace mlxq
