@@ -105,8 +105,9 @@ NB_MODULE(_ext, m) {
       "lse_q"_a,
       nb::kw_only(),
       "scale"_a,
+      "causal"_a = false,
       "stream"_a = nb::none(),
-      "Attention over an exact window every query sees, merged with attention over other "
+      "Attention over an exact window (all of it, or causally), merged with attention over other "
       "keys from its output and log-sum-exp (see mlxq.attention.window_attention).");
 
   m.def(

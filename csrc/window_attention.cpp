@@ -25,6 +25,7 @@ mx::array window_attention(
     const mx::array& out_q,
     const mx::array& lse_q,
     float scale,
+    bool causal,
     mx::StreamOrDevice s) {
   check_4d(q, "q");
   check_4d(keys, "keys");
@@ -68,6 +69,9 @@ mx::array window_attention(
   if (T < 1) {
     fail(kOp, "the window must hold at least one key, got T = ", T, ".");
   }
+  if (causal && T < L) {
+    fail(kOp, "a causal window must hold the step's ", L, " query positions, got T = ", T, ".");
+  }
   if (Dk < 1 || Dv < 1 || Dk > kWindowMaxHeadDim || Dv > kWindowMaxHeadDim) {
     fail(kOp, "head dims must lie in [1, ", kWindowMaxHeadDim, "], got ", Dk, " and ", Dv, ".");
   }
@@ -99,7 +103,7 @@ mx::array window_attention(
   return mx::array(
       out_shape,
       q.dtype(),
-      std::make_shared<WindowAttention>(stream, scale),
+      std::make_shared<WindowAttention>(stream, scale, causal),
       {q, keys, values, out_q, lse_q});
 }
 

@@ -17,11 +17,14 @@ namespace mx = mlx::core;
  *  (q's dtype), out_q [B, Hq, L, Dv] (q's dtype) and lse_q [B, Hq, L]
  *  (float32): attention over other keys and each row's log-sum-exp (-inf
  *  for a row that saw none). Output [B, Hq, L, Dv] in q's dtype: attention
- *  over those keys and these T, which every query row sees (no mask), in
- *  float32: softmax(scale q K^T) V merged with out_q by log-sum-exp. */
+ *  over those keys and these T, in float32: softmax(scale q K^T) V merged
+ *  with out_q by log-sum-exp. Every query row sees every window row, or with
+ *  `causal` (T >= L, the queries being the window's last L positions) query
+ *  l sees rows j <= l + T - L. */
 class WindowAttention : public mx::UnaryPrimitive {
  public:
-  WindowAttention(mx::Stream stream, float scale) : mx::UnaryPrimitive(stream), scale_(scale) {}
+  WindowAttention(mx::Stream stream, float scale, bool causal)
+      : mx::UnaryPrimitive(stream), scale_(scale), causal_(causal) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -30,7 +33,8 @@ class WindowAttention : public mx::UnaryPrimitive {
     return "WindowAttention";
   }
   bool is_equivalent(const mx::Primitive& other) const override {
-    return scale_ == static_cast<const WindowAttention&>(other).scale_;
+    const auto& o = static_cast<const WindowAttention&>(other);
+    return scale_ == o.scale_ && causal_ == o.causal_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     return {inputs[3].shape()};
@@ -38,9 +42,13 @@ class WindowAttention : public mx::UnaryPrimitive {
   float scale() const {
     return scale_;
   }
+  bool causal() const {
+    return causal_;
+  }
 
  private:
   float scale_;
+  bool causal_;
 };
 
 // The most head dims the window's kernels take (registers per lane on CUDA).
@@ -53,6 +61,7 @@ mx::array window_attention(
     const mx::array& out_q,
     const mx::array& lse_q,
     float scale,
+    bool causal = false,
     mx::StreamOrDevice s = {});
 
 } // namespace mlxq

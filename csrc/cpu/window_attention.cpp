@@ -1,5 +1,8 @@
-// WindowAttention on the CPU: one query row at a time, float32 throughout
-// (the window is a few hundred rows; the quantized part dominates a step).
+// WindowAttention on the CPU: query rows spread over mlxq's worker pool, each
+// row in float32 (its scaled query, the window's scores, the softmax-weighted
+// values), the window's rows converted to float32 once per task group so the
+// inner loops run over contiguous floats (vectorised; see CMakeLists.txt).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -7,12 +10,41 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/types/half_types.h"
 
+#include "cpu/parallel.h"
 #include "debug.h"
 #include "window_attention.h"
 
 namespace mlxq {
 
 namespace {
+
+// Rows [0, n) of one KV head's keys or values as contiguous float32.
+template <typename T>
+void rows_to_float(const mx::array& a, int b, int h, int n, float* dst) {
+  const auto& st = a.strides();
+  const int D = a.shape(3);
+  const T* base = a.data<T>() + b * st[0] + h * st[1];
+  for (int j = 0; j < n; ++j) {
+    const T* row = base + j * st[2];
+    for (int d = 0; d < D; ++d) {
+      dst[int64_t(j) * D + d] = static_cast<float>(row[d * st[3]]);
+    }
+  }
+}
+
+inline float dot(const float* __restrict a, const float* __restrict b, int n) {
+  float s = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    s += a[i] * b[i];
+  }
+  return s;
+}
+
+inline void axpy(float* __restrict y, float a, const float* __restrict x, int n) {
+  for (int i = 0; i < n; ++i) {
+    y[i] += a * x[i];
+  }
+}
 
 template <typename T>
 void attend_window(
@@ -22,62 +54,68 @@ void attend_window(
     const mx::array& out_q,
     const mx::array& lse_q,
     mx::array& out,
-    float scale) {
+    float scale,
+    bool causal) {
   const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), Dk = q.shape(3);
   const int Hkv = k.shape(1), T_ = k.shape(2), Dv = v.shape(3);
   const int rep = Hq / Hkv;
-  const auto &qs = q.strides(), &ks = k.strides(), &vs = v.strides(), &os = out_q.strides();
-  const auto& ls = lse_q.strides();
-  const T* qp = q.data<T>();
-  const T* kp = k.data<T>();
-  const T* vp = v.data<T>();
-  const T* op = out_q.data<T>();
-  const float* lp = lse_q.data<float>();
-  T* dst = out.data<T>();
-  std::vector<float> qrow(Dk), scores(T_), acc(Dv);
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < Hq; ++h) {
-      const int kvh = h / rep;
-      for (int l = 0; l < L; ++l) {
-        const T* qr = qp + b * qs[0] + h * qs[1] + l * qs[2];
+  // A task: one (batch, KV head) and a block of query positions, so each
+  // task converts its head's window once and reuses it for rep * rows rows.
+  const int row_block = std::max(1, std::min(L, 64));
+  const int blocks = (L + row_block - 1) / row_block;
+  const int tasks = B * Hkv * blocks;
+  const int workers = cpu::num_threads();
+  std::vector<std::vector<float>> scratch(workers);
+  cpu::parallel_for(tasks, [&](int task, int worker) {
+    const int blk = task % blocks;
+    const int kvh = (task / blocks) % Hkv;
+    const int b = task / (blocks * Hkv);
+    const int l0 = blk * row_block, l1 = std::min(L, l0 + row_block);
+    // The rows this block's queries can see: all, or (causal) up to the last one's.
+    const int visible = causal ? std::min(T_, l1 - 1 + T_ - L + 1) : T_;
+    auto& buf = scratch[worker];
+    buf.resize(size_t(visible) * (Dk + Dv) + Dk + Dv + visible);
+    float* kf = buf.data();
+    float* vf = kf + size_t(visible) * Dk;
+    float* qrow = vf + size_t(visible) * Dv;
+    float* acc = qrow + Dk;
+    float* scores = acc + Dv;
+    rows_to_float<T>(k, b, kvh, visible, kf);
+    rows_to_float<T>(v, b, kvh, visible, vf);
+    const auto &qs = q.strides(), &os = out_q.strides(), &ls = lse_q.strides();
+    for (int h = kvh * rep; h < (kvh + 1) * rep; ++h) {
+      for (int l = l0; l < l1; ++l) {
+        const int n = causal ? std::min(T_, l + T_ - L + 1) : T_;
+        const T* qr = q.data<T>() + b * qs[0] + h * qs[1] + l * qs[2];
         for (int d = 0; d < Dk; ++d) {
           qrow[d] = scale * static_cast<float>(qr[d * qs[3]]);
         }
         float m = -std::numeric_limits<float>::infinity();
-        for (int j = 0; j < T_; ++j) {
-          const T* kr = kp + b * ks[0] + kvh * ks[1] + j * ks[2];
-          float s = 0.0f;
-          for (int d = 0; d < Dk; ++d) {
-            s += qrow[d] * static_cast<float>(kr[d * ks[3]]);
-          }
-          scores[j] = s;
-          m = std::max(m, s);
+        for (int j = 0; j < n; ++j) {
+          scores[j] = dot(qrow, kf + int64_t(j) * Dk, Dk);
+          m = std::max(m, scores[j]);
         }
         float sum = 0.0f;
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int j = 0; j < T_; ++j) {
+        std::fill(acc, acc + Dv, 0.0f);
+        for (int j = 0; j < n; ++j) {
           const float p = std::exp(scores[j] - m);
           sum += p;
-          const T* vr = vp + b * vs[0] + kvh * vs[1] + j * vs[2];
-          for (int d = 0; d < Dv; ++d) {
-            acc[d] += p * static_cast<float>(vr[d * vs[3]]);
-          }
+          axpy(acc, p, vf + int64_t(j) * Dv, Dv);
         }
         // Merge: weights exp(lse_i - lse) over the union's log-sum-exp.
         const float lw = m + std::log(sum);
-        const float lq = lp[b * ls[0] + h * ls[1] + l * ls[2]];
-        const float hi = std::max(lq, lw);
-        const float lse = hi + std::log1p(std::exp(-std::abs(lq - lw)));
+        const float lq = lse_q.data<float>()[b * ls[0] + h * ls[1] + l * ls[2]];
+        const float lse = std::max(lq, lw) + std::log1p(std::exp(-std::abs(lq - lw)));
         const float wq = std::exp(lq - lse); // 0 where the other keys were none
         const float ww = std::exp(m - lse);
-        const T* orow = op + b * os[0] + h * os[1] + l * os[2];
-        T* drow = dst + ((int64_t(b) * Hq + h) * L + l) * Dv;
+        const T* orow = out_q.data<T>() + b * os[0] + h * os[1] + l * os[2];
+        T* drow = out.data<T>() + ((int64_t(b) * Hq + h) * L + l) * Dv;
         for (int d = 0; d < Dv; ++d) {
           drow[d] = static_cast<T>(wq * static_cast<float>(orow[d * os[3]]) + ww * acc[d]);
         }
       }
     }
-  }
+  });
 }
 
 } // namespace
@@ -95,17 +133,18 @@ void WindowAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
                 oq = inputs[3],
                 lq = inputs[4],
                 out = mx::array::unsafe_weak_copy(out),
-                scale = scale_]() mutable {
+                scale = scale_,
+                causal = causal_]() mutable {
     poison_if_enabled(out);
     switch (q.dtype()) {
       case mx::float16:
-        attend_window<mx::float16_t>(q, k, v, oq, lq, out, scale);
+        attend_window<mx::float16_t>(q, k, v, oq, lq, out, scale, causal);
         break;
       case mx::bfloat16:
-        attend_window<mx::bfloat16_t>(q, k, v, oq, lq, out, scale);
+        attend_window<mx::bfloat16_t>(q, k, v, oq, lq, out, scale, causal);
         break;
       default:
-        attend_window<float>(q, k, v, oq, lq, out, scale);
+        attend_window<float>(q, k, v, oq, lq, out, scale, causal);
         break;
     }
   });

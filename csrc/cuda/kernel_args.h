@@ -175,6 +175,7 @@ struct WindowArgs {
   void* out; // [B, Hq, L, Dv], contiguous
   int64_t q_st[4], k_st[4], v_st[4], o_st[4], l_st[3];
   int Hq, L, T, Dk, Dv, rep, dtype;
+  int causal; // query l sees rows j <= l + T - L
   float scale;
 };
 

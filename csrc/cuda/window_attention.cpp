@@ -37,6 +37,7 @@ void WindowAttention::eval_gpu(const std::vector<mx::array>& inputs, mx::array& 
   a.rep = q.shape(1) / k.shape(1);
   a.dtype = dtype_code(q.dtype());
   a.scale = scale_;
+  a.causal = causal_ ? 1 : 0;
   const int rows = q.shape(0) * a.Hq * a.L;
   if (rows == 0) {
     return;

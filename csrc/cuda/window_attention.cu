@@ -29,12 +29,13 @@ __global__ void __launch_bounds__(kWindowWarps * 32) window_kernel_impl(WindowAr
   }
   __syncthreads();
 
+  const int visible = a.causal ? min(a.T, l + a.T - a.L + 1) : a.T;
   float m = -INFINITY, sum = 0.0f, acc[kChunks];
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
     acc[i] = 0.0f;
   }
-  for (int j = warp; j < a.T; j += kWindowWarps) {
+  for (int j = warp; j < visible; j += kWindowWarps) {
     const int64_t k0 = b * a.k_st[0] + kvh * a.k_st[1] + j * a.k_st[2];
     float s = 0.0f;
     for (int d = lane; d < a.Dk; d += 32) {
@@ -68,8 +69,8 @@ __global__ void __launch_bounds__(kWindowWarps * 32) window_kernel_impl(WindowAr
   }
   __syncthreads();
 
-  // Fold the warps (a warp that saw no key has m = -inf: weight 0; T >= 1,
-  // so the row max is finite).
+  // Fold the warps (a warp that saw no key has m = -inf: weight 0; every
+  // row sees at least one key, so the row max is finite).
   float mw = -INFINITY;
 #pragma unroll
   for (int w = 0; w < kWindowWarps; ++w) {

@@ -304,16 +304,20 @@ def window_attention(
     lse_q: mx.array,
     *,
     scale: float,
+    causal: bool = False,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array:
-    """Attention over plain ``keys``/``values`` ``[B, H_kv, T, D]`` that
-    every query row sees, merged with attention over other keys given as its
-    output ``out_q`` ``[B, H_q, L, D_v]`` and log-sum-exp ``lse_q`` (float32
-    ``[B, H_q, L]``, ``-inf`` for rows that saw none): what
-    :func:`merge_attention` of :func:`dense_attention_with_lse` computes, in
-    one primitive (a decode step's recent window; CPU and CUDA, head dims up
-    to 512)."""
-    return _ext.window_attention(q, keys, values, out_q, lse_q, scale=scale, stream=stream)
+    """Attention over plain ``keys``/``values`` ``[B, H_kv, T, D]``, merged
+    with attention over other keys given as its output ``out_q`` ``[B, H_q,
+    L, D_v]`` and log-sum-exp ``lse_q`` (float32 ``[B, H_q, L]``, ``-inf``
+    for rows that saw none): what :func:`merge_attention` of
+    :func:`dense_attention_with_lse` computes, in one primitive (a recent
+    window's step; CPU and CUDA, head dims up to 512). Every query row sees
+    every key, or with ``causal`` (``T >= L``, the queries being the last
+    ``L`` of the ``T`` positions) query ``l`` sees keys ``j <= l + T - L``."""
+    return _ext.window_attention(
+        q, keys, values, out_q, lse_q, scale=scale, causal=causal, stream=stream
+    )
 
 
 def _split_masks(keys, mask, L: int):
@@ -391,29 +395,47 @@ def recent_split_sdpa(
             f"got {T} exact rows."
         )
     mask_q, mask_e = _split_masks(keys, mask, L)
-    if n == 0:
+    fused = mask_e is None or isinstance(mask_e, str)  # "causal" by now
+    fused = fused and max(q.shape[3], values.exact.shape[3]) <= 512
+    if n == 0 and not fused:
         out, _ = dense_attention_with_lse(
             q, keys.exact, values.exact, scale=scale, mask=mask_e, sinks=sinks, stream=stream
         )
         return out
-    out_q, lse_q = quantized_sdpa(
-        q,
-        keys.quantized,
-        values.quantized,
-        scale=scale,
-        mask=mask_q,
-        sinks=sinks,
-        group_size=group_size,
-        bits=bits,
-        v_bits=v_bits,
-        v_group_size=v_group_size,
-        stream=stream,
-        return_lse=True,
-    )
-    if mask_e is None and max(q.shape[3], values.exact.shape[3]) <= 512:
-        # Every query sees every exact row (a decode step): one primitive.
+    if n == 0:
+        # Nothing quantized yet: the "other part" is the sink alone (a key
+        # of logit sink and value 0), or nothing.
+        B, Hq = q.shape[:2]
+        out_q = mx.zeros((B, Hq, L, values.exact.shape[3]), q.dtype)
+        if sinks is None:
+            lse_q = mx.full((B, Hq, L), -mx.inf)
+        else:
+            lse_q = mx.broadcast_to(sinks.astype(mx.float32)[None, :, None], (B, Hq, L))
+    else:
+        out_q, lse_q = quantized_sdpa(
+            q,
+            keys.quantized,
+            values.quantized,
+            scale=scale,
+            mask=mask_q,
+            sinks=sinks,
+            group_size=group_size,
+            bits=bits,
+            v_bits=v_bits,
+            v_group_size=v_group_size,
+            stream=stream,
+            return_lse=True,
+        )
+    if fused:
         return window_attention(
-            q, keys.exact, values.exact, out_q, lse_q, scale=scale, stream=stream
+            q,
+            keys.exact,
+            values.exact,
+            out_q,
+            lse_q,
+            scale=scale,
+            causal=mask_e is not None,
+            stream=stream,
         )
     out_e, lse_e = dense_attention_with_lse(
         q, keys.exact, values.exact, scale=scale, mask=mask_e, stream=stream

@@ -3,9 +3,10 @@
 Measured on trained models (README, "Real weights"), most of 4-bit KV's
 accuracy loss comes from the last ~100 tokens: the keys a query attends
 most. A quantized cache with ``keep_recent=R`` therefore also keeps the last
-``R`` tokens' keys and values as they came (a ring of ``R`` rows in the
+``R`` tokens' keys and values as they came (a ring of ``R + 1`` rows in the
 input dtype) and attends in two exact parts whose softmax states merge by
-log-sum-exp (:func:`mlxq.attention.merge_attention`):
+log-sum-exp (:func:`mlxq.attention.window_attention` at decode,
+:func:`mlxq.attention.merge_attention` otherwise):
 
 * the quantized rows of every token before the window, through the fused
   kernel, and
@@ -13,8 +14,8 @@ log-sum-exp (:func:`mlxq.attention.merge_attention`):
 
 Every token is still written to the quantized buffers (so ``state``, files
 and a later ``keep_recent=0`` see the whole sequence); the window only
-changes which copy attention reads. Its bytes are ``2 * R * D`` elements per
-KV head, whatever the context length.
+changes which copy attention reads. Its bytes are ``2 * (R + 1) * D``
+elements per KV head, whatever the context length.
 """
 
 import copy
