@@ -395,8 +395,11 @@ def recent_split_sdpa(
             f"got {T} exact rows."
         )
     mask_q, mask_e = _split_masks(keys, mask, L)
+    # window_attention: any step on the CPU (MLX's CPU matmuls are slow); on
+    # a GPU, steps of a few rows (a prefill chunk's matmuls are faster there).
     fused = mask_e is None or isinstance(mask_e, str)  # "causal" by now
     fused = fused and max(q.shape[3], values.exact.shape[3]) <= 512
+    fused = fused and (L <= 16 or _device_of(stream).type == mx.cpu)
     if n == 0 and not fused:
         out, _ = dense_attention_with_lse(
             q, keys.exact, values.exact, scale=scale, mask=mask_e, sinks=sinks, stream=stream

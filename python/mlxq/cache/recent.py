@@ -96,9 +96,11 @@ class RecentWindow:
             self.keys = mx.zeros((B, H, self.slots, D), keys.dtype)
             self.values = mx.zeros((B, H, self.slots, values.shape[3]), values.dtype)
         m = min(T, self.slots)
+        if m < T:  # only the last rows fit
+            keys, values = keys[..., T - m :, :], values[..., T - m :, :]
         pos = (offset + T - m) % self.slots
-        self.keys = _ext.ring_update(self.keys, keys[..., T - m :, :], pos, owned=owned)
-        self.values = _ext.ring_update(self.values, values[..., T - m :, :], pos, owned=owned)
+        self.keys = _ext.ring_update(self.keys, keys, pos, owned=owned)
+        self.values = _ext.ring_update(self.values, values, pos, owned=owned)
         self._owned = True  # written by us: a copy, or ours already
 
     def fill(self, keys: mx.array, values: mx.array, offset: int) -> None:
