@@ -2,8 +2,6 @@
 
 #include <cmath>
 
-#include "mlx/backend/metal/metal.h"
-
 #include "quantization.h"
 #include "validation.h"
 
@@ -336,12 +334,6 @@ std::pair<mx::array, mx::array> quantized_sdpa_with_lse(
       v_group_size,
       s);
   auto& node = static_cast<QuantizedSDPA&>(plain.primitive());
-  if (node.stream().device != mx::Device::cpu && mx::metal::is_available()) {
-    fail(
-        kOp,
-        "the log-sum-exp output (quantized_sdpa_with_lse) runs on the CPU and CUDA, not yet "
-        "on Metal; pass stream=mx.cpu.");
-  }
   QuantizedSDPAParams params = node.params();
   params.with_lse = true;
   const mx::Shape lse_shape(plain.shape().begin(), plain.shape().end() - 1);

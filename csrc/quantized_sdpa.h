@@ -97,8 +97,8 @@ mx::array quantized_sdpa(
  * quantized_sdpa that also returns each row's log-sum-exp [B, Hq, L]
  * (float32, natural log of the softmax denominator, sinks included): two
  * attentions over disjoint key sets merge exactly by their weights
- * exp(lse_i - logaddexp(lse_1, lse_2)). CPU and CUDA; a Metal stream raises
- * for now.
+ * exp(lse_i - logaddexp(lse_1, lse_2)). Every backend (Metal: the decode
+ * kernel and its merge, which writes it).
  */
 std::pair<mx::array, mx::array> quantized_sdpa_with_lse(
     const mx::array& q,

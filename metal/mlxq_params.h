@@ -72,7 +72,8 @@ struct MlxqSdpaParams {
   int k_vec4;      // K packed rows may be staged with 16-byte loads
   int v_vec4;
   float scale;
-  int pad; // the size stays a multiple of 8 without implicit padding
+  int with_lse; // 1: the merge also writes each row's log-sum-exp (and runs
+                // for a single key block too)
 };
 static_assert(sizeof(MlxqSdpaParams) == 27 * 8 + 26 * 4, "MlxqSdpaParams layout");
 

@@ -76,5 +76,20 @@ METAL_FUNC float mlxq_inverse_denominator(float m, float l, bool has_sink, float
   return l > 0.0f ? 1.0f / l : 0.0f;
 }
 
+// The natural log of a row's softmax denominator from its running max m
+// (natural units), sum l and optional sink logit: the row's log-sum-exp
+// (quantized_sdpa_with_lse); -inf for a row that saw nothing.
+METAL_FUNC float mlxq_log_denominator(float m, float l, bool has_sink, float sink) {
+  if (has_sink) {
+    const float mm = max(m, sink);
+    if (mm == -INFINITY) {
+      return -INFINITY;
+    }
+    const float carried = m == -INFINITY ? 0.0f : l * exp(m - mm);
+    return mm + log(carried + exp(sink - mm));
+  }
+  return (m == -INFINITY || !(l > 0.0f)) ? -INFINITY : m + log(l);
+}
+
 #define MLXQ_INSTANTIATE(name, func, ...) \
   template [[host_name(name)]] [[kernel]] decltype(func<__VA_ARGS__>) func<__VA_ARGS__>;

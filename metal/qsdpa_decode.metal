@@ -25,8 +25,10 @@
 // running (max, sum) to the partial buffers:
 //   part_o  [B, Hkv, rows, n_blocks, Dv]   part_ml [B, Hkv, rows, n_blocks, 2]
 // mlxq_qsdpa_merge then combines the blocks of each row by log-sum-exp,
-// adds the sink logit and writes the output. With a single block the decode
-// kernel normalises and writes the output itself (p.direct).
+// adds the sink logit and writes the output (and, with p.with_lse, each
+// row's log-sum-exp, lse [B, Hq, L] float). With a single block the decode
+// kernel normalises and writes the output itself (p.direct), unless the
+// log-sum-exp is asked for.
 //
 // Threadgroup memory: 32 packed rows (K, then V in the same buffer) plus
 // their scales and biases as f32: at most 20 KB (Dk or Dv 512, 8 bits).
@@ -81,6 +83,7 @@ template <typename T>
     const device float* sinks [[buffer(2)]],
     device T* out [[buffer(3)]],
     constant MlxqSdpaParams& p [[buffer(4)]],
+    device float* lse [[buffer(5)]],
     uint tgid [[threadgroup_position_in_grid]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint nsg [[simdgroups_per_threadgroup]],
@@ -135,6 +138,10 @@ template <typename T>
   }
   const float sink = p.has_sinks ? sinks[h * p.sinks_stride] : 0.0f;
   const float inv = mlxq_inverse_denominator(m, lsum, p.has_sinks != 0, sink);
+  if (p.with_lse && lane == 0) {
+    lse[(mlxq_i64(b) * p.Hq + h) * p.L + l] =
+        mlxq_log_denominator(m, lsum, p.has_sinks != 0, sink);
+  }
   device T* orow = out + ((mlxq_i64(b) * p.Hq + h) * p.L + l) * p.Dv;
   for (int i = 0; i < DL; ++i) {
     if (i < dvc) {

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from cache_helpers import assert_same, kv, quantize
-from helpers import skip_without_lse, to_f64
+from helpers import to_f64
 from reference64 import dequantize64, hadamard64, mask64
 
 import mlxq
@@ -74,7 +74,6 @@ def in_order(split):
     ],
 )
 def test_attention_reads_the_window_exactly(rng, gs, bits, v_fmt, rotate, R):
-    skip_without_lse()
     vg, vb = v_fmt or (None, None)
     cache = mlxq.QuantizedKVCache(
         gs, bits, kv_rotate=rotate, v_group_size=vg, v_bits=vb, keep_recent=R
@@ -117,7 +116,6 @@ def test_attention_reads_the_window_exactly(rng, gs, bits, v_fmt, rotate, R):
 @pytest.mark.parametrize("L", [5, 1])
 def test_an_array_mask_is_cut_at_the_window(rng, L):
     # L = 1: a decode step with a full window, whose exact rows come in ring order.
-    skip_without_lse()
     cache = mlxq.QuantizedKVCache(64, 4, keep_recent=6)
     ks, vs = [], []
     for T in [10, 1, L]:
@@ -138,7 +136,6 @@ def test_an_array_mask_is_cut_at_the_window(rng, L):
 
 
 def test_restored_and_trimmed_caches_read_what_they_no_longer_hold_quantized(rng):
-    skip_without_lse()
     cache = mlxq.QuantizedKVCache(64, 4, keep_recent=8)
     cache.update_and_fetch(*kv(rng, 30, D=64))
     restored = mlxq.QuantizedKVCache.from_state(cache.state)
@@ -157,7 +154,6 @@ def test_restored_and_trimmed_caches_read_what_they_no_longer_hold_quantized(rng
 
 
 def test_copies_keep_their_own_window(rng):
-    skip_without_lse()
     a = mlxq.QuantizedKVCache(64, 4, keep_recent=4)
     a.update_and_fetch(*kv(rng, 6, D=64))
     b = copy.copy(a)
@@ -181,7 +177,6 @@ def test_copies_keep_their_own_window(rng):
 
 
 def test_to_quantized_starts_with_an_exact_window(rng):
-    skip_without_lse()
     plain = mlxq.KVCache()
     k, v = kv(rng, 40, D=64)
     plain.update_and_fetch(k, v)
@@ -199,7 +194,6 @@ def test_bad_window_sizes_are_refused():
 
 
 def test_mismatched_splits_are_refused(rng):
-    skip_without_lse()
     cache = mlxq.QuantizedKVCache(64, 4, keep_recent=4)
     cache.update_and_fetch(*kv(rng, 10, D=64))
     K, V = cache.update_and_fetch(*kv(rng, 1, D=64))
@@ -239,7 +233,6 @@ def test_a_window_over_everything_generates_as_unquantized(arch):
 
 
 def test_a_short_window_still_generates_and_stays_near_unquantized():
-    skip_without_lse()
     model, _ = random_model("llama", seed=5, dtype=mx.float32)
     prompt = list(range(3, 90))
     with mlxq_lm.enable(kv_keep_recent=16):
@@ -248,7 +241,6 @@ def test_a_short_window_still_generates_and_stays_near_unquantized():
 
 
 def test_cli_kv_keep_recent(capsys):
-    skip_without_lse()
     from mlxq.generate import main
 
     args = ["--random-model", "llama", "--max-tokens", "4", "--prompt-tokens", "40"]
@@ -291,7 +283,6 @@ def test_a_sliding_window_cache_reads_its_window_exactly(
     # the same ring fetches without a window: its window's tokens exact, the
     # rest as quantized. Three plain rings in lockstep give each column's
     # exact K/V, stored codes and position (mlxq's rings follow mlx-lm's).
-    skip_without_lse()
     cache = mlxq.RotatingQuantizedKVCache(max_size, keep, gs, bits, rotate, keep_recent=R)
     plain = mlxq.RotatingQuantizedKVCache(max_size, keep, gs, bits, rotate)
     exact, where = mlxq.RotatingKVCache(max_size, keep), mlxq.RotatingKVCache(max_size, keep)

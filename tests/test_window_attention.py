@@ -5,7 +5,7 @@ against float64 over the union of both key sets."""
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import DTYPES, assert_close, skip_without_lse, to_f64
+from helpers import DTYPES, assert_close, skip_without_window_kernel, to_f64
 
 from mlxq.attention import window_attention
 
@@ -55,7 +55,7 @@ def part64(q, k, v, scale):
     ],
 )
 def test_matches_float64_over_the_union(rng, dtype, B, Hq, Hkv, L, N, T, Dk, Dv, causal):
-    skip_without_lse()
+    skip_without_window_kernel()
     dt = DTYPES[dtype]
 
     def rand(*shape):
@@ -84,7 +84,7 @@ def test_matches_float64_over_the_union(rng, dtype, B, Hq, Hkv, L, N, T, Dk, Dv,
 def test_strided_views(rng):
     # q as attention layers hand it ([B, L, H, D] transposed), a ring's rows
     # as a slice of a larger buffer, out_q transposed too.
-    skip_without_lse()
+    skip_without_window_kernel()
     B, Hq, Hkv, L, T, D = 1, 4, 2, 2, 33, 64
     q = mx.array(rng.standard_normal((B, L, Hq, D)).astype(np.float32)).swapaxes(1, 2)
     big = mx.array(rng.standard_normal((B, Hkv, 2 * T, D + 8)).astype(np.float32))

@@ -90,8 +90,8 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   const int64_t units = int64_t(pr.B) * pr.Hkv * p.row_tiles;
   const int target = std::max(1, pr.target_threadgroups);
 
-  bool prefill = pr.mode == SdpaMode::Prefill;
-  if (pr.mode == SdpaMode::Auto) {
+  bool prefill = pr.mode == SdpaMode::Prefill && !pr.with_lse;
+  if (pr.mode == SdpaMode::Auto && !pr.with_lse) {
     // Prefill walks all keys in one threadgroup per row tile: only worth it
     // when the row tiles alone give the GPU enough threadgroups.
     prefill = pr.L >= kPrefillMinL && units * 4 >= target;
@@ -132,7 +132,8 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   }
   p.n_blocks = static_cast<int>(blocks);
   p.block_keys = static_cast<int>(block_keys);
-  p.direct = blocks == 1 ? 1 : 0;
+  p.with_lse = pr.with_lse ? 1 : 0;
+  p.direct = blocks == 1 && !pr.with_lse ? 1 : 0;
   plan.kernel = "mlxq_qsdpa_decode_" + suffix;
   plan.grid = Size3{blocks, int64_t(p.row_tiles) * pr.Hkv, pr.B};
   if (!p.direct) {

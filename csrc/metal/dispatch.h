@@ -22,7 +22,7 @@ constexpr int kQ = 0, kKPacked = 1, kKScales = 2, kKBiases = 3, kVPacked = 4, kV
               kSdpaParams = 12;
 // mlxq_qsdpa_merge_*
 constexpr int kMergePartialO = 0, kMergePartialML = 1, kMergeSinks = 2, kMergeOut = 3,
-              kMergeParams = 4;
+              kMergeParams = 4, kMergeLse = 5;
 // mlxq_ring_update_*
 constexpr int kRingUpdate = 0, kRingPos = 1, kRingOut = 2, kRingParams = 3;
 // mlxq_quantized_ring_update_* (one dispatch writes one part: its array is
@@ -79,6 +79,10 @@ struct SdpaProblem {
   int64_t m_strides[4] = {};
   int64_t sinks_stride = 1;
   SdpaMode mode = SdpaMode::Auto;
+  // Also each row's log-sum-exp: the decode kernel then always writes
+  // partials and the merge writes both (never the prefill kernel, which
+  // normalises in place).
+  bool with_lse = false;
   int target_threadgroups = kTargetThreadgroups;
   int min_block_keys = kMinBlockKeys;
   // The pipeline's maxTotalThreadsPerThreadgroup: caps the rows (SIMD groups)

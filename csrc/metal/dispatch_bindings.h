@@ -78,6 +78,7 @@ inline nb::dict sdpa(const nb::dict& d) {
   pr.v_base_aligned16 = get<bool>(d, "v_base_aligned16", true);
   get_strides(d, "mask_strides", pr.m_strides);
   pr.sinks_stride = get<int64_t>(d, "sinks_stride", 1);
+  pr.with_lse = get<bool>(d, "with_lse", false);
   pr.mode = static_cast<SdpaMode>(get<int>(d, "mode", 0));
   pr.target_threadgroups = get<int>(d, "target_threadgroups", kTargetThreadgroups);
   pr.min_block_keys = get<int>(d, "min_block_keys", kMinBlockKeys);
@@ -123,6 +124,7 @@ inline nb::dict sdpa(const nb::dict& d) {
   ms["sinks"] = slots::kMergeSinks;
   ms["out"] = slots::kMergeOut;
   ms["params"] = slots::kMergeParams;
+  ms["lse"] = slots::kMergeLse;
   r["merge_slots"] = ms;
   return r;
 }

@@ -19,11 +19,17 @@ namespace md = metal_dispatch;
 void QuantizedSDPA::eval_gpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
-  mx::array& out = outputs[0]; // (quantized_sdpa_with_lse is refused on Metal for now)
+  mx::array& out = outputs[0];
+  // Each row's log-sum-exp (quantized_sdpa_with_lse), written by the merge.
+  mx::array* lse = outputs.size() > 1 ? &outputs[1] : nullptr;
   auto& s = stream();
   auto& d = mx::metal::device(s.device);
   out.set_data(mx::allocator::malloc(out.nbytes()));
   poison_if_enabled(out);
+  if (lse) {
+    lse->set_data(mx::allocator::malloc(lse->nbytes()));
+    poison_if_enabled(*lse);
+  }
   if (out.size() == 0) {
     return;
   }
@@ -61,6 +67,7 @@ void QuantizedSDPA::eval_gpu(
   pr.k_base_aligned16 = mh::base_aligned16(kv[0]);
   pr.v_base_aligned16 = mh::base_aligned16(kv[3]);
   pr.sinks_stride = p.sinks_stride;
+  pr.with_lse = lse != nullptr;
 
   md::SdpaPlan plan = md::plan_sdpa(pr);
   auto* pipeline = mh::kernel(d, plan.kernel);
@@ -116,6 +123,11 @@ void QuantizedSDPA::eval_gpu(
   enc.set_input_array(sinks ? *sinks : out, md::slots::kMergeSinks);
   enc.set_output_array(out, md::slots::kMergeOut);
   enc.set_bytes(plan.params, md::slots::kMergeParams);
+  if (lse) {
+    enc.set_output_array(*lse, md::slots::kMergeLse);
+  } else { // never written (p.with_lse == 0): bind the output
+    enc.set_input_array(out, md::slots::kMergeLse);
+  }
   mh::dispatch(enc, plan.merge_grid, plan.merge_group, false);
   enc.add_temporary(std::move(part_o));
   enc.add_temporary(std::move(part_ml));

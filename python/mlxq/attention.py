@@ -86,8 +86,8 @@ def quantized_sdpa(
           ``[B, H_q, L]`` (float32, natural log of the softmax denominator,
           sinks included; ``-inf`` for a row that sees nothing), so attention
           over these keys merges exactly with attention over other keys
-          (:func:`merge_attention`). CPU and CUDA (not yet Metal). Default:
-          ``False``.
+          (:func:`merge_attention`). Every backend (Metal's through its
+          merge kernel, checked on an emulator only). Default: ``False``.
 
     Returns:
         array: ``[B, H_q, L, D_v]`` in the dtype of ``q``. A query that sees no
@@ -399,7 +399,9 @@ def recent_split_sdpa(
     # a GPU, steps of a few rows (a prefill chunk's matmuls are faster there).
     fused = mask_e is None or isinstance(mask_e, str)  # "causal" by now
     fused = fused and max(q.shape[3], values.exact.shape[3]) <= 512
-    fused = fused and (L <= 16 or _device_of(stream).type == mx.cpu)
+    device = _device_of(stream).type
+    fused = fused and (L <= 16 or device == mx.cpu)
+    fused = fused and not (device == mx.gpu and mx.metal.is_available())  # no kernel yet
     if n == 0 and not fused:
         out, _ = dense_attention_with_lse(
             q, keys.exact, values.exact, scale=scale, mask=mask_e, sinks=sinks, stream=stream

@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="With --kv-bits: also keep the last N tokens' K/V exact (mlxq.cache.recent; "
-        "128 makes 4-bit KV near-lossless on the README's models; CPU and CUDA).",
+        "128 makes 4-bit KV near-lossless on the README's models).",
     )
     p.add_argument(
         "--quantized-kv-start",

@@ -385,8 +385,7 @@ def enable(
           those caches also keep exact (mlxq.cache.recent; the quantized
           rows before them and the exact window merge by log-sum-exp); a
           sliding-window layer keeps at most its ring's ``max_size - keep -
-          1``. CPU and CUDA (not yet Metal). Default 0. Set when given, reset
-          by :func:`disable`.
+          1``. Default 0. Set when given, reset by :func:`disable`.
 
     Returns a context manager: ``with mlxq.mlx_lm.enable(): ...`` disables
     again on exit.

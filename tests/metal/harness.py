@@ -91,7 +91,8 @@ def run_sdpa(
     q: [B, Hq, L, Dk] view; keys/values: (packed, scales, biases) views of
     [B, Hkv, N, *]; mask: None, "causal" or a view broadcastable to
     [B, Hq, L, N] in `mask_tag` storage; sinks: float32 [Hq] view;
-    plan_overrides: extra keys of the plan's problem dict.
+    plan_overrides: extra keys of the plan's problem dict (with_lse=True:
+    also each row's log-sum-exp, returned as plan["lse"]).
     """
     B, Hq, L, Dk = q.shape
     Hkv, N = keys[0].shape[1], keys[0].shape[2]
@@ -147,6 +148,8 @@ def run_sdpa(
 
     out = poisoned((B, Hq, L, Dv), q_tag)
     bufs["out"] = out
+    if problem.get("with_lse"):  # each row's log-sum-exp, written by the merge
+        bufs["lse"] = plan["lse"] = np.full((B, Hq, L), np.nan, np.float32)
     if plan["merge"]:
         bufs["partial_o"] = np.full(plan["partial_o_floats"], np.nan, np.float32)
         bufs["partial_ml"] = np.full(plan["partial_ml_floats"], np.nan, np.float32)

@@ -119,7 +119,16 @@ class Case:
             bits=self.bits,
             v_bits=self.v_bits,
             v_group_size=self.v_group_size,
+            return_lse=bool(plan_kw.get("with_lse")),
         )
+        if plan_kw.get("with_lse"):
+            ref, ref_lse = ref
+            got = plan["lse"].astype(np.float64)
+            empty = np.isneginf(ref_lse)
+            assert (np.isneginf(got) == empty).all(), "rows with no key: lse must be -inf"
+            assert np.isfinite(got[~empty]).all(), "a row's lse is not finite"
+            err = np.max(np.abs(got[~empty] - ref_lse[~empty]), initial=0.0)
+            assert err < 1e-3, f"lse off by {err:.3g}"
         assert_close(to_mx(out, self.q_tag), ref, dtype=DTYPES[self.q_tag])
         return out, plan
 

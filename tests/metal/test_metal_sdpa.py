@@ -313,6 +313,25 @@ def test_prefill(emu, rng, L, N, kind):
     assert plan["prefill"] and not plan["merge"]
 
 
+# --- log-sum-exp (quantized_sdpa_with_lse) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "L,N,kind,with_sinks,mode",
+    [
+        (1, 300, "none", False, "decode"),
+        (1, 40, "none", True, "decode"),  # one key block: the merge still runs
+        (5, 77, "causal", True, "auto"),
+        (3, 700, "add_f32", False, "decode"),  # query 0 sees no key: -inf
+        (64, 64, "causal", False, "prefill"),  # prefill asked: the decode kernel serves
+    ],
+)
+def test_log_sum_exp(emu, rng, L, N, kind, with_sinks, mode):
+    case = Case(rng, Hq=4, Hkv=2, L=L, N=N, Dk=64, bits=4, group_size=32, q_dtype="bf16")
+    _, plan = run_case(emu, case, rng, kind, with_sinks, mode=mode, with_lse=True)
+    assert plan["merge"] and not plan["prefill"]
+
+
 def _poison_keys(triple, start):
     """The storage triple with the scales of keys >= start set to NaN."""
     packed, scales, biases = (np.array(a) for a in triple)

@@ -137,8 +137,7 @@ class QuantizedKVCache(KeepsRecent, QuantizedStorage, _GrowingCache):
     ``keep_recent=R`` also keeps the last ``R`` tokens exact (see
     mlxq.cache.recent): fetches are then :class:`RecentSplit` pairs, which
     :func:`mlxq.sdpa` attends as the quantized rows before the window plus
-    the exact window (CPU and CUDA; not yet Metal, whose kernels have no
-    log-sum-exp output).
+    the exact window (every backend; Metal's checked on an emulator only).
     The window is a runtime choice, not part of ``state``: a cache restored
     from a state or file reads its earlier tokens quantized.
     """
