@@ -320,3 +320,23 @@ def test_a_sliding_window_cache_refuses_a_window_that_does_not_fit():
     cache = plain.to_quantized(64, 4, keep_recent=16)
     K, _ = cache.update_and_fetch(*kv(np.random.default_rng(1), 1, D=64))
     assert K.exact.shape[2] == 17 and np.array(K.hidden).sum() == 17
+
+
+def test_a_lazily_evaluated_loop_of_steps_reads_what_each_step_saw(rng):
+    # One-token steps built back to back and evaluated once at the end (a
+    # teacher-forced loop): each step overwrites the ring slot the step before
+    # it read, so that read must still see its own token, not the next one.
+    cache = mlxq.QuantizedKVCache(64, 8, keep_recent=3)
+    k, v = kv(rng, 6, D=64)
+    cache.update_and_fetch(k, v)
+    tokens = [k]
+    seen = []
+    for _ in range(6):
+        k, v = kv(rng, 1, D=64)
+        tokens.append(k)
+        K, _ = cache.update_and_fetch(k, v)
+        seen.append((cache.offset, in_order(K)))
+    mx.eval([s for _, s in seen])
+    every = mx.concatenate(tokens, axis=2)
+    for offset, window in seen:
+        assert_same(window, every[..., offset - 4 : offset, :])

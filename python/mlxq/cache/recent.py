@@ -32,7 +32,11 @@ class RecentWindow:
 
     The ring has ``size + 1`` slots, so that a one-token step writes its
     token first and then attends the whole ring as laid out (the ``size``
-    held tokens and itself): two in-place writes and no copy per step.
+    held tokens and itself): two writes and no reordering per step. The
+    writes are in place only where MLX may donate the ring: the slot a step
+    overwrites is one the previous step read, so a ring an unevaluated
+    earlier step still holds (a lazily evaluated loop of one-token steps,
+    or a GPU's in-flight graph) is copied first.
     ``start`` is the first position the ring may serve: positions before it
     were never held (a cache restored from a state, or trimmed) and are read
     quantized.
@@ -44,7 +48,6 @@ class RecentWindow:
         self.keys: Optional[mx.array] = None
         self.values: Optional[mx.array] = None
         self.start = 0
-        self._owned = False  # the ring arrays are this window's alone
 
     def reset(self, offset: int) -> None:
         """Nothing before ``offset`` is held exactly any more."""
@@ -77,7 +80,7 @@ class RecentWindow:
         full window: the ring itself) each row's index in that range."""
         lo = self.first_exact(offset)
         if keys.shape[2] == 1 and offset - lo == self.size and self._fits(keys):
-            self._write(keys, values, offset, self._owned)
+            self._write(keys, values, offset)
             order = (np.arange(self.slots) - lo) % self.slots
             return lo, self.keys, self.values, order
         if lo < offset:
@@ -85,23 +88,22 @@ class RecentWindow:
             v = mx.concatenate([self._span(self.values, lo, offset), values], axis=2)
         else:
             k, v = keys, values
-        # Not in place: the spans above still read the rows being replaced.
-        self._write(keys, values, offset, False)
+        self._write(keys, values, offset)  # (a copy: the spans still read the ring)
         return lo, k, v, None
 
-    def _write(self, keys: mx.array, values: mx.array, offset: int, owned: bool) -> None:
+    def _write(self, keys: mx.array, values: mx.array, offset: int) -> None:
         T = keys.shape[2]
         if not self._fits(keys):
             B, H, _, D = keys.shape
             self.keys = mx.zeros((B, H, self.slots, D), keys.dtype)
             self.values = mx.zeros((B, H, self.slots, values.shape[3]), values.dtype)
+            self.start = offset  # a new ring: nothing before this step is held
         m = min(T, self.slots)
         if m < T:  # only the last rows fit
             keys, values = keys[..., T - m :, :], values[..., T - m :, :]
         pos = (offset + T - m) % self.slots
-        self.keys = _ext.ring_update(self.keys, keys, pos, owned=owned)
-        self.values = _ext.ring_update(self.values, values, pos, owned=owned)
-        self._owned = True  # written by us: a copy, or ours already
+        self.keys = _ext.ring_update(self.keys, keys, pos)
+        self.values = _ext.ring_update(self.values, values, pos)
 
     def fill(self, keys: mx.array, values: mx.array, offset: int) -> None:
         """Hold the newest of plain rows ``keys``/``values`` ``[B, H, S, D]``,
@@ -110,14 +112,13 @@ class RecentWindow:
         m = min(self.slots, keys.shape[2], offset)
         self.keys = self.values = None
         if m:
-            self._write(keys[..., -m:, :], values[..., -m:, :], offset - m, False)
+            self._write(keys[..., -m:, :], values[..., -m:, :], offset - m)
         self.start = offset - min(m, self.size)
 
     def __copy__(self):
         other = RecentWindow(self.size)
         other.keys, other.values, other.start = self.keys, self.values, self.start
-        self._owned = False  # shared now: the next write of either copies
-        return other
+        return other  # shared arrays: the next write of either copies (not donatable)
 
     @property
     def nbytes(self) -> int:
