@@ -320,7 +320,7 @@ def window_attention(
     )
 
 
-def _split_masks(keys, mask, L: int):
+def _part_masks(keys, mask, L: int):
     """The masks of a recent-window step's quantized and exact parts."""
     n = keys.quantized_length
     mask_q, mask_e = None, mask
@@ -394,7 +394,7 @@ def recent_split_sdpa(
             f"[mlxq.sdpa] a recent-window fetch must hold the step's {L} query tokens exactly, "
             f"got {T} exact rows."
         )
-    mask_q, mask_e = _split_masks(keys, mask, L)
+    mask_q, mask_e = _part_masks(keys, mask, L)
     # window_attention: any step on the CPU (MLX's CPU matmuls are slow); on
     # a GPU, steps of a few rows (a prefill chunk's matmuls are faster there).
     fused = mask_e is None or isinstance(mask_e, str)  # "causal" by now

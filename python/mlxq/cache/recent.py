@@ -115,11 +115,6 @@ class RecentWindow:
             self._write(keys[..., -m:, :], values[..., -m:, :], offset - m)
         self.start = offset - min(m, self.size)
 
-    def __copy__(self):
-        other = RecentWindow(self.size)
-        other.keys, other.values, other.start = self.keys, self.values, self.start
-        return other  # shared arrays: the next write of either copies (not donatable)
-
     @property
     def nbytes(self) -> int:
         if self.keys is None:
@@ -150,15 +145,17 @@ class KeepsRecent:
         old = self.offset
         n = super().trim(n)
         if self._recent is not None and n:
-            # The ring holds [old - R, old): what of it lies below the new
-            # offset stays readable; below that, only new writes will be.
+            # The ring holds at least [old - R, old): what of it lies below
+            # the new offset stays readable; below that, only new writes will be.
             start = max(self._recent.start, old - self.keep_recent)
             self._recent.start = min(start, self.offset)
         return n
 
     def __copy__(self):
         other = super().__copy__()
-        other._recent = copy.copy(self._recent)  # its arrays are shared, then copied on write
+        # A shallow copy: the ring arrays are shared, so neither can be
+        # donated and the next write of either copies (RecentWindow._write).
+        other._recent = copy.copy(self._recent)
         return other
 
     @property
