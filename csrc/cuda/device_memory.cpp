@@ -170,24 +170,15 @@ void release(mx::allocator::Buffer b, Device& d, int64_t n) {
         cuMemFree(ptr);
       }
     }
-  } else if (ContextScope scope(d.context); scope.ok()) {
+  } else {
     std::lock_guard<std::mutex> lock(d.mutex);
-    if (buf->size <= kMaxCachedBytes) {
-      // Room for this block by handing back the largest cached ones: a long
-      // prefill's scratch, which would otherwise fill the cache and send
-      // every later decode step's small blocks to the driver (a call each).
-      while (d.cached + buf->size > kMaxCachedBytes) {
-        auto largest = std::prev(d.free_blocks.end());
-        cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(largest->second), d.free_stream);
-        d.cached -= largest->first;
-        d.free_blocks.erase(largest);
-      }
+    if (d.cached + buf->size <= kMaxCachedBytes) {
       d.free_blocks.emplace(buf->size, buf->data);
       d.cached += buf->size;
-    } else {
+    } else if (ContextScope scope(d.context); scope.ok()) {
       cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(buf->data), d.free_stream);
-    }
-  } // else: the process is exiting and the driver is gone
+    } // else: the process is exiting and the driver is gone
+  }
   delete buf;
   note_device_bytes(-n);
 }
