@@ -28,6 +28,8 @@ __all__ = [
 
 from . import masks  # noqa: E402
 from .cache import (  # noqa: E402
+    BatchQuantizedKVCache,
+    BatchRotatingQuantizedKVCache,
     KVCache,
     QuantizedKVCache,
     RotatingKVCache,
@@ -38,6 +40,8 @@ from .masks import bidirectional_mask, create_attention_mask, create_causal_mask
 from .prompt_cache import load_prompt_cache, save_prompt_cache  # noqa: E402
 
 __all__ += [
+    "BatchQuantizedKVCache",
+    "BatchRotatingQuantizedKVCache",
     "KVCache",
     "QuantizedKVCache",
     "RotatingKVCache",

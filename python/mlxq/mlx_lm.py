@@ -339,6 +339,14 @@ _PATCHED = (
 )
 
 
+def _patch_table():
+    """Every (module, name, replacement) enable() installs: the functions
+    above and the batch-generation ones (mlxq.batching)."""
+    from . import batching
+
+    return _PATCHED + batching.PATCHED
+
+
 def _set(obj, name: str, value) -> None:
     had = name in vars(obj)
     _patches.append((obj, name, had, vars(obj).get(name)))
@@ -411,13 +419,16 @@ def enable(
             return _Handle(owns=False)
         from mlx_lm.models import cache as lm_cache
 
+        from . import batching
+
+        table = _patch_table()
         # import_module, not attribute access: the mlx_lm package's
         # `generate` attribute is the function, not the module.
         _originals.update(
-            {name: getattr(importlib.import_module(module), name) for module, name, _ in _PATCHED}
+            {name: getattr(importlib.import_module(module), name) for module, name, _ in table}
         )
         _replacements.clear()
-        _replacements.update({id(_originals[name]): fn for _, name, fn in _PATCHED})
+        _replacements.update({id(_originals[name]): fn for _, name, fn in table})
         _patches = []
         # Every name bound to an original in a loaded mlx_lm module (the
         # model modules imported `scaled_dot_product_attention` by value).
@@ -426,6 +437,8 @@ def enable(
                 if callable(value) and id(value) in _replacements:
                     _set(module, name, _replacements[id(value)])
         _set(lm_cache, "RotatingQuantizedKVCache", RotatingQuantizedKVCache)
+        for cls in batching.TO_QUANTIZED:
+            _set(cls, "to_quantized", batching.batch_to_quantized)
         return _Handle(owns=True)
 
 
@@ -447,7 +460,7 @@ def disable() -> None:
                 setattr(obj, name, old)
             else:
                 delattr(obj, name)
-        back = {id(fn): _originals[name] for _, name, fn in _PATCHED}
+        back = {id(fn): _originals[name] for _, name, fn in _patch_table()}
         for module in _mlx_lm_modules():
             for name, value in list(vars(module).items()):
                 if id(value) in back and callable(value):

@@ -51,6 +51,18 @@ class Plain:
     def fetched(self, t: mx.array, values: bool = False) -> mx.array:
         return t
 
+    def map(self, t: mx.array, fn) -> mx.array:
+        """``fn`` applied to the stored array (every component of a triple)."""
+        return fn(t)
+
+    def concat_batch(self, parts: Sequence[mx.array]) -> mx.array:
+        """``parts`` stacked along the batch axis."""
+        return mx.concatenate(list(parts), axis=0)
+
+    def pad_rows(self, t: mx.array, before: int, after: int, values: bool = False) -> mx.array:
+        """``t`` with ``before`` and ``after`` rows of encoded zeros around it."""
+        return _pad_rows(self, t, before, after, values)
+
     def write_kv(self, keys, values, new_keys, new_values, pos: int, owned: bool):
         """One step's write of K and V rows at ``pos`` (two ring updates)."""
         return (
@@ -146,6 +158,18 @@ class Quantized:
     def concat(self, parts: Sequence[Triple]) -> Triple:
         return tuple(mx.concatenate([p[i] for p in parts], axis=2) for i in range(3))
 
+    def map(self, t: Triple, fn) -> Triple:
+        return tuple(fn(a) for a in t)
+
+    def concat_batch(self, parts: Sequence[Triple]) -> Triple:
+        return tuple(mx.concatenate([p[i] for p in parts], axis=0) for i in range(3))
+
+    def pad_rows(self, t: Triple, before: int, after: int, values: bool = False) -> Triple:
+        # Encoded zeros, not zero words: mx.quantize of a zero row has a
+        # nonzero scale, and padding must read as the quantized zeros an
+        # unquantized cache's padding becomes.
+        return _pad_rows(self, t, before, after, values)
+
     def write_kv(self, keys, values, new_keys, new_values, pos: int, owned: bool):
         """One step's write of K and V rows at ``pos``: owned buffers take one
         ``QuantizedKVUpdate`` (one launch); others a ring update per array."""
@@ -211,6 +235,21 @@ class Quantized:
                 f"[{where}] {name} is not a triple of bits={bits}, group_size={gs}: {_describe(t)}."
             )
         return t if isinstance(t, RotatedTriple) else tuple(t)
+
+
+def _pad_rows(store, t, before: int, after: int, values: bool):
+    if not before and not after:
+        return t
+    first = t[0] if store.quantized else t
+    B, H = first.shape[:2]
+    zeros = store.encode(
+        mx.zeros((B, H, max(before, after), store.head_dim(t, values)), store.dtype(t)), values
+    )
+    parts = [store.rows(zeros, stop=before)] if before else []
+    parts.append(t)
+    if after:
+        parts.append(store.rows(zeros, stop=after))
+    return store.concat(parts)
 
 
 def _describe(t) -> str:

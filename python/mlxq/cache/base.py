@@ -233,14 +233,20 @@ class BaseCache:
             f"D={store.head_dim(buf, name == 'values')}] {dtype_name(store.dtype(buf))} buffer."
         )
 
+    def _used(self) -> int:
+        """Rows of the buffer that hold tokens: ``offset`` (a batch cache's
+        ``_idx``, its offsets being per sequence)."""
+        return self.offset
+
     def keys_and_values(self):
         """The cached keys and values: the buffer up to ``offset`` (a view, no copy)."""
         if self.keys is None:
             raise ValueError(f"[{self._where('keys_and_values')}] the cache is empty.")
-        if self.offset < self._store.length(self.keys):
+        used = self._used()
+        if used < self._store.length(self.keys):
             return self._fetched(
-                self._store.rows(self.keys, stop=self.offset),
-                self._store.rows(self.values, stop=self.offset),
+                self._store.rows(self.keys, stop=used),
+                self._store.rows(self.values, stop=used),
             )
         return self._fetched(self.keys, self.values)
 

@@ -32,7 +32,7 @@ class _GrowingCache(BaseCache):
     def _append(self, keys, values, stop):
         """The update; fetches rows [0, stop) (default: all, [0, offset))."""
         T = self._check_update(keys, values)
-        prev = self.offset
+        prev = self._used()
         stop = prev + T if stop is None else stop
         if self.keys is None or prev + T > self._store.length(self.keys):
             self._grow(keys, values, T)
@@ -40,22 +40,31 @@ class _GrowingCache(BaseCache):
             self.keys, self.values, k, v = self._store.write_and_fetch(
                 self.keys, self.values, keys, values, prev, stop
             )
-            self.offset = prev + T
+            self._advance(T)
             return self._fetched(k, v)
         self.keys, self.values = self._store.write_kv(
             self.keys, self.values, keys, values, prev, False
         )
         self._owned = True  # donated or copied: ours alone now
-        self.offset = prev + T
+        self._advance(T)
         if stop == self._store.length(self.keys):
             return self._fetched(self.keys, self.values)
         rows = self._store.rows
         return self._fetched(rows(self.keys, stop=stop), rows(self.values, stop=stop))
 
+    def _advance(self, T: int) -> None:
+        """Count ``T`` written tokens."""
+        self.offset += T
+
+    def _blank(self, like, n: int, values: bool = False):
+        """``n`` empty rows for an update shaped like ``like``: zero words,
+        as mlx-lm's caches grow."""
+        return self._store.zeros(like, n, values)
+
     def _grow(self, keys, values, T: int) -> None:
-        store, prev = self._store, self.offset
+        store, prev = self._store, self._used()
         n = (T + self.step - 1) // self.step * self.step
-        new_k, new_v = store.zeros(keys, n), store.zeros(values, n, values=True)
+        new_k, new_v = self._blank(keys, n), self._blank(values, n, values=True)
         if self.keys is None:
             self.keys, self.values = new_k, new_v
             return
@@ -90,6 +99,13 @@ class KVCache(_GrowingCache):
     """mlx-lm's ``KVCache``: unquantized keys and values, grown 256 tokens at a time."""
 
     mlx_lm_name = "KVCache"
+
+    @classmethod
+    def merge(cls, caches):
+        """mlx-lm's ``BatchKVCache`` of ``caches`` (needs mlx-lm)."""
+        from mlx_lm.models.cache import BatchKVCache
+
+        return BatchKVCache.merge(caches)
 
     def to_quantized(
         self,
@@ -166,6 +182,15 @@ class QuantizedKVCache(KeepsRecent, QuantizedStorage, _GrowingCache):
     def _configure(self) -> None:
         self._use_quantized_store()
         self._configure_recent()
+
+    @classmethod
+    def merge(cls, caches) -> "BatchQuantizedKVCache":  # noqa: F821
+        """A :class:`~mlxq.BatchQuantizedKVCache` of ``caches`` (one sequence
+        each), left-padded to the longest (a recent window is not carried
+        over: the batch reads those tokens quantized)."""
+        from .batch import BatchQuantizedKVCache
+
+        return BatchQuantizedKVCache.merge(caches)
 
     def update_and_fetch(self, keys, values):
         """Append and fetch (see _GrowingCache); with ``keep_recent``, the

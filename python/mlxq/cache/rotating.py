@@ -215,6 +215,15 @@ class RotatingKVCache(_RingCache):
 
     mlx_lm_name = "RotatingKVCache"
 
+    @classmethod
+    def merge(cls, caches):
+        """mlx-lm's ``BatchRotatingKVCache`` of ``caches`` (needs mlx-lm; ``keep=0``)."""
+        from mlx_lm.models.cache import BatchRotatingKVCache
+
+        if any(c.keep for c in caches):
+            raise ValueError("[mlxq.RotatingKVCache.merge] a batch ring keeps no tokens: keep=0.")
+        return BatchRotatingKVCache.merge(caches)
+
     def to_quantized(
         self,
         group_size: int = 64,
@@ -296,6 +305,15 @@ class RotatingQuantizedKVCache(KeepsRecent, QuantizedStorage, _RingCache):
                 f"({self.max_size - self.keep}): the window must fit in the ring's evictable part."
             )
         self._configure_recent()
+
+    @classmethod
+    def merge(cls, caches) -> "BatchRotatingQuantizedKVCache":  # noqa: F821
+        """A :class:`~mlxq.BatchRotatingQuantizedKVCache` of ``caches`` (one
+        sequence each, one ``max_size``, ``keep=0``; a recent window is not
+        carried over)."""
+        from .batch_rotating import BatchRotatingQuantizedKVCache
+
+        return BatchRotatingQuantizedKVCache.merge(caches)
 
     def update_and_fetch(self, keys, values):
         """See _RingCache; with ``keep_recent``, the fetch is a

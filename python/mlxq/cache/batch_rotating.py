@@ -1,0 +1,314 @@
+"""The sliding-window batch cache: mlx-lm's ``BatchRotatingKVCache``, quantized.
+
+Each sequence keeps at most ``max_size`` tokens in a ring shared by the
+batch (see batch.py for the batch side). Step for step as mlx-lm's:
+
+* a one-token step writes every sequence's token at ring row ``_idx``,
+  in place, wrapping to row 0 once the ring has ``max_size`` rows (then
+  ``rotated``);
+* a longer step puts the ring in temporal order, keeps the newest
+  ``max_size - 1`` rows and appends the new ones, so each new token sees at
+  least ``max_size`` of context;
+* ``prepare(lengths=, right_padding=)`` makes that longer step roll each
+  right-padded sequence first, so padding never evicts its tokens.
+
+mlx-lm's own class raises in ``to_quantized``; this one is what its
+``to_quantized`` returns while :mod:`mlxq.mlx_lm` is enabled.
+"""
+
+from typing import Optional, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from ..masks import left_padded
+from .base import BaseCache, QuantizedStorage, as_int
+from .batch import BatchRows, _host_ints, _oldest_first, _stack_left_padded
+from .rotating import RotatingQuantizedKVCache
+
+
+class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
+    """A batch of quantized rings of ``max_size`` rows (mlx-lm's ``BatchRotatingKVCache``)."""
+
+    mlx_lm_name = "BatchRotatingQuantizedKVCache"  # mlx-lm has no such class
+
+    def __init__(
+        self,
+        max_size: int,
+        left_padding: Sequence[int],
+        group_size: int = 64,
+        bits: int = 8,
+        kv_rotate: bool = False,
+        v_group_size: Optional[int] = None,
+        v_bits: Optional[int] = None,
+    ):
+        self.keys = None
+        self.values = None
+        self.max_size = as_int(max_size, "max_size", self._where("__init__"), minimum=1)
+        self.group_size = group_size
+        self.bits = bits
+        self.kv_rotate = kv_rotate
+        self.v_group_size = v_group_size
+        self.v_bits = v_bits
+        self._idx = 0
+        self._offset = 0  # tokens written to the ring (the batch's longest)
+        self.rotated = False
+        self._lengths = None  # each sequence's true end during a right-padded prefill
+        self._init_rows(left_padding)
+        self._configure()
+
+    def _configure(self) -> None:
+        self._use_quantized_store()
+
+    def _used(self) -> int:
+        return min(self._offset, self._store.length(self.keys))
+
+    # ------------------------------------------------------------- writes
+    def update_and_fetch(self, keys, values):
+        """One token: written at ring row ``_idx``, the ring returned in ring
+        order. Several: the kept context in temporal order, then the new rows."""
+        self._check_batch(keys)
+        if self._check_update(keys, values) == 1:
+            return self._update_in_place(keys, values)
+        return self._fetched(*self._update_concat(keys, values))
+
+    def _to_temporal_order(self) -> None:
+        """Unroll a wrapped ring so that row 0 is the oldest."""
+        if self.rotated:
+            shift = -self._idx
+            self.keys, self.values = (
+                self._store.map(t, lambda a: mx.roll(a, shift, axis=2))
+                for t in (self.keys, self.values)
+            )
+            self._owned = True
+            self._idx = self._store.length(self.keys)
+            self.rotated = False
+
+    def _trim(self, trim_size: int, t, append=None):
+        if trim_size > 0:
+            t = self._store.rows(t, start=trim_size)
+        return t if append is None else self._store.concat([t, append])
+
+    def _update_concat(self, keys, values):
+        store = self._store
+        new_k, new_v = store.encode(keys), store.encode(values, values=True)
+        if self.keys is None:
+            self.keys, self.values = new_k, new_v
+        else:
+            self._to_temporal_order()
+            if store.length(self.keys) > self._idx:
+                self.keys = store.rows(self.keys, stop=self._idx)
+                self.values = store.rows(self.values, stop=self._idx)
+            if self._lengths is not None:  # padded sequences: roll, so none is cut short
+                self._roll(np.maximum(0, self._off - self._lengths))
+            trim_size = self._idx - self.max_size + 1
+            lp = self._lp - trim_size if trim_size > 0 else self._lp
+            self._set_rows(lp, self._off)
+            self.keys = self._trim(trim_size, self.keys, new_k)
+            self.values = self._trim(trim_size, self.values, new_v)
+        T = keys.shape[2]
+        self._set_rows(self._lp, self._off + T)
+        self._offset += T
+        self._idx = store.length(self.keys)
+        self._owned = True  # encoded or concatenated here
+        return self.keys, self.values
+
+    def _update_in_place(self, keys, values):
+        where = self._where("update_and_fetch")
+        if self._lengths is not None:
+            raise ValueError(f"[{where}] finalize() must be called before decoding.")
+        store, prev = self._store, self._offset
+        length = 0 if self.keys is None else store.length(self.keys)
+        if self.keys is None or (prev >= length and length < self.max_size):
+            n = min(self.step, self.max_size - prev)
+            new_k, new_v = store.zeros(keys, n), store.zeros(values, n, values=True)
+            if self.keys is None:
+                self.keys, self.values = new_k, new_v
+            else:
+                self.keys = store.concat([self.keys, new_k])
+                self.values = store.concat([self.values, new_v])
+            self._owned = True
+            self._idx = prev
+        lp = self._lp
+        trim_size = store.length(self.keys) - self.max_size
+        if trim_size > 0:
+            self.keys = self._trim(trim_size, self.keys)
+            self.values = self._trim(trim_size, self.values)
+            self._idx = self.max_size
+            lp = lp - trim_size
+        if self._idx == self.max_size:
+            self.rotated = True
+            self._idx = 0
+        if self.rotated:
+            lp = lp - 1
+        self.keys, self.values = store.write_kv(
+            self.keys, self.values, keys, values, self._idx, self._owned
+        )
+        self._owned = True
+        self._set_rows(lp, self._off + 1)
+        self._offset += 1
+        self._idx += 1
+        return self.keys_and_values()
+
+    # ------------------------------------------------------------- padding
+    def _take_right_padding(self, lengths, right_padding) -> None:
+        self._lengths = lengths + self._off
+
+    def finalize(self) -> None:
+        """After a right-padded prefill: roll each sequence's padding to its left."""
+        if self._lengths is not None:
+            shifts = np.maximum(0, self._off - self._lengths)
+            self._lengths = None
+            self._roll(shifts)
+
+    def _check_positions(self, length: int, where: str) -> None:
+        if not 0 <= self._idx <= length:
+            raise ValueError(f"[{where}] _idx {self._idx} is outside [0, {length}].")
+
+    # ---------------------------------------------------------------- state
+    @property
+    def state(self):
+        self._handing_out()
+        return (
+            self.keys,
+            self.values,
+            self.offset,
+            self.left_padding,
+            self.max_size,
+            self._offset,
+            self._idx,
+            self.rotated,
+        )
+
+    @state.setter
+    def state(self, v):
+        keys, values, offset, left_padding, max_size, _offset, idx, rotated = v
+        where = self._where("state")
+        self._set_rows(
+            _host_ints(left_padding, "left_padding", where), _host_ints(offset, "offset", where)
+        )
+        self.max_size = as_int(max_size, "max_size", where, minimum=1)
+        self._offset = as_int(_offset, "_offset", where, minimum=0)
+        self._idx = as_int(idx, "_idx", where, minimum=0)
+        self.rotated = bool(rotated)
+        self._lengths = None
+        self._take_buffers(keys, values)
+
+    # ------------------------------------------------------------ the rest
+    def size(self) -> int:
+        return min(self._offset, self.max_size)
+
+    def is_trimmable(self) -> bool:
+        return self._offset < self.max_size
+
+    def trim(self, n: int) -> int:
+        n = min(self._offset, self._check_trim(n))
+        self._offset -= n
+        self._idx -= n
+        self._set_rows(self._lp, self._off - n)
+        return n
+
+    def make_mask(self, N: int, window_size=None, return_array: bool = False, **kwargs):
+        """``[B, 1, N, S]`` bool, exactly mlx-lm's: causal within the window,
+        padding hidden, in ring order for a one-token step on a full ring."""
+        window_size = window_size or self.max_size
+        offset = min(self.max_size - 1, self._offset)
+        keys = mx.arange(offset + N)[None]
+        queries = mx.arange(offset, offset + N)[:, None]
+        mask = (queries >= keys) & (queries < keys + window_size)
+        shift = max(0, self._idx - self.max_size + int(N > 1))
+        rotated = N == 1 and (self.rotated or self._idx >= self.max_size)
+        mask = left_padded(mask, self._lp, shift + int(rotated))
+        if rotated:
+            idx = 0 if self._idx >= self.max_size else self._idx
+            mask = mx.roll(mask, shift=idx + 1, axis=-1)
+        return mask
+
+    def filter(self, batch_indices) -> None:
+        """Keep only the sequences ``batch_indices``."""
+        self._filter_rows(batch_indices)
+
+    def extend(self, other) -> None:
+        """Append ``other``'s sequences (both unrolled first unless their
+        rings line up)."""
+        if isinstance(other, BatchRows) or hasattr(other, "max_size"):
+            if other.max_size != self.max_size:
+                raise ValueError(
+                    f"[{self._where('extend')}] cannot extend a ring of max_size "
+                    f"{self.max_size} with one of {other.max_size}."
+                )
+        if not isinstance(other, BatchRows):
+            other = type(self).quantize(other, **self._quantization_kwargs())
+        if (self.keys is not None or other.keys is not None) and (
+            self.rotated != other.rotated or self._idx != other._idx
+        ):
+            self._to_temporal_order()
+            other._to_temporal_order()
+        offset = max(self._offset, other._offset)
+        self._extend(other, self._where("extend"))
+        self._offset = offset
+
+    def extract(self, idx: int) -> RotatingQuantizedKVCache:
+        """Sequence ``idx``'s ring as a :class:`~mlxq.RotatingQuantizedKVCache`
+        (temporal order, evicted and padding rows dropped)."""
+        pad = max(0, int(self._lp[idx]))
+        rows = slice(idx, idx + 1)
+        k, v = (self._store.map(t, lambda a: a[rows]) for t in (self.keys, self.values))
+        end = self._idx
+        if self.rotated:
+            shift = -self._idx
+            k, v = (self._store.map(t, lambda a: mx.roll(a, shift, axis=2)) for t in (k, v))
+            end = self.max_size
+        k, v = (self._store.map(t, lambda a: mx.contiguous(a[:, :, pad:end])) for t in (k, v))
+        cache = RotatingQuantizedKVCache(self.max_size, 0, **self._quantization_kwargs())
+        return cache.restore(k, v, int(self._off[idx]), self._store.length(k))
+
+    @classmethod
+    def merge(cls, caches: Sequence) -> "BatchRotatingQuantizedKVCache":
+        """One batch ring from single-sequence rings of one ``max_size``
+        (mlxq's quantized ones; unquantized ones are quantized alike)."""
+        where = f"mlxq.{cls.__name__}.merge"
+        sizes = {c.max_size for c in caches}
+        if len(sizes) > 1:
+            raise ValueError(
+                f"[{where}] cannot batch rings of different max_size: {sorted(sizes)}."
+            )
+        if any(getattr(c, "keep", 0) for c in caches):
+            raise ValueError(f"[{where}] a batch ring keeps no tokens: every cache needs keep=0.")
+        params = cls._quantized_like(caches, where)
+        lengths = [c.size() for c in caches]
+        longest = max(lengths, default=0)
+        cache = cls(caches[0].max_size, [longest - n for n in lengths], **params)
+        cache._check_fits(caches, where)
+        if longest == 0:
+            return cache
+        parts = [
+            None
+            if c.keys is None
+            else tuple(cache._stored(t, i == 1) for i, t in enumerate(_oldest_first(c)))
+            for c in caches
+        ]
+        cache.keys, cache.values = _stack_left_padded(cache, parts, lengths, longest)
+        cache._owned = True
+        cache._set_rows(cache._lp, np.array([int(c.offset) for c in caches], np.int64))
+        cache._idx = cache._offset = longest
+        return cache
+
+    @classmethod
+    def quantize(
+        cls, batch, group_size=64, bits=4, **quantization
+    ) -> "BatchRotatingQuantizedKVCache":
+        """mlx-lm's ``BatchRotatingKVCache`` ``batch``, quantized as laid out."""
+        where = f"mlxq.{cls.__name__}.quantize"
+        lp = _host_ints(batch.left_padding, "left_padding", where)
+        cache = cls(batch.max_size, np.zeros_like(lp), group_size, bits, **quantization)
+        cache._set_rows(lp, _host_ints(batch.offset, "offset", where))
+        cache._idx, cache._offset, cache.rotated = batch._idx, batch._offset, batch.rotated
+        lengths = getattr(batch, "_lengths", None)
+        cache._lengths = None if lengths is None else _host_ints(lengths, "lengths", where)
+        if batch.keys is not None:
+            cache._check_update(batch.keys, batch.values)
+            cache.keys = cache._store.encode(batch.keys)
+            cache.values = cache._store.encode(batch.values, values=True)
+            cache._owned = True
+        return cache

@@ -1,0 +1,205 @@
+"""The batch caches in lockstep with mlx-lm's, over random scripts.
+
+Each script drives mlxq's ``BatchQuantizedKVCache`` (or
+``BatchRotatingQuantizedKVCache``) and mlx-lm's ``BatchKVCache`` (or
+``BatchRotatingKVCache``) with the same calls and the same random K/V:
+batches made three ways (left-padded prompts, right-padded prompts
+prefilled in chunks then finalized, single caches merged), one-token
+decode steps, longer chunks on a cache with history, sequences leaving
+(``filter``), batches joining (``extend``), sequences extracted (and merged
+back), trims. After every call, mlxq's buffers must equal ``mx.quantize``
+of mlx-lm's (padding included), its offsets, left padding and ring state
+must equal mlx-lm's, and so must every fetch and mask.
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import cache as lm
+
+import mlxq
+
+H, D = 2, 128
+FORMATS = [(64, 4), (32, 8), (64, 3), (128, 2)]
+
+
+class Script:
+    """Random calls on a pair (mlxq's cache, mlx-lm's), checked after each."""
+
+    def __init__(self, seed, group_size, bits, dtype, rotating, max_size=11):
+        self.rng = np.random.default_rng(seed)
+        self.q = dict(group_size=group_size, bits=bits)
+        self.dtype = dtype
+        self.rotating = rotating
+        self.max_size = max_size
+
+    # ------------------------------------------------------------ inputs
+    def kv(self, B, T):
+        shape = (B, H, T, D)
+        k = self.rng.standard_normal(shape).astype(np.float32)
+        v = self.rng.standard_normal(shape).astype(np.float32)
+        return mx.array(k).astype(self.dtype), mx.array(v).astype(self.dtype)
+
+    def empty_pair(self, left_padding):
+        if self.rotating:
+            ours = mlxq.BatchRotatingQuantizedKVCache(self.max_size, left_padding, **self.q)
+            theirs = lm.BatchRotatingKVCache(self.max_size, left_padding)
+        else:
+            ours = mlxq.BatchQuantizedKVCache(left_padding, **self.q)
+            theirs = lm.BatchKVCache(left_padding)
+            ours.step = theirs.step = 16  # grow often
+        return ours, theirs
+
+    def single_pair(self, n):
+        """A single sequence's caches with ``n`` tokens (mlxq's quantized, mlx-lm's bf16)."""
+        if self.rotating:
+            ours = mlxq.RotatingQuantizedKVCache(self.max_size, 0, **self.q)
+            theirs = lm.RotatingKVCache(self.max_size)
+        else:
+            ours = mlxq.QuantizedKVCache(**self.q)
+            theirs = lm.KVCache()
+        done = 0
+        while done < n:
+            T = 1 if self.rng.random() < 0.5 else int(self.rng.integers(1, n - done + 1))
+            k, v = self.kv(1, T)
+            ours.update_and_fetch(k, v)
+            theirs.update_and_fetch(k, v)
+            done += T
+        return ours, theirs
+
+    def new_batch(self, B):
+        how = self.rng.choice(["left", "right", "merge", "merge-plain"])
+        if how == "left":
+            pair = self.empty_pair([int(x) for x in self.rng.integers(0, 6, B)])
+            self.step(pair, int(self.rng.integers(2, 14)))
+        elif how == "right":
+            pair = self.empty_pair([0] * B)
+            lengths = [int(x) for x in self.rng.integers(2, 20, B)]
+            longest = max(lengths)
+            for c in pair:
+                c.prepare(lengths=lengths, right_padding=[longest - n for n in lengths])
+            done = 0
+            while done < longest:
+                # Chunks of >= 2 tokens (a one-token step is a decode step,
+                # which needs finalize first), as a padded prefill has.
+                T = int(self.rng.integers(min(2, longest), longest - done + 1))
+                if longest - done - T == 1:
+                    T += 1
+                self.step(pair, T)
+                done += T
+            for c in pair:
+                c.finalize()
+        else:
+            singles = [self.single_pair(int(self.rng.integers(0, 25))) for _ in range(B)]
+            ours_in = [s[0] if how == "merge" else s[1] for s in singles]
+            if how == "merge-plain" and all(c.keys is None for c in ours_in):
+                ours_in = [s[0] for s in singles]  # nothing quantized to take the format from
+            kind = (
+                mlxq.BatchRotatingQuantizedKVCache if self.rotating else mlxq.BatchQuantizedKVCache
+            )
+            if how == "merge-plain" and not any(hasattr(c, "bits") for c in ours_in):
+                ours_in[0] = singles[0][0]
+            pair = (kind.merge(ours_in), type(singles[0][1]).merge([s[1] for s in singles]))
+            if not self.rotating:
+                pair[0].step = pair[1].step = 16
+        self.check(pair)
+        return pair
+
+    # ------------------------------------------------------------- calls
+    def step(self, pair, T):
+        ours, theirs = pair
+        k, v = self.kv(theirs.offset.shape[0], T)
+        mask_args = (
+            dict(window_size=int(self.rng.integers(3, 9))) if self.rng.random() < 0.3 else {}
+        )
+        ours_mask, their_mask = ours.make_mask(T, **mask_args), theirs.make_mask(T, **mask_args)
+        assert ours_mask.dtype == mx.bool_
+        assert mx.array_equal(ours_mask, their_mask).item(), (ours_mask, their_mask)
+        got = ours.update_and_fetch(k, v)
+        want = theirs.update_and_fetch(k, v)
+        for g, w in zip(got, want):
+            self.assert_quantized(g, w)
+        self.check(pair)
+
+    def check(self, pair):
+        ours, theirs = pair
+        assert ours._idx == theirs._idx
+        assert np.array_equal(np.array(ours.offset), np.array(theirs.offset))
+        assert np.array_equal(np.array(ours.left_padding), np.array(theirs.left_padding))
+        assert ours.size() == theirs.size()
+        assert ours.empty() == theirs.empty()
+        assert ours.is_trimmable() == theirs.is_trimmable()
+        if self.rotating:
+            assert (ours._offset, ours.rotated) == (theirs._offset, theirs.rotated)
+        if theirs.keys is None:
+            assert ours.keys is None
+            return
+        if theirs.offset.shape[0] == 0:
+            return
+        n = min(theirs._offset, theirs.keys.shape[2]) if self.rotating else theirs._idx
+        for o, t in ((ours.keys, theirs.keys), (ours.values, theirs.values)):
+            assert o[0].shape[2] == t.shape[2]
+            self.assert_quantized(tuple(a[..., :n, :] for a in o), t[..., :n, :])
+        assert ours.nbytes < theirs.nbytes
+
+    def assert_quantized(self, ours, theirs):
+        want = mx.quantize(theirs, **self.q)
+        assert len(ours) == 3
+        for o, w in zip(ours, want):
+            assert o.shape == w.shape and o.dtype == w.dtype
+            assert mx.array_equal(o, w).item()
+
+    def extract(self, pair):
+        ours, theirs = pair
+        i = int(self.rng.integers(0, theirs.offset.shape[0]))
+        mine, stock = ours.extract(i), theirs.extract(i)
+        assert mine.offset == stock.offset
+        assert mine.size() == stock.size()
+        for o, t in zip(mine.temporal(), (stock.keys, stock.values)):
+            n = mine.size()
+            self.assert_quantized(tuple(a[..., -n:, :] for a in o), t[..., -n:, :])
+        return mine, stock
+
+    def run(self, ops=40):
+        pair = self.new_batch(int(self.rng.integers(1, 4)))
+        for _ in range(ops):
+            op = self.rng.choice(["decode"] * 6 + ["chunk", "filter", "extend", "extract", "trim"])
+            B = pair[1].offset.shape[0]
+            if op == "decode" or (op in ("filter", "extract") and B == 0):
+                if B:
+                    self.step(pair, 1)
+            elif op == "chunk" and B:
+                self.step(pair, int(self.rng.integers(2, 8)))
+            elif op == "filter":
+                keep = sorted(self.rng.choice(B, int(self.rng.integers(1, B + 1)), replace=False))
+                for c in pair:
+                    c.filter([int(i) for i in keep])
+                self.check(pair)
+            elif op == "extend" and B < 6:
+                other = self.new_batch(int(self.rng.integers(1, 3)))
+                pair[0].extend(other[0])
+                pair[1].extend(other[1])
+                self.check(pair)
+            elif op == "extract":
+                mine, stock = self.extract(pair)
+                # ... and back in, merged with a fresh sequence
+                fresh = self.single_pair(int(self.rng.integers(1, 9)))
+                kind = type(pair[0])
+                merged = (kind.merge([mine, fresh[0]]), type(stock).merge([stock, fresh[1]]))
+                self.check(merged)
+            elif op == "trim" and not self.rotating or (op == "trim" and pair[1].is_trimmable()):
+                n = int(self.rng.integers(0, 3))
+                assert pair[0].trim(n) == pair[1].trim(n)
+                self.check(pair)
+
+
+@pytest.mark.parametrize("group_size,bits", FORMATS)
+@pytest.mark.parametrize("rotating", [False, True], ids=["growing", "rotating"])
+@pytest.mark.parametrize("seed", range(3))
+def test_lockstep_with_mlx_lm(seed, group_size, bits, rotating):
+    Script(seed, group_size, bits, mx.bfloat16, rotating).run()
+
+
+@pytest.mark.parametrize("rotating", [False, True], ids=["growing", "rotating"])
+def test_lockstep_float16_and_a_ring_that_wraps_often(rotating):
+    Script(7, 64, 4, mx.float16, rotating, max_size=5).run(ops=60)
