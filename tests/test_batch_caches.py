@@ -12,10 +12,14 @@ of mlx-lm's (padding included), its offsets, left padding and ring state
 must equal mlx-lm's, and so must every fetch and mask.
 """
 
+import copy
+
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import assert_close, assert_cuda_kernel
 from mlx_lm.models import cache as lm
+from reference64 import sdpa64
 
 import mlxq
 
@@ -203,3 +207,132 @@ def test_lockstep_with_mlx_lm(seed, group_size, bits, rotating):
 @pytest.mark.parametrize("rotating", [False, True], ids=["growing", "rotating"])
 def test_lockstep_float16_and_a_ring_that_wraps_often(rotating):
     Script(7, 64, 4, mx.float16, rotating, max_size=5).run(ops=60)
+
+
+def filled(cache, T=5, D=D, H=H, dtype=mx.bfloat16):
+    k = mx.random.normal((1, H, T, D)).astype(dtype)
+    cache.update_and_fetch(k, k)
+    return cache
+
+
+@pytest.mark.parametrize(
+    "others, match",
+    [
+        ([mlxq.QuantizedKVCache(64, 8)], "different quantization"),
+        ([mlxq.QuantizedKVCache(32, 4)], "different quantization"),
+        ([mlxq.QuantizedKVCache(64, 4, v_bits=8)], "different quantization"),
+        ([mlxq.QuantizedKVCache(64, 4, kv_rotate=True)], "different quantization"),
+    ],
+)
+def test_merge_refuses_caches_of_different_quantization(others, match):
+    with pytest.raises(ValueError, match=match):
+        mlxq.BatchQuantizedKVCache.merge([filled(mlxq.QuantizedKVCache(64, 4))] + others)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        lambda: filled(mlxq.QuantizedKVCache(64, 4), D=64),
+        lambda: filled(mlxq.QuantizedKVCache(64, 4), H=4),
+        lambda: filled(mlxq.QuantizedKVCache(64, 4), dtype=mx.float16),
+        lambda: filled(lm.KVCache(), D=64),
+    ],
+    ids=["head-dim", "kv-heads", "dtype", "plain-head-dim"],
+)
+def test_merge_refuses_caches_of_different_shapes(other):
+    with pytest.raises(ValueError, match="different"):
+        mlxq.BatchQuantizedKVCache.merge([filled(mlxq.QuantizedKVCache(64, 4)), other()])
+
+
+def test_merge_needs_a_quantized_cache_and_rings_of_one_size():
+    with pytest.raises(ValueError, match="none of the caches is quantized"):
+        mlxq.BatchQuantizedKVCache.merge([filled(lm.KVCache())])
+    rings = [filled(mlxq.RotatingQuantizedKVCache(8, 0, 64, 4)) for _ in range(2)]
+    with pytest.raises(ValueError, match="different max_size"):
+        mlxq.BatchRotatingQuantizedKVCache.merge(
+            rings + [filled(mlxq.RotatingQuantizedKVCache(16, 0, 64, 4))]
+        )
+    with pytest.raises(ValueError, match="keep=0"):
+        mlxq.BatchRotatingQuantizedKVCache.merge(
+            rings + [filled(mlxq.RotatingQuantizedKVCache(8, 2, 64, 4))]
+        )
+
+
+def test_bad_batch_input():
+    cache = mlxq.BatchQuantizedKVCache([0, 1], group_size=64, bits=4)
+    k = mx.zeros((3, H, 1, D))
+    with pytest.raises(ValueError, match="3 sequences"):
+        cache.update_and_fetch(k, k)
+    with pytest.raises(ValueError, match="left_padding must be >= 0"):
+        mlxq.BatchQuantizedKVCache([0, -1])
+    with pytest.raises(ValueError, match="bits must be one of"):
+        mlxq.BatchQuantizedKVCache([0], bits=7)
+    with pytest.raises(ValueError, match="group_size must be one of"):
+        mlxq.BatchRotatingQuantizedKVCache(8, [0], group_size=48)
+    k = mx.zeros((2, H, 3, D))
+    cache.update_and_fetch(k, k)
+    with pytest.raises(ValueError, match="only be added to an empty"):
+        cache.prepare(left_padding=[1, 1])
+    other = mlxq.BatchQuantizedKVCache([0], group_size=64, bits=8)
+    with pytest.raises(ValueError, match="cannot extend"):
+        cache.extend(other)
+    ring = mlxq.BatchRotatingQuantizedKVCache(8, [0, 0], group_size=64, bits=4)
+    ring.prepare(lengths=[2, 3], right_padding=[1, 0])
+    ring.update_and_fetch(k, k)
+    with pytest.raises(ValueError, match="finalize"):
+        ring.update_and_fetch(k[:, :, :1], k[:, :, :1])
+    with pytest.raises(ValueError, match="max_size"):
+        ring.extend(mlxq.BatchRotatingQuantizedKVCache(9, [0], group_size=64, bits=4))
+
+
+def test_state_round_trip_and_copies():
+    script = Script(3, 64, 4, mx.bfloat16, rotating=False)
+    ours, _ = script.new_batch(3)
+    for kind, cache in (
+        (mlxq.BatchQuantizedKVCache, ours),
+        (mlxq.BatchRotatingQuantizedKVCache, Script(4, 64, 4, mx.bfloat16, True).new_batch(2)[0]),
+    ):
+        back = kind.from_state(cache.state)
+        back.meta_state = cache.meta_state
+        assert back._quantization() == cache._quantization()
+        assert np.array_equal(np.array(back.offset), np.array(cache.offset))
+        for a, b in zip(back.keys, cache.keys):
+            assert mx.array_equal(a, b).item()
+        twin = copy.deepcopy(cache)
+        k = mx.ones((cache.batch_size, H, 1, D), mx.bfloat16)
+        before = [mx.array(a) for a in cache.keys]
+        twin.update_and_fetch(k, k)
+        assert all(mx.array_equal(a, b).item() for a, b in zip(cache.keys, before))
+
+
+@pytest.mark.parametrize("bits,group_size", [(4, 64), (8, 32)])
+@pytest.mark.parametrize("L", [1, 2])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("rotating", [False, True], ids=["growing", "rotating"])
+def test_attention_over_a_padded_batch(bits, group_size, L, dtype, rotating):
+    """A batch step's fetch and mask through mlxq.quantized_sdpa, against
+    float64: padding and (for a wrapped ring) evicted slots hidden per
+    sequence. On CUDA the decode kernel takes the bool mask itself."""
+    rng = np.random.default_rng(bits * 10 + L)
+    Hq, Hkv, B = 8, 2, 3
+    q = dict(group_size=group_size, bits=bits)
+    if rotating:
+        cache = mlxq.BatchRotatingQuantizedKVCache(64, [5, 0, 37], **q)
+    else:
+        cache = mlxq.BatchQuantizedKVCache([5, 0, 37], **q)
+
+    def kv(T):
+        x = rng.standard_normal((2, B, Hkv, T, D)).astype(np.float32)
+        return mx.array(x[0]).astype(dtype), mx.array(x[1]).astype(dtype)
+
+    cache.update_and_fetch(*kv(70))  # the rotating ring wraps in the steps below
+    for _ in range(3):
+        cache.update_and_fetch(*kv(1))
+    mask = cache.make_mask(L)
+    keys, values = cache.update_and_fetch(*kv(L))
+    queries = mx.array(rng.standard_normal((B, Hq, L, D)).astype(np.float32)).astype(dtype)
+    out = mlxq.quantized_sdpa(queries, keys, values, scale=D**-0.5, mask=mask, **q)
+    mx.eval(out)
+    assert_cuda_kernel("cuda_decode")
+    ref = sdpa64(queries, keys, values, scale=D**-0.5, mask=mask, **q)
+    assert_close(out, ref, dtype=dtype)

@@ -10,7 +10,7 @@ import pytest
 
 from mlxq import _ext
 
-F32, F16, BF16 = 0, 1, 2
+F32, F16, BF16, BOOL = 0, 1, 2, 3
 NONE, CAUSAL, ARRAY = 0, 1, 2
 
 # Shapes of H200 instances (4-bit, D = 128, group 64).
@@ -46,12 +46,18 @@ def test_decode_merges_in_its_last_block_while_a_head_partials_fit():
     assert off["merge_kernel"] and not off["fused_merge"]
 
 
+def test_decode_takes_bool_mask_arrays():
+    """A left-padded batch's decode step (mlxq's batch caches) masks with a
+    bool array: the decode kernel reads it per score."""
+    assert plan(B=8, mask=ARRAY, mask_dtype=BOOL)["kernel"] == "cuda_decode"
+
+
 @pytest.mark.parametrize(
     "change",
     [
         dict(q_dtype=F32),  # f32 queries
         dict(Dv=64),  # Dk != Dv
-        dict(mask=ARRAY),
+        dict(mask=ARRAY, mask_dtype=F32),  # additive masks
         dict(L=3),  # 12 rows per KV head > max_rows
         dict(N=0),
     ],

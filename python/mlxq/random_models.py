@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-ARCHITECTURES = ("llama", "qwen3", "gemma3", "gpt_oss", "gemma4")
+ARCHITECTURES = ("llama", "qwen3", "gemma3", "gpt_oss", "gemma4", "qwen2")
 
 # Shared by every size: the attention shapes that mlxq's fast paths cover
 # (head dim a multiple of the KV group size), GQA 4 where the size allows.
@@ -72,6 +72,14 @@ _SIZES: Dict[str, Dict[str, dict]] = {
             sliding_window=32,
             sliding_window_pattern=3,
             use_double_wide_mlp=False,
+        ),
+        # Qwen 2's head dim is hidden_size / heads: 4 heads of 64 over 2 KV heads.
+        "qwen2": dict(
+            hidden_size=256,
+            num_hidden_layers=4,
+            intermediate_size=512,
+            num_attention_heads=4,
+            num_key_value_heads=2,
         ),
     },
     # Benchmarks: a small real model's attention (hidden 1024, 8 query heads
@@ -133,6 +141,14 @@ _SIZES: Dict[str, Dict[str, dict]] = {
             use_double_wide_mlp=False,
             vocab_size=32000,
         ),
+        "qwen2": dict(
+            hidden_size=1024,
+            num_hidden_layers=12,
+            intermediate_size=2816,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            vocab_size=32000,
+        ),
     },
 }
 
@@ -165,6 +181,13 @@ _COMMON = {
         max_position_embeddings=131072,
         final_logit_softcapping=30.0,
     ),
+    "qwen2": dict(
+        model_type="qwen2",
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
 }
 
 _MODULES = {
@@ -173,6 +196,7 @@ _MODULES = {
     "gemma3": "gemma3_text",
     "gpt_oss": "gpt_oss",
     "gemma4": "gemma4_text",
+    "qwen2": "qwen2",
 }
 
 
@@ -246,8 +270,9 @@ def random_model(
 
     Args:
         arch (str): ``"llama"``, ``"qwen3"``, ``"gemma3"`` (sliding-window
-          layers), ``"gpt_oss"`` (sliding window, attention sinks, MoE) or
-          ``"gemma4"`` (sliding window, KV-shared layers).
+          layers), ``"gpt_oss"`` (sliding window, attention sinks, MoE),
+          ``"gemma4"`` (sliding window, KV-shared layers) or ``"qwen2"``
+          (the one of them with mlx-lm's pipeline sharding, ``model.model.pipeline``).
         size (str): ``"tiny"`` (tests) or ``"small"`` (benchmarks).
         seed (int): Seed of the weights.
         dtype: Weight dtype. Default: bfloat16, as checkpoints run, except
@@ -323,7 +348,8 @@ def save_random_model(
 ) -> str:
     """Write a random model as an mlx-lm model directory that ``mlx_lm.load`` reads.
 
-    ``config.json``, ``model.safetensors`` and a byte-level Hugging Face
+    ``config.json``, ``model.safetensors`` (and its index, as mlx-lm writes
+    it, so that ``sharded_load`` can pipeline it) and a byte-level Hugging Face
     tokenizer (256 tokens, no merges; needs ``tokenizers`` and
     ``transformers``, which mlx-lm depends on). Returns ``path``.
     """
@@ -339,11 +365,16 @@ def save_random_model(
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(args), f, indent=2)
-    mx.save_safetensors(
-        os.path.join(path, "model.safetensors"),
-        dict(tree_flatten(model.parameters())),
-        {"format": "mlx"},
-    )
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(os.path.join(path, "model.safetensors"), weights, {"format": "mlx"})
+    # The weight map mlx-lm's own saves write: its sharded_load reads it to
+    # fetch only a pipeline rank's files.
+    index = {
+        "metadata": {"total_size": sum(v.nbytes for v in weights.values())},
+        "weight_map": {name: "model.safetensors" for name in weights},
+    }
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f, indent=2)
     byte_chars = _bytes_to_unicode()
     tokenizer = Tokenizer(models.BPE(vocab={byte_chars[b]: b for b in range(256)}, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)

@@ -85,12 +85,15 @@ const char* family_name(Family f) {
 }
 
 // The decode kernel stages K and V rows of one quantization, or 8-bit keys
-// with 4-bit values (whose group sizes it has instances of); the tiled
+// with 4-bit values (whose group sizes it has instances of), under no mask,
+// a causal one or a bool array (additive ones go elsewhere); the tiled
 // kernel over codes only the first, so other mixed pairs reach it as the
 // dense tiled kernel's (or the GEMM family's) dequantized copies.
 bool decode_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
   const bool pair = p.same_quantization() || (p.k_bits == 8 && p.v_bits == 4);
-  return limits.decode_on && half_queries(p) && p.Dk == p.Dv && pair && p.mask != kMaskArray &&
+  // Array masks: bool ones only (a score hidden or not), read per score.
+  const bool mask_ok = p.mask != kMaskArray || p.mask_dtype == kBool;
+  return limits.decode_on && half_queries(p) && p.Dk == p.Dv && pair && mask_ok &&
       layout.vec_loads && p.N >= 1 && layout.head_fits_32bit && layout.dense_kv;
 }
 

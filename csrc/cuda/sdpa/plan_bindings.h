@@ -36,6 +36,7 @@ inline SdpaProblem problem(const nb::dict& d) {
   p.q_dtype = static_cast<DtypeCode>(get<int>(d, "q_dtype", kBF16));
   p.scale_dtype = static_cast<DtypeCode>(get<int>(d, "scale_dtype", p.q_dtype));
   p.mask = static_cast<MaskCode>(get<int>(d, "mask", kMaskNone));
+  p.mask_dtype = static_cast<DtypeCode>(get<int>(d, "mask_dtype", kBool));
   p.has_sinks = get<bool>(d, "has_sinks", false);
   p.with_lse = get<bool>(d, "with_lse", false);
   return p;

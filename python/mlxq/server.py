@@ -1,0 +1,112 @@
+"""mlx-lm's HTTP server with quantized KV that keeps continuous batching.
+
+    python -m mlxq.server --model <path or repo> --kv-bits 4 [mlx-lm's options]
+
+``mlx_lm.server --kv-bits`` serves requests one at a time: mlx-lm cannot
+batch quantized caches. This is the same server (same options, same
+OpenAI-style endpoints) with :mod:`mlxq.mlx_lm` enabled, where:
+
+* requests are batched with quantized KV (``BatchGenerator(kv_bits=...)``,
+  mlxq's batch caches); only what mlx-lm never batches (a ``seed``, a draft
+  model, images) is still served alone, on mlxq's caches;
+* the prompt cache (LRU) holds mlxq's quantized caches, and its
+  ``--prompt-cache-bytes`` limit counts their real (quantized) size;
+* ``--quantized-kv-start`` defaults to 0: a served request's KV is
+  quantized from its first token (mlx-lm's default, 5000, would leave
+  short requests unquantized).
+
+Each time the decoding batch changes size, the log says how many
+sequences it decodes together.
+"""
+
+import functools
+import importlib
+import logging
+import sys
+from typing import List, Optional
+
+from . import mlx_lm as bridge
+
+log = logging.getLogger("mlxq.server")
+
+
+def _batching_response_generator(base):
+    class ResponseGenerator(base):
+        """mlx-lm's ResponseGenerator, batching requests with ``kv_bits`` too."""
+
+        def _is_batchable(self, args):
+            return self.model_provider.is_batchable and args.seed is None
+
+    return ResponseGenerator
+
+
+def _logging_batch_generator(base, kv_bits, kv_group_size, quantized_kv_start):
+    class BatchGenerator(base):
+        """mlxq's BatchGenerator with the server's KV settings; logs the batch size."""
+
+        __init__ = functools.partialmethod(
+            base.__init__,
+            kv_bits=kv_bits,
+            kv_group_size=kv_group_size,
+            quantized_kv_start=quantized_kv_start,
+        )
+        _logged = 0
+
+        def _next(self):
+            responses = super()._next()
+            n = len(self._generation_batch)
+            if n != self._logged:
+                self._logged = n
+                log.info("mlxq: decoding %d sequence(s) in one batch (kv_bits=%s)", n, kv_bits)
+            return responses
+
+    return BatchGenerator
+
+
+def _argv(argv: Optional[List[str]]) -> List[str]:
+    """The command line for mlx-lm's parser, with our default start."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not any(a == "--quantized-kv-start" or a.startswith("--quantized-kv-start=") for a in argv):
+        argv += ["--quantized-kv-start", "0"]
+    return argv
+
+
+def _kv_option(argv: List[str], name: str, default):
+    """One of the KV options as mlx-lm's parser will read it (validated by
+    BatchGenerator when the first batch starts: see main)."""
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return int(argv[i + 1])
+        if a.startswith(name + "="):
+            return int(a.split("=", 1)[1])
+    return default
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Run mlx-lm's server (``mlx_lm.server.main``) with mlxq enabled."""
+    from .quantization import BITS, GROUP_SIZES
+
+    argv = _argv(argv)
+    kv_bits = _kv_option(argv, "--kv-bits", None)
+    kv_group_size = _kv_option(argv, "--kv-group-size", 64)
+    if kv_bits is not None and kv_bits not in BITS:
+        raise SystemExit(f"mlxq.server: --kv-bits must be one of {BITS}, got {kv_bits}.")
+    if kv_bits is not None and kv_group_size not in GROUP_SIZES:
+        raise SystemExit(
+            f"mlxq.server: --kv-group-size must be one of {GROUP_SIZES}, got {kv_group_size}."
+        )
+    bridge.enable()
+    server = importlib.import_module("mlx_lm.server")
+    server.ResponseGenerator = _batching_response_generator(server.ResponseGenerator)
+    server.BatchGenerator = _logging_batch_generator(
+        server.BatchGenerator,
+        kv_bits,
+        kv_group_size,
+        _kv_option(argv, "--quantized-kv-start", 0),
+    )
+    sys.argv = [sys.argv[0]] + argv
+    server.main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""``python -m mlxq.server``: mlx-lm's HTTP server, batching with quantized KV.
+
+The test starts the real server on 127.0.0.1 (a random-weight llama saved
+by ``save_random_model``, float32 so that batched and one-at-a-time greedy
+decoding agree: see test_batch_generate.py) with ``--kv-bits 4``, sends
+each request alone, then all of them at once (chat and completions,
+streaming and not), and checks that every concurrent request completes
+with the text it got alone, that the server's log shows them decoded in
+one batch, that bad requests get a 4xx while the server keeps serving, and
+stops the server itself.
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import LRUPromptCache
+
+import mlxq
+import mlxq.mlx_lm as mlxq_lm
+from mlxq.random_models import random_model, save_random_model
+
+MAX_TOKENS = 24
+STARTUP_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server")
+    model = save_random_model(str(root / "model"), "llama", seed=11, dtype=mx.float32)
+    port = free_port()
+    log_path = root / "server.log"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlxq.server", "--model", model, "--port", str(port)]
+            + ["--kv-bits", "4", "--max-tokens", str(MAX_TOKENS)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the server did not start:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.25)
+        yield url, log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+def post(url, path, body, timeout=120):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url + path, data=data, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def text_of(kind, stream, status, raw):
+    """The generated text of a response (streamed deltas joined)."""
+    assert status == 200, raw
+    if not stream:
+        choice = json.loads(raw)["choices"][0]
+        return choice["message"]["content"] if kind == "chat" else choice["text"]
+    parts = []
+    for line in raw.splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        choice = json.loads(line[len("data: ") :])["choices"]
+        if not choice:
+            continue
+        if kind == "chat":
+            parts.append(choice[0].get("delta", {}).get("content") or "")
+        else:
+            parts.append(choice[0].get("text") or "")
+    assert raw.rstrip().endswith("data: [DONE]")
+    return "".join(parts)
+
+
+REQUESTS = [
+    ("completion", False, "alpha: the quick brown fox"),
+    ("completion", True, "bravo: jumps over the lazy dog"),
+    ("chat", False, "charlie: tell me a story about a cat"),
+    ("chat", True, "delta: what is the capital of France?"),
+    ("completion", False, "echo: 0123456789 " * 3),
+    ("chat", True, "foxtrot: short"),
+]
+
+
+def send(url, request):
+    kind, stream, prompt = request
+    body = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "stream": stream}
+    if kind == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+        return text_of(kind, stream, *post(url, "/v1/chat/completions", body))
+    body["prompt"] = prompt
+    return text_of(kind, stream, *post(url, "/v1/completions", body))
+
+
+def test_concurrent_requests_are_batched_and_equal_sequential_ones(server):
+    url, log_path = server
+    alone = [send(url, r) for r in REQUESTS]
+    assert all(len(t) > 0 for t in alone)
+    mark = len(log_path.read_text())
+    with ThreadPoolExecutor(len(REQUESTS)) as pool:
+        together = list(pool.map(lambda r: send(url, r), REQUESTS))
+    assert together == alone
+    sizes = [int(n) for n in re.findall(r"decoding (\d+) sequence", log_path.read_text()[mark:])]
+    assert max(sizes) >= 2, f"never batched: {sizes}"
+    assert "kv_bits=4" in log_path.read_text()
+
+
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
+    url, _ = server
+    status, _ = post(url, "/v1/completions", b"{not json")
+    assert 400 <= status < 500
+    status, _ = post(
+        url, "/v1/completions", {"prompt": "x", "max_tokens": 2, "model": "no/such-model-here"}
+    )
+    assert 400 <= status < 500
+    assert send(url, REQUESTS[0]) == send(url, REQUESTS[0])
+
+
+def test_prompt_cache_holds_quantized_caches_at_their_real_size():
+    """What the server's LRU prompt cache holds after a batch: mlxq's
+    quantized caches, counted at their quantized size, and reusable in a
+    new batch."""
+    model, tok = random_model("llama", seed=12, dtype=mx.float32)
+    rng = np.random.default_rng(0)
+    prompts = [[int(t) for t in rng.integers(1, 255, n)] for n in (40, 70)]
+    with mlxq_lm.enabled():
+        from mlx_lm.generate import batch_generate
+
+        got = batch_generate(
+            model,
+            tok,
+            prompts,
+            max_tokens=4,
+            kv_bits=4,
+            return_prompt_caches=True,
+            return_token_ids=True,
+        )
+        lru = LRUPromptCache(max_size=4)
+        held = [p + ids for p, ids in zip(prompts, got.token_ids)]  # what each cache holds
+        for tokens, cache in zip(held, got.caches):
+            assert all(isinstance(c, mlxq.QuantizedKVCache) for c in cache)
+            assert cache[0].offset == len(tokens)
+            lru.insert_cache("m", tokens, cache)
+        real = sum(c.nbytes for cache in got.caches for c in cache)
+        assert lru.nbytes == real
+        heads, dim = model.args.num_key_value_heads, model.args.head_dim
+        tokens = sum(c[0].offset for c in got.caches)
+        bf16 = 2 * len(model.layers) * tokens * heads * dim * 2
+        assert real < 0.35 * bf16
+        cache, rest = lru.fetch_nearest_cache("m", held[1] + [5, 6])
+        assert rest == [5, 6] and cache[0].offset == len(held[1])
+        again = batch_generate(model, tok, [rest], prompt_caches=[cache], max_tokens=2, kv_bits=4)
+        assert len(again.texts) == 1
