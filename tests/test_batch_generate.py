@@ -16,6 +16,7 @@ import importlib
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import on_cuda_gpu
 from mlx_lm.models import cache as lm_cache
 
 import mlxq
@@ -52,6 +53,31 @@ def one_by_one(model, prompt, kv_bits, max_tokens=MAX_TOKENS, group_size=64):
     return [int(t) for t, _ in steps]
 
 
+def stock_batch_differs(model, tok, prompts_, max_tokens=MAX_TOKENS):
+    """Whether stock mlx-lm's own unquantized batch differs from its
+    one-at-a-time generation here (mlxq disabled for the check)."""
+    was = mlxq_lm.is_enabled()
+    mlxq_lm.disable()
+    try:
+        batch = lm_generate.batch_generate(
+            model, tok, prompts_, max_tokens=max_tokens, return_token_ids=True
+        ).token_ids
+        return any(ids != one_by_one(model, p, None, max_tokens) for p, ids in zip(prompts_, batch))
+    finally:
+        if was:
+            mlxq_lm.enable()
+
+
+def assert_same_tokens(model, tok, prompts_, got, want):
+    """``got == want``, except on CUDA where stock mlx-lm's unquantized batch
+    differs from its own one-at-a-time run too: MLX's f32 matmuls there round
+    like TF32, differently for a batch of rows than for one, and random
+    weights have near-ties that flips."""
+    if got != want and on_cuda_gpu() and stock_batch_differs(model, tok, prompts_):
+        pytest.skip("stock mlx-lm's own batch differs from one-at-a-time here (TF32-like matmuls)")
+    assert got == want
+
+
 def quantized_layers(cache):
     return [c for c in cache if hasattr(c, "bits")]
 
@@ -71,8 +97,8 @@ def test_batch_generate_equals_one_by_one(enabled, arch):
     )
     assert mlxq_lm.counters().get("mlxq", 0) > 0
     assert mlxq_lm.counters().get("mlx_lm", 0) == 0  # every attention call was mlxq's
+    assert_same_tokens(model, tok, ps, got.token_ids, [one_by_one(model, p, 4) for p in ps])
     for p, ids, cache in zip(ps, got.token_ids, got.caches):
-        assert ids == one_by_one(model, p, 4)
         layers = quantized_layers(cache)
         assert len(layers) == len(cache)  # every layer's cache came back quantized
         assert all(c.bits == 4 for c in layers)

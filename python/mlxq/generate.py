@@ -7,7 +7,7 @@ model (sliding-window and attention-sink ones included)::
     python -m mlxq.generate --model path/to/mlx-model --prompt "Hello" --kv-bits 4
     python -m mlxq.generate --random-model gemma3 --prompt-tokens 8192 --kv-bits 4
 
-``--random-model llama|qwen3|gemma3|gpt_oss|gemma4`` builds a model of mlx-lm's
+``--random-model llama|qwen2|qwen3|gemma3|gpt_oss|gemma4`` builds a model of mlx-lm's
 own class with random weights and a byte-level tokenizer (no downloads; the
 text it writes is noise). A progress bar runs during long prefills; at the
 end it prints prompt and generation tokens/s and peak memory.

@@ -424,8 +424,7 @@ __device__ __forceinline__ void decode_step(
     const int& N,
     const int& limit0,
     const int& limit1,
-    const uint8_t* const (&mrow)[2],
-    const int64_t& mkey,
+    const SdpaArgs& a,
     const float (&inv)[2],
     const float (&off)[S::kKGroups][2],
     const float (&qs)[S::kKGroups][2],
@@ -509,6 +508,21 @@ __device__ __forceinline__ void decode_step(
     }
   }
   if constexpr (!clean) {
+    // Each row's bool mask over the keys (a left-padded batch's padding, a
+    // ring's window), or null: rows past R and problems without one. Made
+    // here from the kernel's parameters and block index, not kept live
+    // through the loop: the clean steps' registers stay as they were.
+    const uint8_t* mrow[2] = {nullptr, nullptr};
+    if (a.mask_kind == kMaskArray) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = 2 * t + i;
+        if (r < a.rows) {
+          mrow[i] = static_cast<const uint8_t*>(a.mask) + blockIdx.z * a.m_st[0] +
+              row_head(blockIdx.y, r, a.rep) * a.m_st[1] + row_position(r, a.rep) * a.m_st[2];
+        }
+      }
+    }
 #pragma unroll
     for (int mt = 0; mt < S::kKeyTiles; ++mt) {
 #pragma unroll
@@ -516,7 +530,7 @@ __device__ __forceinline__ void decode_step(
         const int key = k0 + 16 * mt + q + 8 * (e >> 1);
         const uint8_t* row_mask = mrow[e & 1];
         const bool visible = key < N && key <= ((e & 1) ? limit1 : limit0) &&
-            (row_mask == nullptr || row_mask[key * mkey] != 0);
+            (row_mask == nullptr || row_mask[key * a.m_st[3]] != 0);
         s[mt][e] = visible ? s[mt][e] : -INFINITY;
       }
     }
@@ -944,20 +958,6 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<KB, VB, D, KGS, VGS, ST>::k
   // Each row's visible-key limit (causal) for masked steps.
   const int limit0 = a.mask_kind == kMaskCausal ? N - a.L + row_position(2 * t, a.rep) : N - 1;
   const int limit1 = a.mask_kind == kMaskCausal ? N - a.L + row_position(2 * t + 1, a.rep) : N - 1;
-  // Each row's bool mask over the keys (a left-padded batch's padding, a
-  // ring's window), or null: rows past R and problems without one.
-  const uint8_t* mrow[2] = {nullptr, nullptr};
-  if (a.mask_kind == kMaskArray) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = 2 * t + i;
-      if (r < R) {
-        mrow[i] = static_cast<const uint8_t*>(a.mask) + b * a.m_st[0] +
-            row_head(kvh, r, a.rep) * a.m_st[1] + row_position(r, a.rep) * a.m_st[2];
-      }
-    }
-  }
-  const int64_t mkey = a.m_st[3];
 
   // Fragments of one 16-key tile from a stage: lane i addresses row i % 8 of
   // matrix i / 8 = (keys 8 (i / 8 % 2) + .., chunk c + i / 16).
@@ -995,8 +995,7 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<KB, VB, D, KGS, VGS, ST>::k
         N,
         limit0,
         limit1,
-        mrow,
-        mkey,
+        a,
         inv,
         off,
         qs,
