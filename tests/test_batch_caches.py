@@ -336,3 +336,25 @@ def test_attention_over_a_padded_batch(bits, group_size, L, dtype, rotating):
     assert_cuda_kernel("cuda_decode")
     ref = sdpa64(queries, keys, values, scale=D**-0.5, mask=mask, **q)
     assert_close(out, ref, dtype=dtype)
+
+
+def test_mlxq_unquantized_caches_merge_into_mlx_lms_batch_caches():
+    """mlxq's bf16 KVCache / RotatingKVCache batch as mlx-lm's own do."""
+    rng = np.random.default_rng(9)
+    for ours, theirs in (
+        ([mlxq.KVCache() for _ in range(3)], [lm.KVCache() for _ in range(3)]),
+        (
+            [mlxq.RotatingKVCache(8) for _ in range(3)],
+            [lm.RotatingKVCache(8) for _ in range(3)],
+        ),
+    ):
+        for a, b, n in zip(ours, theirs, (3, 11, 6)):
+            k = mx.array(rng.standard_normal((1, H, n, D)).astype(np.float32))
+            a.update_and_fetch(k, k)
+            b.update_and_fetch(k, k)
+        got, want = ours[0].merge(ours), theirs[0].merge(theirs)
+        assert type(got) is type(want)
+        assert mx.array_equal(got.keys, want.keys).item()
+        assert np.array_equal(np.array(got.left_padding), np.array(want.left_padding))
+    with pytest.raises(ValueError, match="keep=0"):
+        mlxq.RotatingKVCache.merge([mlxq.RotatingKVCache(8, keep=2)])

@@ -60,14 +60,14 @@ def one_by_one_with_logprobs(model, prompt, kv_bits, max_tokens=MAX_TOKENS):
     return [(int(t), np.array(lp.astype(mx.float32))) for t, lp in steps]
 
 
-def assert_same_tokens(model, prompts_, got, kv_bits, near_tie=0.05):
+def assert_same_tokens(model, prompts_, got, kv_bits, near_tie=0.05, max_tokens=MAX_TOKENS):
     """Each sequence's batch tokens equal its one-at-a-time tokens. On CUDA,
     where MLX's f32 matmuls round like TF32 and differently for a batch of
     rows than for one, a sequence may part ways at a near-tie only: at the
     first differing step, the token the batch chose must be within
     ``near_tie`` (log-probability) of the one-at-a-time choice there."""
     for p, ids in zip(prompts_, got):
-        alone = one_by_one_with_logprobs(model, p, kv_bits)
+        alone = one_by_one_with_logprobs(model, p, kv_bits, max_tokens)
         want = [t for t, _ in alone]
         if ids == want or not on_cuda_gpu():
             assert ids == want
@@ -106,6 +106,26 @@ def test_batch_generate_equals_one_by_one(enabled, arch):
         assert max(c.offset for c in cache) == len(p) + len(ids)
     if arch == "gemma3":
         assert any(isinstance(c, mlxq.RotatingQuantizedKVCache) for c in got.caches[0])
+
+
+def test_rotated_and_pair_quantization_batch_too():
+    """enable(kv_rotate=True, v_bits=...) reaches the batch caches: the batch
+    equals one-by-one generation with the same settings."""
+    model, tok = random_model("llama", seed=6, dtype=mx.float32)
+    ps = prompts(6, (7, 30, 19))
+    with mlxq_lm.enable(kv_rotate=True, v_bits=4):
+        got = lm_generate.batch_generate(
+            model,
+            tok,
+            ps,
+            max_tokens=12,
+            kv_bits=8,
+            return_token_ids=True,
+            return_prompt_caches=True,
+        )
+        cache = got.caches[0][0]
+        assert cache.kv_rotate and (cache.bits, cache.v_bits) == (8, 4)
+        assert_same_tokens(model, ps, got.token_ids, 8, max_tokens=12)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

@@ -261,6 +261,24 @@ class BaseCache:
         fetched_k, fetched_v = self.update_and_fetch(keys, values)
         return SharedKV.from_cache(self, fetched_k, fetched_v)
 
+    def _grow_ring(self, keys, values, written: int) -> None:
+        """A ring's growth before a one-token write (mlx-lm's rule): while it
+        is shorter than ``max_size`` and full (``written`` tokens), 256 more
+        zero rows (up to ``max_size``), and the write goes at ``written``."""
+        store = self._store
+        length = 0 if self.keys is None else store.length(self.keys)
+        if self.keys is not None and (written < length or length >= self.max_size):
+            return
+        n = min(self.step, self.max_size - written)
+        new_k, new_v = store.zeros(keys, n), store.zeros(values, n, values=True)
+        if self.keys is None:
+            self.keys, self.values = new_k, new_v
+        else:
+            self.keys = store.concat([self.keys, new_k])
+            self.values = store.concat([self.values, new_v])
+        self._owned = True  # fresh buffers, held by nobody else
+        self._idx = written
+
     # ------------------------------------------------------------- accounting
     def size(self) -> int:
         return self.offset

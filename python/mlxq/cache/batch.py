@@ -174,6 +174,47 @@ class BatchRows:
                     f"value head dim, dtype): {shapes[0]} vs {s}."
                 )
 
+    # ------------------------------------------------------ merge, quantize
+    def _take_sequences(self, caches: Sequence, lengths: Sequence[int]) -> None:
+        """Fill this new batch with the newest ``lengths[b]`` tokens of each
+        single cache, left-padded to the longest (``merge``)."""
+        self._check_fits(caches, self._where("merge"))
+        longest = max(lengths, default=0)
+        if longest == 0:
+            return
+        parts = [
+            None
+            if c.keys is None
+            else tuple(self._stored(t, i == 1) for i, t in enumerate(_oldest_first(c)))
+            for c in caches
+        ]
+        store, ref = self._store, next(p for p in parts if p is not None)
+        stacked = []
+        for side in (0, 1):
+            rows = []
+            for p, n in zip(parts, lengths):
+                t = store.rows(ref[side], stop=0) if p is None else p[side]
+                t = store.rows(t, start=store.length(t) - n)  # the newest n (a ring may hold more)
+                rows.append(store.pad_rows(t, longest - n, 0, side == 1))
+            stacked.append(store.concat_batch(rows))
+        self.keys, self.values = stacked
+        self._owned = True
+        self._idx = longest
+
+    def _take_batch(self, batch, where: str) -> None:
+        """mlx-lm's batch cache ``batch``: its padding, offsets and ``_idx``,
+        and its whole buffer quantized (``to_quantized``)."""
+        self._set_rows(
+            _host_ints(batch.left_padding, "left_padding", where),
+            _host_ints(batch.offset, "offset", where),
+        )
+        self._idx = batch._idx
+        if batch.keys is not None:
+            self._check_update(batch.keys, batch.values)
+            self.keys = self._store.encode(batch.keys)
+            self.values = self._store.encode(batch.values, values=True)
+            self._owned = True
+
     # ------------------------------------------------------------- padding
     def prepare(self, *, left_padding=None, lengths=None, right_padding=None) -> None:
         """Before a prefill: more left padding (only while empty), or the
@@ -432,36 +473,17 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
         lengths = [c.size() for c in caches]
         longest = max(lengths, default=0)
         cache = cls([longest - n for n in lengths], **params)
-        cache._check_fits(caches, where)
-        if longest == 0:
-            return cache
-        parts = [
-            None
-            if c.keys is None
-            else tuple(cache._stored(t, i == 1) for i, t in enumerate(_oldest_first(c)))
-            for c in caches
-        ]
-        cache.keys, cache.values = _stack_left_padded(cache, parts, lengths, longest)
-        cache._owned = True
-        cache._idx = longest
-        cache._set_rows(cache._lp, cache._off + longest)
+        cache._take_sequences(caches, lengths)
+        cache._set_rows(cache._lp, cache._off + cache._idx)
         return cache
 
     @classmethod
     def quantize(cls, batch, group_size=64, bits=4, **quantization) -> "BatchQuantizedKVCache":
         """mlx-lm's ``BatchKVCache`` ``batch``, quantized (its whole buffer)."""
-        where = f"mlxq.{cls.__name__}.quantize"
-        lp = _host_ints(batch.left_padding, "left_padding", where)
-        cache = cls(np.zeros_like(lp), group_size, bits, **quantization)
-        cache._set_rows(lp, _host_ints(batch.offset, "offset", where))
-        cache._idx = batch._idx
+        cache = cls(np.zeros(len(batch.offset), np.int64), group_size, bits, **quantization)
+        cache._take_batch(batch, f"mlxq.{cls.__name__}.quantize")
         rp = getattr(batch, "_right_padding", None)
-        cache._right_padding = None if rp is None else _host_ints(rp, "right_padding", where)
-        if batch.keys is not None:
-            cache._check_update(batch.keys, batch.values)
-            cache.keys = cache._store.encode(batch.keys)
-            cache.values = cache._store.encode(batch.values, values=True)
-            cache._owned = True
+        cache._right_padding = None if rp is None else _host_ints(rp, "right_padding", "quantize")
         return cache
 
 
@@ -475,20 +497,3 @@ def _oldest_first(c):
     else:
         k, v = c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
     return tuple(t if isinstance(t, mx.array) else tuple(t) for t in (k, v))
-
-
-def _stack_left_padded(cache: BatchRows, parts, lengths, longest: int):
-    """The sequences' rows (``None`` for an empty cache), each left-padded to
-    ``longest`` rows, stacked along the batch: ``(keys, values)``."""
-    store = cache._store
-    ref = next(p for p in parts if p is not None)
-    stacked = []
-    for side in (0, 1):
-        values = side == 1
-        rows = []
-        for p, n in zip(parts, lengths):
-            t = store.rows(ref[side], stop=0) if p is None else p[side]
-            t = store.rows(t, start=store.length(t) - n)  # the newest n (a ring may hold more)
-            rows.append(store.pad_rows(t, longest - n, 0, values))
-        stacked.append(store.concat_batch(rows))
-    return stacked[0], stacked[1]

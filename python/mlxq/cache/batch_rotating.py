@@ -23,7 +23,7 @@ import numpy as np
 
 from ..masks import left_padded
 from .base import BaseCache, QuantizedStorage, as_int
-from .batch import BatchRows, _host_ints, _oldest_first, _stack_left_padded
+from .batch import BatchRows, _host_ints
 from .rotating import RotatingQuantizedKVCache
 
 
@@ -118,17 +118,7 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         if self._lengths is not None:
             raise ValueError(f"[{where}] finalize() must be called before decoding.")
         store, prev = self._store, self._offset
-        length = 0 if self.keys is None else store.length(self.keys)
-        if self.keys is None or (prev >= length and length < self.max_size):
-            n = min(self.step, self.max_size - prev)
-            new_k, new_v = store.zeros(keys, n), store.zeros(values, n, values=True)
-            if self.keys is None:
-                self.keys, self.values = new_k, new_v
-            else:
-                self.keys = store.concat([self.keys, new_k])
-                self.values = store.concat([self.values, new_v])
-            self._owned = True
-            self._idx = prev
+        self._grow_ring(keys, values, prev)
         lp = self._lp
         trim_size = store.length(self.keys) - self.max_size
         if trim_size > 0:
@@ -279,19 +269,9 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         lengths = [c.size() for c in caches]
         longest = max(lengths, default=0)
         cache = cls(caches[0].max_size, [longest - n for n in lengths], **params)
-        cache._check_fits(caches, where)
-        if longest == 0:
-            return cache
-        parts = [
-            None
-            if c.keys is None
-            else tuple(cache._stored(t, i == 1) for i, t in enumerate(_oldest_first(c)))
-            for c in caches
-        ]
-        cache.keys, cache.values = _stack_left_padded(cache, parts, lengths, longest)
-        cache._owned = True
+        cache._take_sequences(caches, lengths)
         cache._set_rows(cache._lp, np.array([int(c.offset) for c in caches], np.int64))
-        cache._idx = cache._offset = longest
+        cache._offset = cache._idx
         return cache
 
     @classmethod
@@ -300,15 +280,11 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
     ) -> "BatchRotatingQuantizedKVCache":
         """mlx-lm's ``BatchRotatingKVCache`` ``batch``, quantized as laid out."""
         where = f"mlxq.{cls.__name__}.quantize"
-        lp = _host_ints(batch.left_padding, "left_padding", where)
-        cache = cls(batch.max_size, np.zeros_like(lp), group_size, bits, **quantization)
-        cache._set_rows(lp, _host_ints(batch.offset, "offset", where))
-        cache._idx, cache._offset, cache.rotated = batch._idx, batch._offset, batch.rotated
+        cache = cls(
+            batch.max_size, np.zeros(len(batch.offset), np.int64), group_size, bits, **quantization
+        )
+        cache._take_batch(batch, where)
+        cache._offset, cache.rotated = batch._offset, batch.rotated
         lengths = getattr(batch, "_lengths", None)
         cache._lengths = None if lengths is None else _host_ints(lengths, "lengths", where)
-        if batch.keys is not None:
-            cache._check_update(batch.keys, batch.values)
-            cache.keys = cache._store.encode(batch.keys)
-            cache.values = cache._store.encode(batch.values, values=True)
-            cache._owned = True
         return cache

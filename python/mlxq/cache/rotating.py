@@ -116,17 +116,7 @@ class _RingCache(BaseCache):
 
     def _update_in_place(self, keys, values):
         store, prev = self._store, self.offset
-        length = 0 if self.keys is None else store.length(self.keys)
-        if self.keys is None or (prev >= length and length < self.max_size):
-            n = min(self.step, self.max_size - prev)
-            new_k, new_v = store.zeros(keys, n), store.zeros(values, n, values=True)
-            if self.keys is None:
-                self.keys, self.values = new_k, new_v
-            else:
-                self.keys = store.concat([self.keys, new_k])
-                self.values = store.concat([self.values, new_v])
-                self._owned = True
-            self._idx = prev
+        self._grow_ring(keys, values, prev)
         excess = store.length(self.keys) - self.max_size
         if excess > 0:  # after a multi-token step: back to max_size rows
             self.keys = self._trim(excess, self.keys)
