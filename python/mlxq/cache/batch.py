@@ -61,7 +61,11 @@ class BatchRows:
     _lp = np.zeros(0, np.int64)
     _off = np.zeros(0, np.int64)
     _idx = 0
-    _arrays = None  # the int32 device copies of (left_padding, offset)
+    # The int32 device copies of left_padding and offset, made when asked for
+    # (a decode step reads each layer's offset for RoPE; the padding only
+    # when the step's mask is made).
+    _lp_array = None
+    _off_array = None
 
     def _init_rows(self, left_padding) -> None:
         lp = _host_ints(left_padding, "left_padding", self._where("__init__"))
@@ -70,20 +74,17 @@ class BatchRows:
         self._set_rows(lp, -lp)
 
     def _set_rows(self, lp: np.ndarray, off: np.ndarray) -> None:
-        self._lp, self._off, self._arrays = lp, off, None
-
-    def _device_rows(self):
-        if self._arrays is None:
-            self._arrays = (
-                mx.array(self._lp.astype(np.int32)),
-                mx.array(self._off.astype(np.int32)),
-            )
-        return self._arrays
+        if lp is not self._lp:
+            self._lp, self._lp_array = lp, None
+        if off is not self._off:
+            self._off, self._off_array = off, None
 
     @property
     def left_padding(self) -> mx.array:
         """Padding rows before each sequence's first token, int32 ``[B]``."""
-        return self._device_rows()[0]
+        if self._lp_array is None:
+            self._lp_array = mx.array(self._lp.astype(np.int32))
+        return self._lp_array
 
     @left_padding.setter
     def left_padding(self, v) -> None:
@@ -92,7 +93,9 @@ class BatchRows:
     @property
     def offset(self) -> mx.array:
         """Each sequence's token count (its next RoPE position), int32 ``[B]``."""
-        return self._device_rows()[1]
+        if self._off_array is None:
+            self._off_array = mx.array(self._off.astype(np.int32))
+        return self._off_array
 
     @offset.setter
     def offset(self, v) -> None:
