@@ -30,9 +30,12 @@ FORMATS = [(64, 4), (32, 8), (64, 3), (128, 2)]
 class Script:
     """Random calls on a pair (mlxq's cache, mlx-lm's), checked after each."""
 
-    def __init__(self, seed, group_size, bits, dtype, rotating, max_size=11):
+    def __init__(self, seed, group_size, bits, dtype, rotating, max_size=11, kv_rotate=False):
         self.rng = np.random.default_rng(seed)
         self.q = dict(group_size=group_size, bits=bits)
+        # mlxq's caches quantize rows in the Hadamard basis (mlx-lm's stay plain).
+        self.kv_rotate = kv_rotate
+        self.pending = []  # extracted caches whose check waits for a later step
         self.dtype = dtype
         self.rotating = rotating
         self.max_size = max_size
@@ -44,12 +47,16 @@ class Script:
         v = self.rng.standard_normal(shape).astype(np.float32)
         return mx.array(k).astype(self.dtype), mx.array(v).astype(self.dtype)
 
+    @property
+    def ours_q(self):
+        return dict(self.q, kv_rotate=self.kv_rotate)
+
     def empty_pair(self, left_padding):
         if self.rotating:
-            ours = mlxq.BatchRotatingQuantizedKVCache(self.max_size, left_padding, **self.q)
+            ours = mlxq.BatchRotatingQuantizedKVCache(self.max_size, left_padding, **self.ours_q)
             theirs = lm.BatchRotatingKVCache(self.max_size, left_padding)
         else:
-            ours = mlxq.BatchQuantizedKVCache(left_padding, **self.q)
+            ours = mlxq.BatchQuantizedKVCache(left_padding, **self.ours_q)
             theirs = lm.BatchKVCache(left_padding)
             ours.step = theirs.step = 16  # grow often
         return ours, theirs
@@ -57,10 +64,13 @@ class Script:
     def single_pair(self, n):
         """A single sequence's caches with ``n`` tokens (mlxq's quantized, mlx-lm's bf16)."""
         if self.rotating:
-            ours = mlxq.RotatingQuantizedKVCache(self.max_size, 0, **self.q)
+            ours = mlxq.RotatingQuantizedKVCache(self.max_size, 0, **self.ours_q)
             theirs = lm.RotatingKVCache(self.max_size)
+        elif not self.kv_rotate and self.rng.random() < 0.3:
+            ours = lm.QuantizedKVCache(**self.q)  # mlx-lm's own quantized cache batches too
+            theirs = lm.KVCache()
         else:
-            ours = mlxq.QuantizedKVCache(**self.q)
+            ours = mlxq.QuantizedKVCache(**self.ours_q)
             theirs = lm.KVCache()
         done = 0
         while done < n:
@@ -74,8 +84,10 @@ class Script:
     def new_batch(self, B):
         how = self.rng.choice(["left", "right", "merge", "merge-plain"])
         if how == "left":
-            pair = self.empty_pair([int(x) for x in self.rng.integers(0, 6, B)])
-            self.step(pair, int(self.rng.integers(2, 14)))
+            pad = [int(x) for x in self.rng.integers(0, 6, B)]
+            pair = self.empty_pair(pad)
+            # A left-padded prompt: its padding, then at least one token.
+            self.step(pair, max(pad) + int(self.rng.integers(1, 10)))
         elif how == "right":
             pair = self.empty_pair([0] * B)
             lengths = [int(x) for x in self.rng.integers(2, 20, B)]
@@ -103,6 +115,9 @@ class Script:
             )
             if how == "merge-plain" and not any(hasattr(c, "bits") for c in ours_in):
                 ours_in[0] = singles[0][0]
+            if not any(isinstance(c, mlxq.cache.BaseCache) for c in ours_in):
+                ours_in[0] = mlxq.QuantizedKVCache(**self.ours_q)  # fixes the quantization
+                ours_in[0].update_and_fetch(*self.kv_like(singles[0][1]))
             pair = (kind.merge(ours_in), type(singles[0][1]).merge([s[1] for s in singles]))
             if not self.rotating:
                 pair[0].step = pair[1].step = 16
@@ -146,27 +161,41 @@ class Script:
             self.assert_quantized(tuple(a[..., :n, :] for a in o), t[..., :n, :])
         assert ours.nbytes < theirs.nbytes
 
+    def kv_like(self, cache):
+        """mlx-lm's single cache's content, to fill a fresh cache with."""
+        return cache.keys[..., : cache.offset, :], cache.values[..., : cache.offset, :]
+
     def assert_quantized(self, ours, theirs):
+        if self.kv_rotate:
+            theirs = mlxq.rotation.rotate(theirs)
         want = mx.quantize(theirs, **self.q)
         assert len(ours) == 3
         for o, w in zip(ours, want):
             assert o.shape == w.shape and o.dtype == w.dtype
             assert mx.array_equal(o, w).item()
 
-    def extract(self, pair):
+    def extract(self, pair, later=False):
         ours, theirs = pair
         i = int(self.rng.integers(0, theirs.offset.shape[0]))
         mine, stock = ours.extract(i), theirs.extract(i)
+        if later:  # unevaluated while the batch writes on: it must not change
+            self.pending.append((mine, stock))
+            return mine, stock
+        self.check_extracted(mine, stock)
+        return mine, stock
+
+    def check_extracted(self, mine, stock):
         assert mine.offset == stock.offset
         assert mine.size() == stock.size()
         for o, t in zip(mine.temporal(), (stock.keys, stock.values)):
             n = mine.size()
             self.assert_quantized(tuple(a[..., -n:, :] for a in o), t[..., -n:, :])
-        return mine, stock
 
     def run(self, ops=40):
         pair = self.new_batch(int(self.rng.integers(1, 4)))
         for _ in range(ops):
+            while self.pending and self.rng.random() < 0.5:
+                self.check_extracted(*self.pending.pop(0))
             op = self.rng.choice(["decode"] * 6 + ["chunk", "filter", "extend", "extract", "trim"])
             B = pair[1].offset.shape[0]
             if op == "decode" or (op in ("filter", "extract") and B == 0):
@@ -184,6 +213,8 @@ class Script:
                 pair[0].extend(other[0])
                 pair[1].extend(other[1])
                 self.check(pair)
+            elif op == "extract" and self.rng.random() < 0.5:
+                self.extract(pair, later=True)
             elif op == "extract":
                 mine, stock = self.extract(pair)
                 # ... and back in, merged with a fresh sequence
@@ -202,6 +233,13 @@ class Script:
 @pytest.mark.parametrize("seed", range(3))
 def test_lockstep_with_mlx_lm(seed, group_size, bits, rotating):
     Script(seed, group_size, bits, mx.bfloat16, rotating).run()
+
+
+@pytest.mark.parametrize("rotating", [False, True], ids=["growing", "rotating"])
+@pytest.mark.parametrize("seed", range(2))
+def test_lockstep_with_rotated_rows(seed, rotating):
+    """kv_rotate: mlxq's rows equal mx.quantize of mlx-lm's rows rotated."""
+    Script(20 + seed, 64, 4, mx.bfloat16, rotating, kv_rotate=True).run()
 
 
 @pytest.mark.parametrize("rotating", [False, True], ids=["growing", "rotating"])
@@ -252,10 +290,6 @@ def test_merge_needs_a_quantized_cache_and_rings_of_one_size():
         mlxq.BatchRotatingQuantizedKVCache.merge(
             rings + [filled(mlxq.RotatingQuantizedKVCache(16, 0, 64, 4))]
         )
-    with pytest.raises(ValueError, match="keep=0"):
-        mlxq.BatchRotatingQuantizedKVCache.merge(
-            rings + [filled(mlxq.RotatingQuantizedKVCache(8, 2, 64, 4))]
-        )
 
 
 def test_bad_batch_input():
@@ -285,16 +319,20 @@ def test_bad_batch_input():
         ring.extend(mlxq.BatchRotatingQuantizedKVCache(9, [0], group_size=64, bits=4))
 
 
-def test_state_round_trip_and_copies():
+def test_state_round_trip_and_copies(tmp_path):
     script = Script(3, 64, 4, mx.bfloat16, rotating=False)
     ours, _ = script.new_batch(3)
     for kind, cache in (
         (mlxq.BatchQuantizedKVCache, ours),
         (mlxq.BatchRotatingQuantizedKVCache, Script(4, 64, 4, mx.bfloat16, True).new_batch(2)[0]),
     ):
-        back = kind.from_state(cache.state)
-        back.meta_state = cache.meta_state
+        back = kind.from_state(cache.state)  # alone, as mlx-lm restores caches
         assert back._quantization() == cache._quantization()
+        path = str(tmp_path / f"{kind.__name__}.safetensors")
+        mlxq.save_prompt_cache(path, [cache])
+        (loaded,) = mlxq.load_prompt_cache(path)
+        assert type(loaded) is kind and loaded._idx == cache._idx
+        assert all(mx.array_equal(a, b).item() for a, b in zip(loaded.values, cache.values))
         assert np.array_equal(np.array(back.offset), np.array(cache.offset))
         for a, b in zip(back.keys, cache.keys):
             assert mx.array_equal(a, b).item()
@@ -356,5 +394,22 @@ def test_mlxq_unquantized_caches_merge_into_mlx_lms_batch_caches():
         assert type(got) is type(want)
         assert mx.array_equal(got.keys, want.keys).item()
         assert np.array_equal(np.array(got.left_padding), np.array(want.left_padding))
-    with pytest.raises(ValueError, match="keep=0"):
-        mlxq.RotatingKVCache.merge([mlxq.RotatingKVCache(8, keep=2)])
+
+
+def test_rings_with_kept_tokens_batch_as_mlx_lms_do():
+    """max_kv_size rings (keep=4) batch like mlx-lm's: nothing stays pinned."""
+    rng = np.random.default_rng(3)
+    ours = [mlxq.RotatingQuantizedKVCache(8, 4, 64, 4) for _ in range(2)]
+    theirs = [lm.RotatingKVCache(8, keep=4) for _ in range(2)]
+    for a, b, n in zip(ours, theirs, (13, 5)):
+        for _ in range(n):
+            k = mx.array(rng.standard_normal((1, H, 1, D)).astype(np.float32)).astype(mx.bfloat16)
+            a.update_and_fetch(k, k)
+            b.update_and_fetch(k, k)
+    got, want = (
+        mlxq.BatchRotatingQuantizedKVCache.merge(ours),
+        lm.BatchRotatingKVCache.merge(theirs),
+    )
+    for o, t in zip(got.keys, mx.quantize(want.keys, group_size=64, bits=4)):
+        assert mx.array_equal(o, t).item()
+    assert np.array_equal(np.array(got.offset), np.array(want.offset))

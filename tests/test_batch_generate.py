@@ -246,3 +246,21 @@ def test_to_quantized_on_mlx_lm_batch_caches(enabled):
         assert np.array_equal(np.array(q.offset), np.array(batch.offset))
         want = mx.quantize(batch.keys, group_size=32, bits=8)
         assert all(mx.array_equal(a, b).item() for a, b in zip(q.keys, want))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_request_joining_mid_prefill_with_rotated_rows(arch):
+    """A prompt joins while another is still being prefilled in chunks
+    (an empty batch cache extends a filled one, rows rotated)."""
+    model, tok = random_model(arch, seed=7, dtype=mx.float32)
+    first, later = prompts(7, (60,)), prompts(8, (9,))
+    with mlxq_lm.enable(kv_rotate=True):
+        gen = lm_generate.BatchGenerator(model, kv_bits=4, prefill_step_size=16)
+        out = {u: [] for u in gen.insert(first, [10])}
+        gen.next()  # the first 16-token chunk of the 60-token prompt
+        out.update({u: [] for u in gen.insert(later, [10])})
+        while responses := gen.next_generated():
+            for r in responses:
+                out[r.uid].append(r.token)
+        gen.close()
+        assert_same_tokens(model, first + later, list(out.values()), 4, max_tokens=10)

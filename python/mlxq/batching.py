@@ -139,9 +139,10 @@ class BatchGenerator(lm_generate.BatchGenerator):
 
     def insert_segments(self, segments, max_tokens=None, caches=None, *args, **kwargs):
         if self.kv_bits is not None:
+            # New lists: the caller's own are left as they are.
             caches = [
                 self._quantize_singles(
-                    c
+                    list(c)
                     if c is not None
                     else lm_generate.make_prompt_cache(self.model, self.max_kv_size)
                 )

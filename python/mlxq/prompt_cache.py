@@ -19,12 +19,26 @@ from typing import Any, Dict, List, Optional
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
-from .cache import KVCache, QuantizedKVCache, RotatingKVCache, RotatingQuantizedKVCache
+from .cache import (
+    BatchQuantizedKVCache,
+    BatchRotatingQuantizedKVCache,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    RotatingQuantizedKVCache,
+)
 
 # Class names in files -> the mlxq class that loads them.
 CACHE_CLASSES = {
     cls.mlx_lm_name: cls
-    for cls in (KVCache, QuantizedKVCache, RotatingKVCache, RotatingQuantizedKVCache)
+    for cls in (
+        KVCache,
+        QuantizedKVCache,
+        RotatingKVCache,
+        RotatingQuantizedKVCache,
+        BatchQuantizedKVCache,
+        BatchRotatingQuantizedKVCache,
+    )
 }
 
 

@@ -19,6 +19,7 @@ Each time the decoding batch changes size, the log says how many
 sequences it decodes together.
 """
 
+import argparse
 import functools
 import importlib
 import logging
@@ -63,32 +64,27 @@ def _logging_batch_generator(base, kv_bits, kv_group_size, quantized_kv_start):
     return BatchGenerator
 
 
-def _argv(argv: Optional[List[str]]) -> List[str]:
-    """The command line for mlx-lm's parser, with our default start."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not any(a == "--quantized-kv-start" or a.startswith("--quantized-kv-start=") for a in argv):
-        argv += ["--quantized-kv-start", "0"]
-    return argv
-
-
-def _kv_option(argv: List[str], name: str, default):
-    """One of the KV options as mlx-lm's parser will read it (validated by
-    BatchGenerator when the first batch starts: see main)."""
-    for i, a in enumerate(argv):
-        if a == name and i + 1 < len(argv):
-            return int(argv[i + 1])
-        if a.startswith(name + "="):
-            return int(a.split("=", 1)[1])
-    return default
+def _kv_options(argv: List[str]):
+    """``(argv, kv_bits, kv_group_size, quantized_kv_start)``: the KV options
+    as mlx-lm's parser will read them (abbreviations included), and the
+    command line with our default start added when none is given."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--kv-bits", type=int, default=None)
+    p.add_argument("--kv-group-size", type=int, default=64)
+    p.add_argument("--quantized-kv-start", type=int, default=None)
+    known, _ = p.parse_known_args(argv)
+    start = known.quantized_kv_start
+    if start is None:
+        start, argv = 0, argv + ["--quantized-kv-start", "0"]
+    return argv, known.kv_bits, known.kv_group_size, start
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Run mlx-lm's server (``mlx_lm.server.main``) with mlxq enabled."""
     from .quantization import BITS, GROUP_SIZES
 
-    argv = _argv(argv)
-    kv_bits = _kv_option(argv, "--kv-bits", None)
-    kv_group_size = _kv_option(argv, "--kv-group-size", 64)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, kv_bits, kv_group_size, start = _kv_options(argv)
     if kv_bits is not None and kv_bits not in BITS:
         raise SystemExit(f"mlxq.server: --kv-bits must be one of {BITS}, got {kv_bits}.")
     if kv_bits is not None and kv_group_size not in GROUP_SIZES:
@@ -99,10 +95,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     server = importlib.import_module("mlx_lm.server")
     server.ResponseGenerator = _batching_response_generator(server.ResponseGenerator)
     server.BatchGenerator = _logging_batch_generator(
-        server.BatchGenerator,
-        kv_bits,
-        kv_group_size,
-        _kv_option(argv, "--quantized-kv-start", 0),
+        server.BatchGenerator, kv_bits, kv_group_size, start
     )
     sys.argv = [sys.argv[0]] + argv
     server.main()

@@ -130,7 +130,11 @@ class BatchRows:
         for i, c in enumerate(caches):
             if not hasattr(c, "bits"):
                 continue
-            q = c._quantization() if hasattr(c, "_quantization") else (c.group_size, c.bits)
+            q = (
+                c._quantization()
+                if hasattr(c, "_quantization")
+                else (c.group_size, c.bits, False, c.group_size, c.bits)  # mlx-lm's
+            )
             if first is None:
                 first, params = (i, q), c
             elif q != first[1]:
@@ -201,7 +205,10 @@ class BatchRows:
                 rows.append(store.pad_rows(t, longest - n, 0, side == 1))
             stacked.append(store.concat_batch(rows))
         self.keys, self.values = stacked
-        self._owned = True
+        # Not ours alone: a one-sequence concatenate (or an unpadded slice)
+        # is the single cache's own buffer, so the first write copies
+        # unless MLX finds that cache let go.
+        self._owned = False
         self._idx = longest
 
     def _take_batch(self, batch, where: str) -> None:
@@ -265,7 +272,8 @@ class BatchRows:
         cache joining a non-empty one)."""
         ref = self.values if values else self.keys
         H, D = ref[0].shape[1], self._store.head_dim(ref, values)
-        return self._store.encode(mx.zeros((B, H, 0, D), self._store.dtype(ref)), values)
+        # Zero-row buffers, not encoded (a rotation refuses empty arrays).
+        return self._store.zeros(mx.zeros((B, H, 0, D), self._store.dtype(ref)), 0, values)
 
     def _extend(self, other, where: str) -> None:
         """Both caches right-aligned at the longer's ``_idx``, then stacked."""
@@ -294,35 +302,40 @@ class BatchRows:
         self._idx = idx
 
     # ---------------------------------------------------------------- state
+    # ``state`` is mlx-lm's batch state followed by the quantization
+    # (group_size, bits, then QuantizedStorage's extras), so that
+    # ``from_state(state)`` alone, as mlx-lm restores caches, rebuilds it.
+    def _quantization_state(self) -> tuple:
+        return (self.group_size, self.bits) + self._extras()
+
+    def _take_quantization(self, tail: tuple, where: str) -> None:
+        if len(tail) < 2:
+            raise ValueError(
+                f"[{where}] a quantized batch state ends with (group_size, bits[, kv_rotate"
+                f"[, v_group_size, v_bits]]); got {len(tail)} entries after the batch's."
+            )
+        self.group_size = as_int(tail[0], "group_size", where)
+        self.bits = as_int(tail[1], "bits", where)
+        self._take_extras(tuple(tail[2:]), where)
+        self._configure()
+
     @property
     def meta_state(self):
-        return tuple(str(x) for x in (self.group_size, self.bits) + self._extras())
+        return ()
 
     @meta_state.setter
     def meta_state(self, v):
-        v = tuple(int(x) for x in v)
-        if len(v) < 2:
+        if tuple(v):
             raise ValueError(
-                f"[{self._where('meta_state')}] meta_state must start with (group_size, bits)."
+                f"[{self._where('meta_state')}] a batch cache keeps everything in state; "
+                f"got meta_state {tuple(v)!r}."
             )
-        self.group_size, self.bits = v[:2]
-        self._take_extras(v[2:], self._where("meta_state"))
-        self._configure()
-        if self.keys is not None:  # from_state set them first
-            self._adopt(self.keys, self.values, "meta_state")
 
     def _handing_out(self) -> None:
-        """``state`` hands the buffers out (see BaseCache.state)."""
-        if not self._private:
-            self._owned = False
-
-    def _take_buffers(self, keys, values) -> None:
-        """A state's buffers: validated now, or (``from_state``, not yet
-        configured) when ``meta_state`` follows."""
-        if getattr(self, "group_size", None) is None:
-            self.keys, self.values = keys, values
-        else:
-            self._adopt(keys, values, "state")
+        """``state`` or ``extract`` hands the buffers (or lazy views of them)
+        out: the next write may not update them in place unless MLX says it
+        may donate them (see BaseCache.state)."""
+        self._owned = False
 
     def size(self) -> int:
         return self._idx
@@ -412,18 +425,20 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
     @property
     def state(self):
         self._handing_out()
-        return self.keys, self.values, self.offset, self.left_padding, self._idx
+        batch = (self.keys, self.values, self.offset, self.left_padding, self._idx)
+        return batch + self._quantization_state()
 
     @state.setter
     def state(self, v):
-        keys, values, offset, left_padding, idx = v
+        where = self._where("state")
+        keys, values, offset, left_padding, idx = tuple(v)[:5]
+        self._take_quantization(tuple(v)[5:], where)
         self._set_rows(
-            _host_ints(left_padding, "left_padding", self._where("state")),
-            _host_ints(offset, "offset", self._where("state")),
+            _host_ints(left_padding, "left_padding", where), _host_ints(offset, "offset", where)
         )
-        self._idx = as_int(idx, "_idx", self._where("state"), minimum=0)
+        self._idx = as_int(idx, "_idx", where, minimum=0)
         self._right_padding = None
-        self._take_buffers(keys, values)
+        self._adopt(keys, values, "state")
 
     # ------------------------------------------------------------ the rest
     def trim(self, n: int) -> int:
@@ -464,6 +479,7 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
             self._store.map(t, lambda a: mx.contiguous(a[rows, :, pad : self._idx]))
             for t in (self.keys, self.values)
         )
+        self._handing_out()  # the copy is lazy: no in-place write before it is made
         return cache.restore(k, v, self._idx - pad)
 
     @classmethod
@@ -473,7 +489,7 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
         longest."""
         where = f"mlxq.{cls.__name__}.merge"
         params = cls._quantized_like(caches, where)
-        lengths = [c.size() for c in caches]
+        lengths = [tokens_held(c) for c in caches]
         longest = max(lengths, default=0)
         cache = cls([longest - n for n in lengths], **params)
         cache._take_sequences(caches, lengths)
@@ -490,13 +506,20 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
         return cache
 
 
+def tokens_held(c) -> int:
+    """How many tokens a single cache holds: ``size()``, except for mlx-lm's
+    ``QuantizedKVCache``, whose ``size()`` is its base class's 0."""
+    return c.size() if hasattr(c, "max_size") or not hasattr(c, "bits") else c.offset
+
+
 def _oldest_first(c):
     """A single cache's keys and values, oldest token first (mlxq's caches,
-    or mlx-lm's ``KVCache``/``RotatingKVCache``), as plain arrays/tuples."""
+    or mlx-lm's ``KVCache``/``QuantizedKVCache``/``RotatingKVCache``), as
+    plain arrays/tuples."""
     if hasattr(c, "temporal"):
         k, v = c.temporal()
     elif hasattr(c, "_temporal_order"):  # mlx-lm's RotatingKVCache
         k, v = c._temporal_order(c.keys), c._temporal_order(c.values)
-    else:
-        k, v = c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
+    else:  # mlx-lm's KVCache / QuantizedKVCache: rows [0, offset)
+        k, v = c.keys_and_values()
     return tuple(t if isinstance(t, mx.array) else tuple(t) for t in (k, v))

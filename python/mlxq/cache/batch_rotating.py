@@ -23,7 +23,7 @@ import numpy as np
 
 from ..masks import left_padded
 from .base import BaseCache, QuantizedStorage, as_int
-from .batch import BatchRows, _host_ints
+from .batch import BatchRows, _host_ints, tokens_held
 from .rotating import RotatingQuantizedKVCache
 
 
@@ -159,7 +159,7 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
     @property
     def state(self):
         self._handing_out()
-        return (
+        batch = (
             self.keys,
             self.values,
             self.offset,
@@ -169,11 +169,13 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
             self._idx,
             self.rotated,
         )
+        return batch + self._quantization_state()
 
     @state.setter
     def state(self, v):
-        keys, values, offset, left_padding, max_size, _offset, idx, rotated = v
         where = self._where("state")
+        keys, values, offset, left_padding, max_size, _offset, idx, rotated = tuple(v)[:8]
+        self._take_quantization(tuple(v)[8:], where)
         self._set_rows(
             _host_ints(left_padding, "left_padding", where), _host_ints(offset, "offset", where)
         )
@@ -182,7 +184,7 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         self._idx = as_int(idx, "_idx", where, minimum=0)
         self.rotated = bool(rotated)
         self._lengths = None
-        self._take_buffers(keys, values)
+        self._adopt(keys, values, "state")
 
     # ------------------------------------------------------------ the rest
     def size(self) -> int:
@@ -251,22 +253,24 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
             end = self.max_size
         k, v = (self._store.map(t, lambda a: mx.contiguous(a[:, :, pad:end])) for t in (k, v))
         cache = RotatingQuantizedKVCache(self.max_size, 0, **self._quantization_kwargs())
+        self._handing_out()  # the copy is lazy: no in-place write before it is made
         return cache.restore(k, v, int(self._off[idx]), self._store.length(k))
 
     @classmethod
     def merge(cls, caches: Sequence) -> "BatchRotatingQuantizedKVCache":
         """One batch ring from single-sequence rings of one ``max_size``
-        (mlxq's quantized ones; unquantized ones are quantized alike)."""
+        (mlxq's quantized ones; unquantized ones are quantized alike). Like
+        mlx-lm's, a batch ring pins no tokens: rings with ``keep`` tokens
+        (``max_kv_size`` caches) batch, and their kept tokens are evicted in
+        turn."""
         where = f"mlxq.{cls.__name__}.merge"
         sizes = {c.max_size for c in caches}
         if len(sizes) > 1:
             raise ValueError(
                 f"[{where}] cannot batch rings of different max_size: {sorted(sizes)}."
             )
-        if any(getattr(c, "keep", 0) for c in caches):
-            raise ValueError(f"[{where}] a batch ring keeps no tokens: every cache needs keep=0.")
         params = cls._quantized_like(caches, where)
-        lengths = [c.size() for c in caches]
+        lengths = [tokens_held(c) for c in caches]
         longest = max(lengths, default=0)
         cache = cls(caches[0].max_size, [longest - n for n in lengths], **params)
         cache._take_sequences(caches, lengths)

@@ -207,11 +207,10 @@ class RotatingKVCache(_RingCache):
 
     @classmethod
     def merge(cls, caches):
-        """mlx-lm's ``BatchRotatingKVCache`` of ``caches`` (needs mlx-lm; ``keep=0``)."""
+        """mlx-lm's ``BatchRotatingKVCache`` of ``caches`` (needs mlx-lm; like
+        mlx-lm's own rings, ``keep`` tokens are not pinned in a batch)."""
         from mlx_lm.models.cache import BatchRotatingKVCache
 
-        if any(c.keep for c in caches):
-            raise ValueError("[mlxq.RotatingKVCache.merge] a batch ring keeps no tokens: keep=0.")
         return BatchRotatingKVCache.merge(caches)
 
     def to_quantized(
@@ -299,8 +298,8 @@ class RotatingQuantizedKVCache(KeepsRecent, QuantizedStorage, _RingCache):
     @classmethod
     def merge(cls, caches) -> "BatchRotatingQuantizedKVCache":  # noqa: F821
         """A :class:`~mlxq.BatchRotatingQuantizedKVCache` of ``caches`` (one
-        sequence each, one ``max_size``, ``keep=0``; a recent window is not
-        carried over)."""
+        sequence each, one ``max_size``; a recent window is not carried
+        over, and ``keep`` tokens are not pinned, as in mlx-lm's batches)."""
         from .batch_rotating import BatchRotatingQuantizedKVCache
 
         return BatchRotatingQuantizedKVCache.merge(caches)
