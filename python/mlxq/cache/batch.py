@@ -340,6 +340,10 @@ class BatchRows:
     def size(self) -> int:
         return self._idx
 
+    def _check_positions(self, length: int, where: str) -> None:
+        if not 0 <= self._idx <= length:
+            raise ValueError(f"[{where}] _idx {self._idx} is outside [0, {length}].")
+
     def _filter_rows(self, batch_indices) -> None:
         """Keep the sequences ``batch_indices`` (in that order)."""
         take = np.asarray(batch_indices, dtype=np.int64).reshape(-1)
@@ -416,10 +420,6 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
         if self._right_padding is not None:
             shifts, self._right_padding = self._right_padding, None
             self._roll(shifts)
-
-    def _check_positions(self, length: int, where: str) -> None:
-        if not 0 <= self._idx <= length:
-            raise ValueError(f"[{where}] _idx {self._idx} is outside [0, {length}].")
 
     # ---------------------------------------------------------------- state
     @property

@@ -151,10 +151,6 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
             self._lengths = None
             self._roll(shifts)
 
-    def _check_positions(self, length: int, where: str) -> None:
-        if not 0 <= self._idx <= length:
-            raise ValueError(f"[{where}] _idx {self._idx} is outside [0, {length}].")
-
     # ---------------------------------------------------------------- state
     @property
     def state(self):
