@@ -51,17 +51,12 @@ def create_causal_mask(N: int, offset: int = 0, window_size: Optional[int] = Non
     return mask
 
 
-def left_padded(mask: mx.array, left_padding, shift: int = 0) -> mx.array:
+def left_padded(mask: mx.array, left_padding: mx.array) -> mx.array:
     """``mask`` ``[N, S]`` for each sequence of a left-padded batch:
-    ``[B, 1, N, S]``, with key columns before ``left_padding[b] - shift``
-    hidden (mlx-lm's ``create_causal_mask(..., left_padding=)``).
-
-    ``left_padding`` is a host sequence of ints (the batch caches keep theirs
-    on the host), so nothing here waits for the device.
-    """
-    pad = mx.array([int(p) - shift for p in left_padding], dtype=mx.int32)
+    ``[B, 1, N, S]``, with key columns before ``left_padding[b]`` hidden
+    (mlx-lm's ``create_causal_mask(..., left_padding=)``)."""
     columns = mx.arange(mask.shape[-1])
-    return mask[None, None] & (columns >= pad[:, None, None, None])
+    return mask[None, None] & (columns >= left_padding[:, None, None, None])
 
 
 def create_attention_mask(

@@ -74,9 +74,14 @@ class BaseCache:
         # write updates them in place only if MLX says nobody else holds them
         # (else it copies first), so a kept state never changes under its
         # holder. A private cache (see _private) keeps them.
+        self._handing_out()
+        return (self.keys, self.values) + tuple(getattr(self, n) for n in self._SCALARS)
+
+    def _handing_out(self) -> None:
+        """The buffers (or lazy views of them) go out: the next write updates
+        them in place only if MLX says it may donate them."""
         if not self._private:
             self._owned = False
-        return (self.keys, self.values) + tuple(getattr(self, n) for n in self._SCALARS)
 
     @state.setter
     def state(self, v):
@@ -306,6 +311,11 @@ class BaseCache:
         return n
 
 
+def quantization_kwargs(q: tuple) -> dict:
+    """``(group_size, bits, kv_rotate, v_group_size, v_bits)`` as constructor keywords."""
+    return dict(zip(("group_size", "bits", "kv_rotate", "v_group_size", "v_bits"), q))
+
+
 class QuantizedStorage:
     """Mixin for the caches that hold quantized triples: ``group_size`` and
     ``bits`` (the keys', and the values' unless ``v_group_size`` / ``v_bits``
@@ -322,6 +332,23 @@ class QuantizedStorage:
     kv_rotate = False
     v_group_size = None
     v_bits = None
+
+    def _set_quantization(self, group_size, bits, kv_rotate, v_group_size, v_bits) -> None:
+        """The constructor's quantization arguments (checked by _configure)."""
+        self.group_size, self.bits, self.kv_rotate = group_size, bits, kv_rotate
+        self.v_group_size, self.v_bits = v_group_size, v_bits
+
+    def _quantization_kwargs(self) -> dict:
+        """This cache's quantization as constructor keywords."""
+        return quantization_kwargs(self._quantization())
+
+    def _encode_buffers(self, keys, values) -> None:
+        """Take unquantized ``keys``/``values`` buffers, quantized whole
+        (``to_quantized``): fresh ``mx.quantize`` outputs, held by nobody else."""
+        self._check_update(keys, values)
+        self.keys = self._store.encode(keys)
+        self.values = self._store.encode(values, values=True)
+        self._owned = True
 
     def _v_format(self):
         """The values' (group_size, bits)."""

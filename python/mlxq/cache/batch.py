@@ -31,7 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..masks import create_causal_mask, left_padded
-from .base import QuantizedStorage, as_int
+from .base import QuantizedStorage, as_int, quantization_kwargs
 from .kv import QuantizedKVCache, _GrowingCache
 
 
@@ -113,20 +113,11 @@ class BatchRows:
             )
 
     # ------------------------------------------------------- quantization
-    def _quantization_kwargs(self) -> dict:
-        return dict(
-            group_size=self.group_size,
-            bits=self.bits,
-            kv_rotate=self.kv_rotate,
-            v_group_size=self.v_group_size,
-            v_bits=self.v_bits,
-        )
-
     @classmethod
     def _quantized_like(cls, caches: Sequence, where: str) -> dict:
         """The quantization the quantized ones among ``caches`` share (a
         ValueError naming the first that differs)."""
-        first, params = None, None
+        first = None
         for i, c in enumerate(caches):
             if not hasattr(c, "bits"):
                 continue
@@ -136,22 +127,16 @@ class BatchRows:
                 else (c.group_size, c.bits, False, c.group_size, c.bits)  # mlx-lm's
             )
             if first is None:
-                first, params = (i, q), c
+                first = (i, q)
             elif q != first[1]:
                 names = "(group_size, bits, kv_rotate, v_group_size, v_bits)"
                 raise ValueError(
                     f"[{where}] cannot batch caches of different quantization: cache "
                     f"{first[0]} has {names} = {first[1]}, cache {i} has {q}."
                 )
-        if params is None:
+        if first is None:
             raise ValueError(f"[{where}] none of the caches is quantized.")
-        return dict(
-            group_size=params.group_size,
-            bits=params.bits,
-            kv_rotate=getattr(params, "kv_rotate", False),
-            v_group_size=getattr(params, "v_group_size", None),
-            v_bits=getattr(params, "v_bits", None),
-        )
+        return quantization_kwargs(first[1])
 
     def _stored(self, t, values: bool = False):
         """``t`` (a triple of this quantization, or unquantized rows to encode)."""
@@ -220,10 +205,7 @@ class BatchRows:
         )
         self._idx = batch._idx
         if batch.keys is not None:
-            self._check_update(batch.keys, batch.values)
-            self.keys = self._store.encode(batch.keys)
-            self.values = self._store.encode(batch.values, values=True)
-            self._owned = True
+            self._encode_buffers(batch.keys, batch.values)
 
     # ------------------------------------------------------------- padding
     def prepare(self, *, left_padding=None, lengths=None, right_padding=None) -> None:
@@ -331,12 +313,6 @@ class BatchRows:
                 f"got meta_state {tuple(v)!r}."
             )
 
-    def _handing_out(self) -> None:
-        """``state`` or ``extract`` hands the buffers (or lazy views of them)
-        out: the next write may not update them in place unless MLX says it
-        may donate them (see BaseCache.state)."""
-        self._owned = False
-
     def size(self) -> int:
         return self._idx
 
@@ -378,11 +354,7 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
         v_bits: Optional[int] = None,
     ):
         self.keys = self.values = None
-        self.group_size = group_size
-        self.bits = bits
-        self.kv_rotate = kv_rotate
-        self.v_group_size = v_group_size
-        self.v_bits = v_bits
+        self._set_quantization(group_size, bits, kv_rotate, v_group_size, v_bits)
         self._idx = 0
         self._right_padding = None
         self._init_rows(left_padding)
@@ -449,7 +421,8 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
         """``[B, 1, N, _idx + N]`` bool: causal (and windowed), padding hidden."""
-        return left_padded(create_causal_mask(N, self._idx, window_size=window_size), self._lp)
+        mask = create_causal_mask(N, self._idx, window_size=window_size)
+        return left_padded(mask, self.left_padding)
 
     def filter(self, batch_indices) -> None:
         """Keep only the sequences ``batch_indices``; drop padding every one
@@ -499,10 +472,11 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
     @classmethod
     def quantize(cls, batch, group_size=64, bits=4, **quantization) -> "BatchQuantizedKVCache":
         """mlx-lm's ``BatchKVCache`` ``batch``, quantized (its whole buffer)."""
+        where = f"mlxq.{cls.__name__}.quantize"
         cache = cls(np.zeros(len(batch.offset), np.int64), group_size, bits, **quantization)
-        cache._take_batch(batch, f"mlxq.{cls.__name__}.quantize")
+        cache._take_batch(batch, where)
         rp = getattr(batch, "_right_padding", None)
-        cache._right_padding = None if rp is None else _host_ints(rp, "right_padding", "quantize")
+        cache._right_padding = None if rp is None else _host_ints(rp, "right_padding", where)
         return cache
 
 

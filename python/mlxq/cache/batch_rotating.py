@@ -45,11 +45,7 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         self.keys = None
         self.values = None
         self.max_size = as_int(max_size, "max_size", self._where("__init__"), minimum=1)
-        self.group_size = group_size
-        self.bits = bits
-        self.kv_rotate = kv_rotate
-        self.v_group_size = v_group_size
-        self.v_bits = v_bits
+        self._set_quantization(group_size, bits, kv_rotate, v_group_size, v_bits)
         self._idx = 0
         self._offset = 0  # tokens written to the ring (the batch's longest)
         self.rotated = False
@@ -206,7 +202,8 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         mask = (queries >= keys) & (queries < keys + window_size)
         shift = max(0, self._idx - self.max_size + int(N > 1))
         rotated = N == 1 and (self.rotated or self._idx >= self.max_size)
-        mask = left_padded(mask, self._lp, shift + int(rotated))
+        hidden = shift + int(rotated)
+        mask = left_padded(mask, self.left_padding - hidden if hidden else self.left_padding)
         if rotated:
             idx = 0 if self._idx >= self.max_size else self._idx
             mask = mx.roll(mask, shift=idx + 1, axis=-1)

@@ -130,10 +130,7 @@ class KVCache(_GrowingCache):
         )
         cache.offset = self.offset
         if self.keys is not None:
-            cache._check_update(self.keys, self.values)
-            cache.keys = cache._store.encode(self.keys)
-            cache.values = cache._store.encode(self.values, values=True)
-            cache._owned = True  # fresh mx.quantize outputs, held by nobody else
+            cache._encode_buffers(self.keys, self.values)
             if cache._recent is not None:
                 cache._recent.fill(*self.keys_and_values(), self.offset)
         return cache
@@ -171,11 +168,7 @@ class QuantizedKVCache(KeepsRecent, QuantizedStorage, _GrowingCache):
         keep_recent: int = 0,
     ):
         super().__init__()
-        self.group_size = group_size
-        self.bits = bits
-        self.kv_rotate = kv_rotate
-        self.v_group_size = v_group_size
-        self.v_bits = v_bits
+        self._set_quantization(group_size, bits, kv_rotate, v_group_size, v_bits)
         self.keep_recent = as_int(keep_recent, "keep_recent", self._where("__init__"), minimum=0)
         self._configure()
 

@@ -238,10 +238,7 @@ class RotatingKVCache(_RingCache):
         )
         cache.offset, cache._idx = self.offset, self._idx
         if self.keys is not None:
-            cache._check_update(self.keys, self.values)
-            cache.keys = cache._store.encode(self.keys)
-            cache.values = cache._store.encode(self.values, values=True)
-            cache._owned = True  # fresh mx.quantize outputs, held by nobody else
+            cache._encode_buffers(self.keys, self.values)
             if cache._recent is not None:
                 cache._recent.fill(*self.temporal(), self.offset)
         return cache
@@ -275,11 +272,7 @@ class RotatingQuantizedKVCache(KeepsRecent, QuantizedStorage, _RingCache):
         v_bits: Optional[int] = None,
         keep_recent: int = 0,
     ):
-        self.group_size = group_size
-        self.bits = bits
-        self.kv_rotate = kv_rotate
-        self.v_group_size = v_group_size
-        self.v_bits = v_bits
+        self._set_quantization(group_size, bits, kv_rotate, v_group_size, v_bits)
         self.keep_recent = keep_recent
         super().__init__(max_size, keep)
 
