@@ -1,9 +1,22 @@
-"""A compiled decode step over a cache's buffers, the position passed as an array.
+"""Compiled decode (mlxq.compiled): one ``mx.compile``d step per model.
 
-The step writes the token's K/V with the ring primitives and attends over the
-whole buffer with a mask built from the position, so nothing in it depends on
-the position's value: it must trace once and then replay for every token,
-giving what the eager cache gives.
+First the building block: a compiled step over a cache's buffers with the
+position passed as an array must trace once and replay for every token.
+Then the whole path through mlx-lm's ``generate_step`` with
+``enable(compiled_decode=True)``: greedy tokens and every step's
+log-probabilities must be bit-identical to eager mlxq decode over 300+
+tokens (cache growth, sliding-window rings wrapping, ``max_kv_size`` rings
+with kept tokens, quantization starting mid-run, a trim), on random-weight
+models of mlx-lm's llama, qwen3, gemma3 (sliding window), gpt-oss (sinks)
+and gemma4 (KV sharing) classes, with and without ``kv_bits``; the trace
+counter must equal the number of step signatures (one per 256 tokens of
+growth, none once rings are full); turning the mode off must restore eager
+decode; anything it cannot compile must decode eagerly with a logged reason;
+the cache protocol's misuse must raise ``ValueError``.
+
+Bit-identity holds because a growing buffer is fetched whole with its
+unwritten rows masked, at a capacity in the same 256-key class as the exact
+fetch, and the kernels split keys by that class (csrc/row_tiling.h).
 """
 
 import mlx.core as mx
@@ -52,3 +65,242 @@ def test_compiled_decode_step_does_not_retrace(rng, quantized):
     # The compiled writes put the same bytes where the cache put them.
     for got, want in zip(kbuf if quantized else [kbuf], eager.keys if quantized else [eager.keys]):
         assert mx.array_equal(got[..., :17, :], want[..., :17, :]).item()
+
+
+# ----------------------------------------------------------- through mlx-lm
+import importlib  # noqa: E402
+import logging  # noqa: E402
+
+from mlx_lm.models import cache as lm_cache  # noqa: E402
+
+import mlxq.mlx_lm as mlxq_lm  # noqa: E402
+from mlxq.cache.decode_step import key_class  # noqa: E402
+from mlxq.compiled import CompiledDecode, decoder_for  # noqa: E402
+from mlxq.random_models import random_model  # noqa: E402
+
+generate_module = importlib.import_module("mlx_lm.generate")
+PROMPT = 37
+
+
+@pytest.fixture(autouse=True)
+def _disabled():
+    yield
+    mlxq_lm.disable()
+
+
+def _generate(model, prompt, n, compiled, **kw):
+    mlxq_lm.enable(compiled_decode=compiled)
+    kw.setdefault("quantized_kv_start", 0)
+    steps = generate_module.generate_step(
+        prompt, model, max_tokens=n, prefill_step_size=16, **kw
+    )
+    return [(t, lp) for t, lp in steps]
+
+
+def _assert_identical(eager, compiled):
+    assert [t for t, _ in compiled] == [t for t, _ in eager]
+    for i, ((_, a), (_, b)) in enumerate(zip(eager, compiled)):
+        assert mx.array_equal(a, b).item(), f"log-probabilities differ at step {i}"
+
+
+def _signatures(positions, windows):
+    """The step signatures a model's caches go through: growing caches'
+    capacity class, each ring's (filling capacity or full)."""
+    sigs = set()
+    for p in positions:
+        sig = [key_class(p + 1)]
+        for w in windows:
+            sig.append(("grow", min(key_class(p + 1), w)) if p < w else ("ring", w))
+        sigs.add(tuple(sig))
+    return len(sigs)
+
+
+def _windows(cache):
+    return sorted({c.max_size for c in cache if hasattr(c, "max_size")})
+
+
+CASES = [
+    ("llama", dict(kv_bits=4)),
+    ("llama", dict()),
+    ("llama", dict(kv_bits=8, max_kv_size=100)),  # a ring with 4 kept tokens, wrapping
+    ("llama", dict(kv_bits=4, quantized_kv_start=120)),  # quantized mid-run
+    ("qwen3", dict(kv_bits=4)),
+    ("gemma3", dict(kv_bits=4)),
+    ("gemma3", dict()),
+    ("gpt_oss", dict(kv_bits=8)),
+    ("gpt_oss", dict()),
+    ("gemma4", dict(kv_bits=4)),
+    ("gemma4", dict()),
+]
+
+
+@pytest.mark.parametrize(
+    "arch,kw", CASES, ids=[f"{a}-" + "-".join(f"{k}{v}" for k, v in kw.items()) for a, kw in CASES]
+)
+def test_generate_step_is_bit_identical_to_eager(rng, arch, kw):
+    model, _ = random_model(arch)
+    prompt = mx.array(rng.integers(0, 256, (PROMPT,)))
+    n = 310
+    eager = _generate(model, prompt, n, False, **kw)
+    dec = decoder_for(model)
+    traces, steps = dec.traces, dec.steps
+    compiled = _generate(model, prompt, n, True, **kw)
+    _assert_identical(eager, compiled)
+    assert dec.declined is None
+    # Every one-token step ran compiled: the prompt's last token and n more
+    # (generate_step computes one token ahead).
+    assert dec.steps - steps == n + 1
+    # One trace per step signature (quantizing mid-run gives the growing
+    # signatures again, over new caches).
+    cache = mlxq_lm.make_prompt_cache(model, max_kv_size=kw.get("max_kv_size"))
+    positions = range(PROMPT - 1, PROMPT + n)
+    if "max_kv_size" in kw:  # every layer a ring
+        windows, growing = [kw["max_kv_size"]], False
+    else:
+        windows, growing = _windows(cache), True
+    bound = _signatures(positions, windows) if growing else _ring_signatures(positions, windows[0])
+    if kw.get("quantized_kv_start", 0) and kw.get("kv_bits"):
+        start = kw["quantized_kv_start"]
+        bound = _signatures(range(PROMPT - 1, start), windows) + _signatures(
+            range(start, PROMPT + n), windows
+        )
+    assert dec.traces - traces == bound
+
+
+def _ring_signatures(positions, w):
+    return len({("grow", min(key_class(p + 1), w)) if p < w else ("ring", w) for p in positions})
+
+
+def test_trim_then_decode_is_bit_identical(rng):
+    """A trim (speculative decoding's rollback) and a continued compiled
+    decode match eager decode over the same steps."""
+    mlxq_lm.enable()
+    model, _ = random_model("llama")
+    prompt = mx.array(rng.integers(0, 256, (1, 300)))
+
+    def run(compiled):
+        cache = mlxq_lm.make_prompt_cache(model, kv_bits=4)
+        dec = CompiledDecode(model) if compiled else None
+        mx.eval(model(prompt, cache=cache))
+        y, logits = mx.array([[7]]), []
+        for i in range(60):
+            if i == 30:
+                for c in cache:
+                    c.trim(9)
+            out = dec(y, cache) if dec else model(y, cache=cache)
+            assert out is not None
+            logits.append(out)
+            y = mx.argmax(out[:, -1], axis=-1)[:, None]
+        return logits, dec
+
+    eager, _ = run(False)
+    compiled, dec = run(True)
+    for a, b in zip(eager, compiled):
+        assert mx.array_equal(a, b).item()
+    assert dec.steps == 60 and dec.traces == 1  # 301-330, then 322-351: one class (512)
+
+
+def test_handed_out_buffers_are_copied_not_overwritten(rng):
+    """A cache whose state was handed out copies its buffers before the
+    graph writes in place: the state a caller kept does not change."""
+    mlxq_lm.enable()
+    model, _ = random_model("llama")
+    cache = mlxq_lm.make_prompt_cache(model, kv_bits=4)
+    mx.eval(model(mx.array(rng.integers(0, 256, (1, 20))), cache=cache))
+    views = [c.state[0] for c in cache]  # the buffers themselves, handed out
+    host = lambda a: np.array(a.astype(mx.float32) if a.dtype == mx.bfloat16 else a)  # noqa: E731
+    snapshot = [tuple(host(a) for a in v) for v in views]
+    dec = CompiledDecode(model)
+    for _ in range(3):
+        mx.eval(dec(mx.array([[3]]), cache))
+    assert dec.steps == 3
+    for v, snap in zip(views, snapshot):
+        for a, b in zip(v, snap):
+            assert np.array_equal(host(a), b)
+
+
+def test_switching_the_mode_off_restores_eager_decode(rng):
+    model, _ = random_model("llama")
+    prompt = mx.array(rng.integers(0, 256, (PROMPT,)))
+    _generate(model, prompt, 20, True, kv_bits=4)
+    dec = decoder_for(model)
+    steps = dec.steps
+    assert steps >= 20
+    _generate(model, prompt, 20, False, kv_bits=4)
+    assert dec.steps == steps
+    mlxq_lm.enable(compiled_decode=True)
+    mlxq_lm.disable()
+    assert not mlxq_lm._compiled_decode
+    mlxq_lm.enable()
+    _generate(model, prompt, 20, False, kv_bits=4)
+    assert dec.steps == steps
+
+
+def test_what_it_cannot_compile_decodes_eagerly_with_a_reason(rng, caplog):
+    """A keep_recent cache and a model class it does not know fall back to
+    eager decode, give the same tokens, and log why."""
+    model, _ = random_model("llama")
+    prompt = mx.array(rng.integers(0, 256, (PROMPT,)))
+    mlxq_lm.enable(kv_keep_recent=8)
+    eager = _generate(model, prompt, 30, False, kv_bits=4)
+    mlxq_lm.enable(kv_keep_recent=8)
+    with caplog.at_level(logging.DEBUG, logger="mlxq.compiled"):
+        compiled = _generate(model, prompt, 30, True, kv_bits=4)
+    _assert_identical(eager, compiled)
+    assert "keep_recent" in caplog.text
+
+    class Unknown(type(model)):
+        pass
+
+    other = Unknown.__new__(Unknown)
+    other.__dict__.update(model.__dict__)
+    dict.update(other, model)
+    caplog.clear()
+    dec = CompiledDecode(other)
+    cache = mlxq_lm.make_prompt_cache(other, kv_bits=4)
+    mx.eval(other(prompt[None], cache=cache))
+    with caplog.at_level(logging.DEBUG, logger="mlxq.compiled"):
+        assert dec(mx.array([[1]]), cache) is None
+    assert "not one compiled decode knows" in caplog.text and dec.declined
+
+
+def test_cache_protocol_rejects_misuse(rng):
+    cache = mlxq.QuantizedKVCache(64, 4)
+    with pytest.raises(ValueError, match="empty"):
+        cache.prepare_decode()
+    cache.update_and_fetch(*kv(rng, 5))
+    k, v = cache.keys, cache.values
+    with pytest.raises(ValueError, match="plan"):
+        cache.adopt_decode(None, k, v)
+    plan = cache.prepare_decode()
+    assert plan.kind == "grow" and plan.pos == 5 and plan.capacity == 256
+    bad = tuple(a[..., :100, :] for a in cache.keys)
+    with pytest.raises(ValueError, match="shapes"):
+        cache.adopt_decode(plan, bad, cache.values)
+    with pytest.raises(ValueError, match="triple"):
+        cache.adopt_decode(plan, cache.keys[0], cache.values)
+    cache.adopt_decode(plan, cache.keys, cache.values)
+    assert cache.offset == 6
+    with pytest.raises(ValueError, match="plan"):
+        cache.adopt_decode(plan, cache.keys, cache.values)  # adopted already
+    recent = mlxq.QuantizedKVCache(64, 4, keep_recent=4)
+    recent.update_and_fetch(*kv(rng, 5))
+    with pytest.raises(ValueError, match="keep_recent"):
+        recent.prepare_decode()
+    with pytest.raises(ValueError, match="compiled_decode must be a bool"):
+        mlxq_lm.enable(compiled_decode="yes")
+
+
+def test_ring_plans_follow_mlx_lms_ring(rng):
+    """A ring's plans: filling, it grows by key classes; full, it writes at
+    the ring index, wrapping to keep; after a multi-token step it is cut
+    back to max_size first."""
+    ring = mlxq.RotatingKVCache(300, keep=4)
+    ring.update_and_fetch(*kv(rng, 10))
+    plan = ring.prepare_decode()
+    assert (plan.kind, plan.pos, plan.capacity) == ("grow", 10, 256)
+    ring.adopt_decode(plan, ring.keys, ring.values)
+    ring.update_and_fetch(*kv(rng, 400))  # a long step: 299 + 400 rows, temporal order
+    plan = ring.prepare_decode()
+    assert (plan.kind, plan.pos, plan.capacity) == ("ring", 4, 300)
+    assert ring.keys.shape[2] == 300

@@ -280,7 +280,10 @@ class TileKernel {
       const int cn = std::min(kChunk, n1 - c0);
       scores(b, kvh, R, c0, cn);
       apply_mask(b, kvh, r0, R, c0, cn);
-      softmax_update(R, cn);
+      for (int rr = 0; rr < R; ++rr) {
+        std::fill(S_.s + rr * kChunk + cn, S_.s + (rr + 1) * kChunk, kNegInf);
+      }
+      softmax_update(R, kChunk);
       values(b, kvh, R, c0, cn);
     }
   }
@@ -331,12 +334,16 @@ class TileKernel {
           S_.kbuf + size_t(j) * Dk,
           S_.wscale);
     }
+    // Whole chunks, whatever cn: a key's score then takes the same
+    // instructions wherever the chunk ends (a masked whole-buffer step and
+    // an exact one agree to the bit, see row_tiling.h). Rows past cn hold
+    // an earlier chunk's (or zero) scratch; run() hides their scores.
     for (int rr = 0; rr < R; ++rr) {
       float* sr = S_.s + rr * kChunk;
-      dot_rows<DK>(sr, S_.qf + size_t(rr) * Dk, S_.kbuf, cn, Dk);
+      dot_rows<DK>(sr, S_.qf + size_t(rr) * Dk, S_.kbuf, kChunk, Dk);
       const float* qs = S_.qsum + size_t(rr) * Gk;
       for (int g = 0; g < Gk; ++g) {
-        axpy(sr, qs[g], S_.kbias + g * kChunk, cn);
+        axpy(sr, qs[g], S_.kbias + g * kChunk, kChunk);
       }
     }
   }

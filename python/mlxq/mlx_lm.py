@@ -71,6 +71,9 @@ _kv_rotate = False
 _kv_values: Tuple[Optional[int], Optional[int]] = (None, None)
 # How many recent tokens those caches also keep exact (enable(kv_keep_recent=)).
 _kv_keep_recent = 0
+# Whether generate_step runs its one-token steps through a compiled graph
+# (enable(compiled_decode=True), mlxq.compiled).
+_compiled_decode = False
 
 
 # ----------------------------------------------------------------- devices
@@ -182,21 +185,26 @@ def quantized_scaled_dot_product_attention(
 
 
 # ------------------------------------------------------------------ caches
-def _to_mlxq_quantized(cache, group_size: int, bits: int):
-    """mlxq's quantized version of one of mlx-lm's caches, or None if not ours to do."""
+def _as_mlxq(cache):
+    """mlxq's unquantized cache with the tokens of one of mlx-lm's plain
+    caches (sharing its buffers), ``cache`` itself if it is mlxq's, else None."""
     from mlx_lm.models import cache as lm_cache
 
     kind = type(cache)
+    if kind is lm_cache.KVCache:
+        return KVCache().restore(cache.keys, cache.values, cache.offset)
+    if kind is lm_cache.RotatingKVCache:
+        return RotatingKVCache(cache.max_size, cache.keep).restore(
+            cache.keys, cache.values, cache.offset, cache._idx
+        )
+    return cache if kind in (KVCache, RotatingKVCache) else None
+
+
+def _to_mlxq_quantized(cache, group_size: int, bits: int):
+    """mlxq's quantized version of one of mlx-lm's caches, or None if not ours to do."""
     try:
-        if kind is lm_cache.KVCache:
-            ours = KVCache().restore(cache.keys, cache.values, cache.offset)
-        elif kind is lm_cache.RotatingKVCache:
-            ours = RotatingKVCache(cache.max_size, cache.keep).restore(
-                cache.keys, cache.values, cache.offset, cache._idx
-            )
-        elif kind in (KVCache, RotatingKVCache):
-            ours = cache
-        else:
+        ours = _as_mlxq(cache)
+        if ours is None:
             return None
         recent = _kv_keep_recent
         if isinstance(ours, RotatingKVCache):  # a sliding window's ring holds at most this
@@ -298,9 +306,14 @@ def generate_step(
 
     if quantized_kv_start is None:
         quantized_kv_start = DEFAULT_QUANTIZED_KV_START
-    if prompt_cache is None and kv_bits is not None:
+    made = prompt_cache is None and (kv_bits is not None or _compiled_decode)
+    if made:
         prompt_cache = make_prompt_cache(model, max_kv_size=max_kv_size)
-        maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size, kv_bits)
+        if kv_bits is not None:
+            maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size, kv_bits)
+    if _compiled_decode:
+        model = _compiled_model(model, prompt_cache)
+    if made:
         mark_private(prompt_cache)
     return _originals["generate_step"](
         prompt,
@@ -313,6 +326,21 @@ def generate_step(
         quantized_kv_start=quantized_kv_start,
         **kwargs,
     )
+
+
+def _compiled_model(model, prompt_cache):
+    """``model`` with its one-token steps compiled (mlxq.compiled), and
+    mlx-lm's plain caches in ``prompt_cache`` swapped for mlxq's (the same
+    tokens and arithmetic, with the compiled step's protocol)."""
+    from .compiled import CompiledModel
+
+    if isinstance(model, CompiledModel):
+        return model
+    for i, c in enumerate(prompt_cache):
+        ours = _as_mlxq(c)
+        if ours is not None:
+            prompt_cache[i] = ours
+    return CompiledModel(model)
 
 
 # ---------------------------------------------------------- enable/disable
@@ -374,6 +402,7 @@ def enable(
     v_bits: Optional[int] = None,
     v_group_size: Optional[int] = None,
     kv_keep_recent: Optional[int] = None,
+    compiled_decode: Optional[bool] = None,
 ) -> _Handle:
     """Make mlx-lm use mlxq (see the module docstring). Idempotent.
 
@@ -394,11 +423,24 @@ def enable(
           rows before them and the exact window merge by log-sum-exp); a
           sliding-window layer keeps at most its ring's ``max_size - keep -
           1``. Default 0. Set when given, reset by :func:`disable`.
+        compiled_decode (bool, optional): Whether ``generate_step`` (so
+          ``generate`` / ``stream_generate``) runs its one-token steps
+          through one ``mx.compile``d graph per model (mlxq.compiled):
+          bit-identical tokens and logits, a fraction of the host time.
+          Steps it cannot compile decode eagerly (the reason goes to the
+          ``mlxq.compiled`` debug log). Default False. Set when given, reset
+          by :func:`disable`.
 
     Returns a context manager: ``with mlxq.mlx_lm.enable(): ...`` disables
     again on exit.
     """
-    global _patches, _kv_rotate, _kv_values, _kv_keep_recent
+    global _patches, _kv_rotate, _kv_values, _kv_keep_recent, _compiled_decode
+    if compiled_decode is not None:
+        if not isinstance(compiled_decode, bool):
+            raise ValueError(
+                f"[mlxq.mlx_lm.enable] compiled_decode must be a bool, got {compiled_decode!r}."
+            )
+        _compiled_decode = compiled_decode
     if kv_keep_recent is not None:
         _kv_keep_recent = as_int(kv_keep_recent, "kv_keep_recent", "mlxq.mlx_lm.enable", minimum=0)
     if kv_rotate is not None:
@@ -448,9 +490,10 @@ def disable() -> None:
     Names that modules imported while mlxq was enabled (bound to mlxq's
     replacements) are pointed back at mlx-lm's originals too. Idempotent.
     """
-    global _patches, _kv_rotate, _kv_values, _kv_keep_recent
+    global _patches, _kv_rotate, _kv_values, _kv_keep_recent, _compiled_decode
     with _lock:
         _kv_rotate = False
+        _compiled_decode = False
         _kv_values = (None, None)
         _kv_keep_recent = 0
         if _patches is None:

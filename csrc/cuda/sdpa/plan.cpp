@@ -29,15 +29,18 @@ bool fuse_merge(const Plan& plan, const SdpaProblem& p, const DecodeShape& d, bo
 void plan_decode(Plan& plan, const SdpaProblem& p, const Limits& limits, const DecodeShape& d) {
   const long units = long(p.B) * p.Hkv;
   const long want = long(d.blocks_per_sm) * limits.sm_count;
+  // Sized and counted over N's key class, as plan_row_tiles does (see
+  // row_tiling.h): a masked whole-buffer step splits like an exact one.
+  const long n_class = key_class(p.N);
   long splits = std::max(1L, (want + units - 1) / units);
-  splits = std::min<long>(splits, (p.N + d.step_keys - 1) / d.step_keys);
-  int keys = int((p.N + splits - 1) / splits);
+  splits = std::min<long>(splits, (n_class + d.step_keys - 1) / d.step_keys);
+  int keys = int((n_class + splits - 1) / splits);
   keys = (keys + d.step_keys - 1) / d.step_keys * d.step_keys;
   plan.family = Family::Decode;
   plan.row_tile = plan.rows;
   plan.row_tiles = 1;
   plan.split_keys = keys;
-  plan.splits = (p.N + keys - 1) / keys;
+  plan.splits = int((n_class + keys - 1) / keys);
   plan.grid[0] = plan.splits;
   plan.grid[1] = p.Hkv;
   plan.grid[2] = p.B;

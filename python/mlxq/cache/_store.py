@@ -30,6 +30,7 @@ class Plain:
     """Keys/values stored as they come: one array ``[B, H, S, D]``."""
 
     quantized = False
+    key = ("plain",)  # what compiled decode graphs depend on
 
     def encode(self, x: mx.array, values: bool = False) -> mx.array:
         return x
@@ -121,6 +122,7 @@ class Quantized:
         self.v_bits = bits if v_bits is None else v_bits
         self.rotate = rotate
         self.separate = (self.v_group_size, self.v_bits) != (group_size, bits)
+        self.key = ("quantized", group_size, bits, self.v_group_size, self.v_bits, rotate)
 
     def format(self, values: bool = False) -> Tuple[int, int]:
         """``(group_size, bits)`` of one side."""

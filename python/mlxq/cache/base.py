@@ -13,6 +13,7 @@ import mlx.core as mx
 
 from ..rotation import check_head_dim
 from ._store import Plain, Quantized, check_quantization
+from .decode_step import DecodePlan, check_adopt, key_class
 
 
 def as_int(value, name: str, where: str, minimum: Optional[int] = None) -> int:
@@ -24,6 +25,9 @@ def as_int(value, name: str, where: str, minimum: Optional[int] = None) -> int:
     if minimum is not None and value < minimum:
         raise ValueError(f"[{where}] {name} must be >= {minimum}, got {value}.")
     return int(value)
+
+
+_TRUE = mx.array(True)
 
 
 def dtype_name(dtype) -> str:
@@ -283,6 +287,83 @@ class BaseCache:
             self.values = store.concat([self.values, new_v])
         self._owned = True  # fresh buffers, held by nobody else
         self._idx = written
+
+    # -------------------------------------------------------- compiled decode
+    # The plan prepare_decode returned and adopt_decode has not taken yet.
+    _pending_decode: Optional[DecodePlan] = None
+
+    def prepare_decode(self) -> DecodePlan:
+        """The host half of a compiled one-token step (see
+        mlxq/cache/decode_step.py): the buffer sized for the step and ours
+        to write in place; returns the step's plan."""
+        refusal = self.decode_refusal()
+        if refusal is not None:
+            raise ValueError(f"[{self._where('prepare_decode')}] {refusal}")
+        plan = self._decode_slot()
+        if not self._owned:  # handed out: the graph writes in place, so copy first
+            copy = lambda a: mx.where(_TRUE, a, a)  # noqa: E731  (new memory unless a is ours alone)
+            self.keys = self._store.map(self.keys, copy)
+            self.values = self._store.map(self.values, copy)
+            self._owned = True
+        self._pending_decode = plan
+        return plan
+
+    def decode_refusal(self) -> Optional[str]:
+        """Why this cache cannot take a compiled step now, or None."""
+        if type(self)._decode_slot is BaseCache._decode_slot:
+            return f"{type(self).__name__} has no compiled decode step."
+        if self.keys is None:
+            return "the cache is empty: a compiled step continues a prefill."
+        if getattr(self, "_recent", None) is not None:
+            return (
+                "a keep_recent cache decodes eagerly (its exact window is not part "
+                "of the compiled step)."
+            )
+        return None
+
+    def _decode_slot(self) -> DecodePlan:
+        """Bookkeeping before a compiled step; returns its plan."""
+        raise ValueError(f"[{self._where('prepare_decode')}] this cache has no compiled step.")
+
+    def adopt_decode(self, plan: DecodePlan, keys, values) -> None:
+        """Take the compiled step's written buffers (shaped as the cache's)
+        and count the token."""
+        check_adopt(self, plan, keys, values, self._where("adopt_decode"))
+        self._adopt_step(plan, keys, values)
+
+    def _adopt_step(self, plan: DecodePlan, keys, values) -> None:
+        """adopt_decode without the checks (the compiled step's own outputs)."""
+        self.keys, self.values = keys, values
+        self._owned = True  # the graph wrote our buffers in place
+        self._pending_decode = None
+        self.offset += 1
+        self._decoded(plan)
+
+    def _decoded(self, plan: DecodePlan) -> None:
+        """Bookkeeping after an adopted step (a ring's index)."""
+
+    def _resize_rows(self, keep: int, capacity: int) -> None:
+        """Fresh buffers of ``capacity`` rows: the first ``keep`` rows, then zeros."""
+        store = self._store
+
+        def resized(t):
+            def one(a):
+                zeros = mx.zeros(a.shape[:2] + (capacity - keep,) + a.shape[3:], a.dtype)
+                return mx.concatenate([a[..., :keep, :], zeros], axis=2)
+
+            return store.map(t, one)
+
+        self.keys, self.values = resized(self.keys), resized(self.values)
+        self._owned = True
+
+    def _grow_for_decode(self, limit: Optional[int] = None) -> DecodePlan:
+        """A growing buffer's plan: capacity for the written rows plus one,
+        in whole key classes (at most ``limit``), the token at the next row."""
+        prev = self._used()
+        want = key_class(prev + 1) if limit is None else min(key_class(prev + 1), limit)
+        if self._store.length(self.keys) != want:
+            self._resize_rows(prev, want)
+        return DecodePlan("grow", prev, self.offset, want, 0)
 
     # ------------------------------------------------------------- accounting
     def size(self) -> int:

@@ -75,6 +75,9 @@ class _GrowingCache(BaseCache):
         self.values = store.concat([self.values, new_v])
         self._owned = True  # fresh buffers, held by nobody else
 
+    def _decode_slot(self):
+        return self._grow_for_decode()
+
     def make_mask(self, N: int, *, return_array: bool = False, window_size=None):
         """None, ``"causal"`` or a bool array for an ``N``-token step (mlx-lm's rule)."""
         return create_attention_mask(N, self.offset, return_array, window_size)

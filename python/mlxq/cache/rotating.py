@@ -26,6 +26,7 @@ import numpy as np
 from ..masks import create_causal_mask
 from ..split import RecentSplit
 from .base import BaseCache, QuantizedStorage, as_int
+from .decode_step import DecodePlan
 from .recent import KeepsRecent
 
 
@@ -132,6 +133,37 @@ class _RingCache(BaseCache):
         self.offset += 1
         self._idx += 1
         return self.keys_and_values()
+
+    def _decode_slot(self):
+        """The bookkeeping of _update_in_place, without the write. While
+        the ring fills, a growing buffer (see _GrowingCache); then mlx-lm's
+        ring: back to max_size rows after a longer step, the index wrapped."""
+        if self.offset < self.max_size:
+            if self._idx != self.offset:
+                raise ValueError(
+                    f"[{self._where('prepare_decode')}] a filling ring's index "
+                    f"({self._idx}) must equal its offset ({self.offset})."
+                )
+            return self._grow_for_decode(limit=self.max_size)
+        # mlx-lm's window-mask roll uses the index before the step.
+        shift = (0 if self._idx >= self.max_size else self._idx) + 1
+        excess = self._store.length(self.keys) - self.max_size
+        if excess < 0:  # not a ring mlx-lm's updates make: leave it to eager decode
+            raise ValueError(
+                f"[{self._where('prepare_decode')}] a ring that has seen {self.offset} tokens "
+                f"holds only {self._store.length(self.keys)} rows (max_size {self.max_size})."
+            )
+        if excess > 0:  # after a multi-token step: back to max_size rows
+            self.keys = self._trim(excess, self.keys)
+            self.values = self._trim(excess, self.values)
+            self._owned = True
+            self._idx = self.max_size
+        if self._idx == self.max_size:
+            self._idx = self.keep
+        return DecodePlan("ring", self._idx, self.offset, self.max_size, shift)
+
+    def _decoded(self, plan) -> None:
+        self._idx = plan.pos + 1
 
     # ------------------------------------------------------------ the extras
     def temporal(self):

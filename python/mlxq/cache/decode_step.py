@@ -1,0 +1,167 @@
+"""A cache's one-token step, split for a compiled decode graph (mlxq.compiled).
+
+Eager decode does a step's bookkeeping and its write in one
+``update_and_fetch``; a graph that ``mx.compile`` replays for every token
+cannot hold the bookkeeping (growth, trims and ring indices are host
+decisions that change shapes) and must not bake in the position. So a step
+is three calls:
+
+* ``plan = cache.prepare_decode()`` (host, outside the graph): grows or
+  trims the buffer to the capacity the step needs, wraps the ring index,
+  and returns a :class:`DecodePlan`: its kind, the write row, the RoPE
+  offset and the capacity.
+* Inside the graph, a :class:`DecodeView` stands in for the cache: the model
+  reads its ``offset`` (an int32 array), its ``make_mask`` and its
+  ``update_and_fetch``, which writes the token at the array position in
+  place (``quantized_kv_update`` / ``ring_update``) and fetches the whole
+  buffer.
+* ``cache.adopt_decode(plan, keys, values)`` (host): the graph's updated
+  buffers become the cache's, and the offset and ring index advance.
+
+A growing buffer is fetched whole, its unwritten rows hidden by a bool mask;
+its capacity is the written rows rounded up to 256 (the growth step, and the
+key class the kernels split by, see csrc/row_tiling.h), so the fused kernel
+cuts the keys as for the exact fetch and the result is bit-identical to
+eager decode. A graph is traced once per (kind, capacity): every 256 tokens
+while a buffer grows, never once a ring is full.
+"""
+
+from typing import NamedTuple, Optional, Tuple
+
+import mlx.core as mx
+
+# Rows a growing buffer's capacity is rounded up to (the caches' growth step
+# and the kernels' key class: see csrc/row_tiling.h).
+KEY_CLASS = 256
+
+
+def key_class(n: int) -> int:
+    """``n`` rounded up to whole key classes (at least one)."""
+    return max(1, -(-n // KEY_CLASS)) * KEY_CLASS
+
+
+class DecodePlan(NamedTuple):
+    """One cache's part of a compiled decode step (see the module docstring).
+
+    Attributes:
+        kind (str): ``"grow"``: the buffer is fetched whole with the rows
+          after ``pos`` masked; ``"ring"``: a full ring, fetched whole as it
+          lies (mlx-lm's ring order).
+        pos (int): The row the token is written to.
+        offset (int): Tokens before this one (the RoPE position).
+        capacity (int): Rows of the buffer.
+        ring_shift (int): For a full ring: mlx-lm's window-mask roll (the
+          ring index before the step, plus one); 0 otherwise.
+    """
+
+    kind: str
+    pos: int
+    offset: int
+    capacity: int
+    ring_shift: int
+
+
+def buffer_shapes(store, keys, values) -> Tuple[Tuple[int, ...], ...]:
+    parts = (tuple(keys) + tuple(values)) if store.quantized else (keys, values)
+    return tuple(tuple(a.shape) for a in parts)
+
+
+class DecodeView:
+    """A cache inside the compiled decode graph: what the model calls.
+
+    ``offset`` is the step's RoPE position as an int32 array, and the
+    quantized ones carry ``bits`` / ``group_size`` as the cache does, so the
+    model's code runs unchanged. After the model call, ``keys`` / ``values``
+    are the written buffers (the graph's outputs).
+    """
+
+    def __init__(self, static, plan: DecodePlan, keys, values, pos, offset, ring_shift):
+        self._store, quantization, self._max_size = static
+        self._plan = plan
+        self.keys, self.values = keys, values
+        self._pos = pos
+        self._ring_shift = ring_shift
+        self.offset = offset
+        self.writes = 0
+        self.masks = 0
+        if quantization is not None:
+            self.group_size, self.bits = quantization
+
+    @staticmethod
+    def static_of(cache) -> tuple:
+        """What a view needs of its cache besides the buffers (the graph keeps
+        it, not the cache): (store, (group_size, bits) or None, max_size)."""
+        quantization = (cache.group_size, cache.bits) if cache._store.quantized else None
+        return cache._store, quantization, getattr(cache, "max_size", None)
+
+    @staticmethod
+    def signature_of(cache, plan: DecodePlan) -> tuple:
+        """What a graph built for ``cache``'s step depends on besides its
+        inputs' shapes: the plan's kind and capacity, the storage format."""
+        return (plan.kind, plan.capacity, getattr(cache, "max_size", None)) + cache._store.key
+
+    def update_and_fetch(self, keys, values):
+        if keys.shape[2] != 1 or self.writes:
+            raise ValueError(
+                "[mlxq.DecodeView.update_and_fetch] a compiled decode step writes one "
+                f"token once per cache, got {keys.shape[2]} tokens (write {self.writes + 1})."
+            )
+        self.writes += 1
+        self.keys, self.values = self._store.write_kv(
+            self.keys, self.values, keys, values, self._pos, True
+        )
+        self.offset = self.offset + 1
+        store = self._store
+        return store.fetched(self.keys), store.fetched(self.values, values=True)
+
+    def make_mask(self, N: int, *, return_array: bool = False, window_size=None):
+        """The step's bool mask over the whole buffer, with the values of the
+        eager cache's mask on its rows (mlx-lm's rules; see masks.py)."""
+        if N != 1:
+            raise ValueError(f"[mlxq.DecodeView.make_mask] a decode step has one token, got {N}.")
+        self.masks += 1
+        plan = self._plan
+        columns = _columns(plan.capacity)
+        if plan.kind == "grow":
+            visible = columns <= self._pos
+            if window_size is not None:
+                visible = visible & (columns > self._pos - window_size)
+            return visible
+        if window_size is None or self._max_size <= window_size:
+            return None
+        # mlx-lm's RotatingKVCache.make_mask: the window over the ring, rolled
+        # to the ring index (mx.roll by an array amount, as remainder).
+        n = plan.capacity
+        return mx.remainder(columns - self._ring_shift, n) >= n - window_size
+
+
+_COLUMN_CACHE = {}
+
+
+def _columns(n: int) -> mx.array:
+    """``arange(n)`` as ``[1, n]`` int32, made once per ``n`` (a constant of
+    the graphs that capture it)."""
+    c = _COLUMN_CACHE.get(n)
+    if c is None:
+        c = mx.arange(n, dtype=mx.int32)[None]
+        mx.eval(c)
+        _COLUMN_CACHE[n] = c
+    return c
+
+
+def check_adopt(cache, plan: Optional[DecodePlan], keys, values, where: str) -> None:
+    """ValueError unless ``plan`` is the cache's pending one and the buffers
+    have the shapes of the ones the step read (the cache's own)."""
+    if plan is None or cache._pending_decode is not plan:
+        raise ValueError(
+            f"[{where}] adopt_decode needs the plan the cache's last prepare_decode "
+            "returned (each plan adopts once)."
+        )
+    store = cache._store
+    keys, values = store.check(keys, "keys", where), store.check(values, "values", where)
+    got = buffer_shapes(store, keys, values)
+    want = buffer_shapes(store, cache.keys, cache.values)
+    if got != want:
+        raise ValueError(
+            f"[{where}] the step's buffers have shapes {got}; the cache's are {want}."
+        )
