@@ -193,13 +193,25 @@ def test_the_log_sum_exp_comes_from_a_split_merge():
     # partials, even with one split; the GEMM family has no merge and yields.
     assert plan(with_lse=True)["kernel"] == "cuda_decode"
     assert plan(with_lse=True)["fused_merge"]
-    one = plan(q_dtype=F32, L=4, N=64, with_lse=True)
+    one = plan(q_dtype=F32, B=128, L=4, N=64, with_lse=True)  # enough blocks unsplit
     assert one["kernel"] == "cuda_generic" and one["splits"] == 1 and one["merge_kernel"]
     assert one["partial_slots"] > 0
-    assert not plan(q_dtype=F32, L=4, N=64)["merge_kernel"]
+    assert not plan(q_dtype=F32, B=128, L=4, N=64)["merge_kernel"]
     tiled = plan(L=64, N=300, with_lse=True)
     assert tiled["kernel"] == "cuda_tiled" and tiled["merge_kernel"]
     wide = dict(L=2048, N=8192, Hq=8, Hkv=1, Dk=512, mask=CAUSAL)
     til = dict(TILED, threads=256, rows=32, smem=182 * 1024, blocks_per_sm=1, dense=True)
     assert plan(tiled=til, **wide)["kernel"] == "cuda_gemm"
     assert plan(tiled=til, with_lse=True, **wide)["kernel"] != "cuda_gemm"
+
+
+@pytest.mark.parametrize("N", [1, 100, 255, 257, 1000, 2049, 5000, 32767])
+@pytest.mark.parametrize("q_dtype", [BF16, F32])
+def test_splits_follow_the_key_class(N, q_dtype):
+    """Compiled decode reads a cache's whole buffer (N rounded up to the
+    256-key class) with the unwritten rows masked: its plan must cut and
+    count the keys as the exact fetch's does, so both give the same bits."""
+    klass = -(-N // 256) * 256
+    exact, whole = plan(N=N, q_dtype=q_dtype), plan(N=klass, q_dtype=q_dtype)
+    for key in ("kernel", "split_keys", "splits", "fused_merge", "merge_kernel", "grid"):
+        assert exact[key] == whole[key], key

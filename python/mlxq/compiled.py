@@ -67,6 +67,8 @@ class CompiledDecode:
     Args:
         model: An mlx-lm model (``model(inputs, cache=...)``).
         max_graphs (int): Graphs kept at once (one per step signature).
+        compile (bool): False runs the same step function uncompiled (each
+          step traced anew), to tell compilation's effects from the step's.
 
     Attributes:
         traces (int): Graphs traced so far (the retrace count).
@@ -74,8 +76,9 @@ class CompiledDecode:
         declined (str or None): Why the model decodes eagerly, once it does.
     """
 
-    def __init__(self, model, max_graphs: int = 4):
+    def __init__(self, model, max_graphs: int = 4, compile: bool = True):
         self.model = model
+        self._compile = compile
         self.max_graphs = max_graphs
         self.traces = 0
         self.steps = 0
@@ -140,6 +143,13 @@ class CompiledDecode:
             return f"model {module}.{type(self.model).__name__} is not one compiled decode knows"
         if not isinstance(cache, list) or not cache:
             return "no cache list"
+        if mx.default_device().type == mx.gpu:
+            if not mx.cuda.is_available():
+                return "Metal: compiled decode is checked on the CPU and CUDA only"
+            if not all(c._store.quantized for c in cache if isinstance(c, BaseCache)):
+                # mx.fast's CUDA one-token kernel takes no mask: a whole-buffer
+                # fetch would go to its masked composition, not eager's bits.
+                return "unquantized caches on CUDA decode eagerly (MLX's decode kernel takes no mask)"
         for i, c in enumerate(cache):
             if not isinstance(c, BaseCache):
                 return f"cache {type(c).__module__}.{type(c).__name__} has no compiled step"
@@ -192,7 +202,7 @@ class CompiledDecode:
                 out.extend(view.values if n == 3 else [view.values])
             return out
 
-        return mx.compile(step)
+        return mx.compile(step) if self._compile else step
 
 
 def _step_scalars(plans):

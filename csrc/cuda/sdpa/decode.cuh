@@ -612,8 +612,12 @@ __device__ __forceinline__ void decode_step(
       for (int e = 0; e < 4; ++e) {
         const float* vv = sv[e >> 1];
         const float pe = p[mt][e];
-        x[e] = pe * vv[g];
-        float vbt = pe * vv[VG + g];
+        // Rounded products (no FMA contraction into the sums below), in
+        // clean and masked steps alike: a key's terms are then the same
+        // bits whichever kind of step reads it (compiled decode's masked
+        // whole-buffer steps match eager's clean ones, see row_tiling.h).
+        x[e] = __fmul_rn(pe, vv[g]);
+        float vbt = __fmul_rn(pe, vv[VG + g]);
         if constexpr (!clean) {
           x[e] = pe != 0.0f ? x[e] : 0.0f;
           vbt = pe != 0.0f ? vbt : 0.0f;
