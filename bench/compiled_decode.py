@@ -20,14 +20,14 @@ model would take an hour on a 2-core CPU), then ``generate_step`` gets a
 one-token prompt and that cache and decodes ``--decode-tokens`` tokens.
 
 Per run: decode ms/token = median gap between consecutive tokens (the first
-three skipped: they include the compiled run's trace); build ms = the
-median time the Python thread spends building a step's graph (the model
-call; for compiled runs the caches' bookkeeping plus replaying the graph);
-dispatch ms = the median time of the step's ``mx.async_eval`` (on a GPU the
-kernel launches are encoded on this thread); host ms/token = build +
-dispatch on a GPU. On the CPU, MLX's encoder makes ``async_eval`` wait for
-the CPU stream's queue, so dispatch there includes kernel time and host
-ms/token is the build alone. traces = the
+three skipped: they include the compiled run's trace). Host time is taken
+apart from the device's in ``--host-steps`` more steps on the same cache,
+each started on an idle device (``mx.synchronize()`` first): build ms = the
+model call (for compiled runs the caches' bookkeeping plus replaying the
+graph), dispatch ms = the step's ``mx.async_eval`` (on a GPU the kernel
+launches are encoded on this thread; on the CPU, MLX's encoder waits for
+the CPU stream's queue, so it includes kernel time there), host ms/token =
+build + dispatch on a GPU, build alone on the CPU (medians). traces = the
 compiled graphs traced in the run, and trace s = the slowest step (a
 retrace). "x eager" is the kv4 run's eager decode time over this one's
 (> 1: faster), "x stock" stock-bf16's.
@@ -37,7 +37,6 @@ retrace). "x eager" is the kv4 run's eager decode time over this one's
 """
 
 import argparse
-import contextlib
 import importlib
 import os
 import statistics
@@ -105,49 +104,25 @@ def fill(cache, args, context, seed):
             done += n
 
 
-@contextlib.contextmanager
-def host_timer(model, stamps):
-    """Times each step's outermost model calls (stock and eager: the model's
-    class; compiled: CompiledModel) and its mx.async_eval: (build, dispatch)
-    seconds per step into stamps."""
-    classes = {type(model), CompiledModel}
-    saved = {cls: cls.__call__ for cls in classes}
-    depth = [0]
-    acc = [0.0]
-
-    def timed(original):
-        def call(self, *a, **k):
-            depth[0] += 1
-            t0 = time.perf_counter()
-            try:
-                return original(self, *a, **k)
-            finally:
-                depth[0] -= 1
-                if depth[0] == 0:
-                    acc[0] += time.perf_counter() - t0
-
-        return call
-
-    async_eval = mx.async_eval
-
-    def timed_async_eval(*a):
+def host_steps(call, cache, steps):
+    """(build, dispatch) seconds of ``steps`` one-token steps, each started
+    on an idle device."""
+    y = mx.array([[1]], dtype=mx.uint32)
+    times = []
+    for _ in range(steps):
+        mx.synchronize()
         t0 = time.perf_counter()
-        async_eval(*a)
-        stamps.append((acc[0], time.perf_counter() - t0))
-        acc[0] = 0.0
-
-    for cls in classes:
-        cls.__call__ = timed(saved[cls])
-    mx.async_eval = timed_async_eval
-    try:
-        yield
-    finally:
-        mx.async_eval = async_eval
-        for cls, fn in saved.items():
-            cls.__call__ = fn
+        logits = call(y, cache=cache)
+        t1 = time.perf_counter()
+        mx.async_eval(logits)
+        t2 = time.perf_counter()
+        mx.eval(logits)
+        times.append((t1 - t0, t2 - t1))
+        y = mx.argmax(logits[:, -1], axis=-1)[:, None].astype(mx.uint32)
+    return times
 
 
-def run(model, args, config, context, decode_tokens, seed):
+def run(model, args, config, context, decode_tokens, seed, host_steps_n=16):
     lm_generate = importlib.import_module("mlx_lm.generate")
     from mlx_lm.models import cache as lm_cache
 
@@ -169,12 +144,12 @@ def run(model, args, config, context, decode_tokens, seed):
         traces = dec.traces
         kwargs = dict(kv_bits=bits, kv_group_size=KV_GROUP, quantized_kv_start=0) if bits else {}
         prompt = mx.array([1], dtype=mx.uint32)
-        stamps, hosts = [], []
-        with host_timer(model, hosts):
-            for _ in lm_generate.generate_step(
-                prompt, model, max_tokens=decode_tokens, prompt_cache=cache, **kwargs
-            ):
-                stamps.append(time.perf_counter())
+        stamps = []
+        for _ in lm_generate.generate_step(
+            prompt, model, max_tokens=decode_tokens, prompt_cache=cache, **kwargs
+        ):
+            stamps.append(time.perf_counter())
+        hosts = host_steps(CompiledModel(model) if compiled else model, cache, host_steps_n)
         traces = dec.traces - traces
         declined = dec.declined
     finally:
@@ -189,10 +164,10 @@ def run(model, args, config, context, decode_tokens, seed):
         "decode_ms_all": [1e3 * s for s in gaps],
         "build_ms": 1e3 * statistics.median(b for b, _ in hosts[SKIP:]),
         "dispatch_ms": 1e3 * statistics.median(d for _, d in hosts[SKIP:]),
-        "host_ms": 1e3 * statistics.median(b + d * gpu for b, d in hosts[SKIP:]),
+        "host_ms": 1e3 * statistics.median([b + d * gpu for b, d in hosts[SKIP:]]),
         "host_ms_all": [[1e3 * b, 1e3 * d] for b, d in hosts],
         "traces": traces if compiled else None,
-        "trace_s": max(gaps[:SKIP] + [sum(hosts[0])]) if compiled else None,
+        "trace_s": max(gaps[:SKIP]) if compiled else None,
         "declined": declined if compiled else None,
         "kv_mb": sum(c.nbytes for c in cache) / 1e6,
     }
@@ -248,6 +223,7 @@ def main():
     p.add_argument("--contexts", type=int, nargs="+", default=[2048, 8192, 32768] if gpu else [2048, 32768])
     p.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS)
     p.add_argument("--decode-tokens", type=int, default=64 if gpu else 24)
+    p.add_argument("--host-steps", type=int, default=16, help="steps timed on an idle device")
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
@@ -270,10 +246,10 @@ def main():
         models[m] = dict(params=num_parameters(model), layers=margs.num_hidden_layers)
         # Untimed warm-up: kernels and the CPU's fused-kernel compiles.
         for config in args.configs:
-            run(model, margs, config, 300, 6, args.seed)
+            run(model, margs, config, 300, 6, args.seed, 4)
         for context in args.contexts:
             for config in args.configs:
-                r = run(model, margs, config, context, args.decode_tokens, args.seed)
+                r = run(model, margs, config, context, args.decode_tokens, args.seed, args.host_steps)
                 r["model"] = m
                 rows.append(r)
                 add_ratios(rows)

@@ -129,6 +129,12 @@ class BatchGenerator(lm_generate.BatchGenerator):
         self.kv_bits = kv_bits
         self.kv_group_size = kv_group_size
         self.quantized_kv_start = quantized_kv_start
+        from . import mlx_lm as mlxq_lm
+
+        if mlxq_lm._compiled_decode:  # the batch's one-token steps compiled (mlxq.compiled)
+            from .compiled import CompiledModel
+
+            model = CompiledModel(model)
         super().__init__(model, **kwargs)
 
     def _quantize_singles(self, cache: List[Any]) -> List[Any]:

@@ -216,7 +216,7 @@ def _step_scalars(plans):
         base = groups.get(p)
         if base is None:
             base = groups[p] = len(values)
-            values.extend((p.pos, p.offset, p.ring_shift))
+            values.extend(p.inputs())
         slots.append((base, base + 1, base + 2))
     return values, slots
 
@@ -240,7 +240,7 @@ def _check_views(views) -> None:
     for i, v in enumerate(views):
         if v.writes != 1:
             raise NotCompiled(f"layer {i}'s cache was written {v.writes} times in one step")
-        if v._plan.kind != "grow":
+        if v._plan.kind == "ring":
             continue
         if not any(
             w.masks and w._pos is v._pos and w._plan.capacity == v._plan.capacity for w in views

@@ -336,11 +336,12 @@ class BaseCache:
         self.keys, self.values = keys, values
         self._owned = True  # the graph wrote our buffers in place
         self._pending_decode = None
-        self.offset += 1
         self._decoded(plan)
 
     def _decoded(self, plan: DecodePlan) -> None:
-        """Bookkeeping after an adopted step (a ring's index)."""
+        """Bookkeeping after an adopted step: the token counted (a ring's
+        index moves too)."""
+        self.offset += 1
 
     def _resize_rows(self, keep: int, capacity: int) -> None:
         """Fresh buffers of ``capacity`` rows: the first ``keep`` rows, then zeros."""

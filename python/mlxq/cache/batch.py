@@ -32,6 +32,7 @@ import numpy as np
 
 from ..masks import create_causal_mask, left_padded
 from .base import QuantizedStorage, as_int, quantization_kwargs
+from .decode_step import DecodePlan, key_class
 from .kv import QuantizedKVCache, _GrowingCache
 
 
@@ -377,6 +378,35 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
         # zeros of an unquantized cache's growth.
         B, H, _, D = like.shape
         return self._store.encode(mx.zeros((B, H, n, D), like.dtype), values)
+
+    def _decode_slot(self):
+        """A compiled step's plan: the buffer in whole key classes as a
+        growing cache's, every sequence writing at row ``_idx``."""
+        if self._right_padding is not None:
+            raise ValueError(
+                f"[{self._where('prepare_decode')}] finalize() must be called before decoding."
+            )
+        prev = self._idx
+        want = key_class(prev + 1)
+        if self._store.length(self.keys) != want:
+            self._resize_rows(prev, want)
+        rows = lambda a: tuple(int(x) for x in a)  # noqa: E731
+        return DecodePlan("batch", prev, rows(self._off), want, 0, rows(self._lp))
+
+    def _resize_rows(self, keep: int, capacity: int) -> None:
+        # Encoded zeros past the rows, as the batch grows (see _blank).
+        store = self._store
+        B, H = self.keys[0].shape[:2]
+        blank = [
+            self._blank(mx.zeros((B, H, 0, store.head_dim(t, side)), store.dtype(t)), capacity - keep, side)
+            for t, side in ((self.keys, False), (self.values, True))
+        ]
+        self.keys = store.concat([store.rows(self.keys, stop=keep), blank[0]])
+        self.values = store.concat([store.rows(self.values, stop=keep), blank[1]])
+        self._owned = True
+
+    def _decoded(self, plan) -> None:
+        self._advance(1)
 
     def update_and_fetch(self, keys, values):
         """Write ``[B, H, T, D]`` at row ``_idx`` of every sequence; return

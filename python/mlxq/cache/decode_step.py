@@ -46,19 +46,29 @@ class DecodePlan(NamedTuple):
     Attributes:
         kind (str): ``"grow"``: the buffer is fetched whole with the rows
           after ``pos`` masked; ``"ring"``: a full ring, fetched whole as it
-          lies (mlx-lm's ring order).
+          lies (mlx-lm's ring order); ``"batch"``: a growing batch cache,
+          its padding masked too.
         pos (int): The row the token is written to.
-        offset (int): Tokens before this one (the RoPE position).
+        offset (int or tuple): Tokens before this one (the RoPE position);
+          per sequence for a batch.
         capacity (int): Rows of the buffer.
         ring_shift (int): For a full ring: mlx-lm's window-mask roll (the
           ring index before the step, plus one); 0 otherwise.
+        left_padding (tuple): A batch's padding rows per sequence.
     """
 
     kind: str
     pos: int
-    offset: int
+    offset: object
     capacity: int
     ring_shift: int
+    left_padding: tuple = ()
+
+    def inputs(self) -> tuple:
+        """The step's values the graph takes as int32 arrays, in the order
+        a :class:`DecodeView` takes them."""
+        third = self.left_padding if self.kind == "batch" else self.ring_shift
+        return (self.pos, self.offset, third)
 
 
 def buffer_shapes(store, keys, values) -> Tuple[Tuple[int, ...], ...]:
@@ -122,10 +132,13 @@ class DecodeView:
         self.masks += 1
         plan = self._plan
         columns = _columns(plan.capacity)
-        if plan.kind == "grow":
+        if plan.kind != "ring":
             visible = columns <= self._pos
             if window_size is not None:
                 visible = visible & (columns > self._pos - window_size)
+            if plan.kind == "batch":  # [B, 1, 1, C]: each sequence's padding hidden
+                padding = self._ring_shift[:, None]
+                visible = (visible & (columns >= padding))[:, None, None, :]
             return visible
         if window_size is None or self._max_size <= window_size:
             return None

@@ -163,6 +163,7 @@ class _RingCache(BaseCache):
         return DecodePlan("ring", self._idx, self.offset, self.max_size, shift)
 
     def _decoded(self, plan) -> None:
+        self.offset += 1
         self._idx = plan.pos + 1
 
     # ------------------------------------------------------------ the extras
