@@ -398,7 +398,9 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
         store = self._store
         B, H = self.keys[0].shape[:2]
         blank = [
-            self._blank(mx.zeros((B, H, 0, store.head_dim(t, side)), store.dtype(t)), capacity - keep, side)
+            self._blank(
+                mx.zeros((B, H, 0, store.head_dim(t, side)), store.dtype(t)), capacity - keep, side
+            )
             for t, side in ((self.keys, False), (self.values, True))
         ]
         self.keys = store.concat([store.rows(self.keys, stop=keep), blank[0]])

@@ -175,6 +175,4 @@ def check_adopt(cache, plan: Optional[DecodePlan], keys, values, where: str) -> 
     got = buffer_shapes(store, keys, values)
     want = buffer_shapes(store, cache.keys, cache.values)
     if got != want:
-        raise ValueError(
-            f"[{where}] the step's buffers have shapes {got}; the cache's are {want}."
-        )
+        raise ValueError(f"[{where}] the step's buffers have shapes {got}; the cache's are {want}.")
