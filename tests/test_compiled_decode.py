@@ -20,6 +20,9 @@ unwritten rows masked, at a capacity in the same 256-key class as the exact
 fetch, and the kernels split keys by that class (csrc/row_tiling.h).
 """
 
+import importlib
+import logging
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -27,6 +30,10 @@ from cache_helpers import kv
 from helpers import on_cuda_gpu
 
 import mlxq
+import mlxq.mlx_lm as mlxq_lm
+from mlxq.cache.decode_step import key_class
+from mlxq.compiled import CompiledDecode, decoder_for
+from mlxq.random_models import random_model
 
 SCALE = 128**-0.5
 
@@ -70,16 +77,6 @@ def test_compiled_decode_step_does_not_retrace(rng, quantized):
 
 
 # ----------------------------------------------------------- through mlx-lm
-import importlib  # noqa: E402
-import logging  # noqa: E402
-
-from mlx_lm.models import cache as lm_cache  # noqa: E402
-
-import mlxq.mlx_lm as mlxq_lm  # noqa: E402
-from mlxq.cache.decode_step import key_class  # noqa: E402
-from mlxq.compiled import CompiledDecode, decoder_for  # noqa: E402
-from mlxq.random_models import random_model  # noqa: E402
-
 generate_module = importlib.import_module("mlx_lm.generate")
 PROMPT = 37
 
