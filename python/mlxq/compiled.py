@@ -16,9 +16,9 @@ graphs are kept, older ones released.
 
 Anything it cannot compile falls back to eager decode, with a one-line reason
 in the ``mlxq.compiled`` debug log: model classes it has not been checked
-against, caches without the protocol (mlx-lm's own, ``keep_recent``
-windows), multi-token steps, input embeddings, a device without mlxq's
-kernels.
+against (and gemma4 on CUDA), unquantized caches, caches without the
+protocol (mlx-lm's own, ``keep_recent`` windows, batch rings), Metal;
+prefill chunks and input embeddings always run eagerly.
 """
 
 import logging
