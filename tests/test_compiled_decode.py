@@ -352,3 +352,16 @@ def test_continuous_batch_is_bit_identical_to_eager():
     assert dec.steps - steps > 250 and dec.declined is None
     for a, b in zip(eager, compiled):
         _assert_identical(a, b)
+
+
+def test_continuous_batch_of_rings_is_bit_identical_to_eager():
+    """The same with gemma3's sliding-window layers: batch rings (window
+    32) fill, wrap and take joining sequences, compiled as eager decodes."""
+    model, _ = random_model("gemma3", seed=2)
+    eager = _continuous_batch(model, False)
+    dec = decoder_for(model)
+    steps = dec.steps
+    compiled = _continuous_batch(model, True)
+    assert dec.steps - steps > 250 and dec.declined is None
+    for a, b in zip(eager, compiled):
+        _assert_identical(a, b)

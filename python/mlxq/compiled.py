@@ -17,7 +17,7 @@ graphs are kept, older ones released.
 Anything it cannot compile falls back to eager decode, with a one-line reason
 in the ``mlxq.compiled`` debug log: model classes it has not been checked
 against (and gemma4 on CUDA), unquantized caches, caches without the
-protocol (mlx-lm's own, ``keep_recent`` windows, batch rings), Metal;
+protocol (mlx-lm's own, ``keep_recent`` windows), Metal;
 prefill chunks and input embeddings always run eagerly.
 """
 
@@ -237,7 +237,9 @@ def _step_scalars(plans):
 def _graph_inputs(inputs, cache, values) -> list:
     """The graph's inputs: the tokens, the step's int32 scalars, then each
     cache's buffers."""
-    flat = [inputs] + [mx.array(v, dtype=mx.int32) for v in values]
+    flat = [inputs] + [
+        mx.array(v) if hasattr(v, "dtype") else mx.array(v, dtype=mx.int32) for v in values
+    ]
     for c in cache:
         if c._store.quantized:
             flat.extend(c.keys)

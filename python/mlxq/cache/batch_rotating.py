@@ -24,6 +24,8 @@ import numpy as np
 from ..masks import left_padded
 from .base import BaseCache, QuantizedStorage, as_int
 from .batch import BatchRows, _host_ints, tokens_held
+from .decode_step import DecodePlan, key_class
+from .decode_step import remember_mask as _remember_mask
 from .rotating import RotatingQuantizedKVCache
 
 
@@ -135,6 +137,67 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         self._offset += 1
         self._idx += 1
         return self.keys_and_values()
+
+    # ---------------------------------------------------- compiled decode
+    def _decode_slot(self):
+        """A compiled step's plan: _update_in_place's bookkeeping without
+        the write, and mlx-lm's mask for the step (from the state before
+        it, as the model asks for it) over the buffer the step reads."""
+        where = self._where("prepare_decode")
+        if self._lengths is not None:
+            raise ValueError(f"[{where}] finalize() must be called before decoding.")
+        state = (self._idx, self._offset, self.rotated, self.max_size, self._lp.tobytes())
+        filling = self._offset < self.max_size and not self.rotated
+        if filling and self._idx == self._offset:
+            capacity = min(key_class(self._offset + 1), self.max_size)
+            if self._store.length(self.keys) != capacity:
+                self._resize_rows(self._offset, capacity)
+            lp = self._lp
+        else:
+            if self._store.length(self.keys) < self.max_size:
+                raise ValueError(f"[{where}] a ring short of max_size that has wrapped.")
+            lp = self._lp
+            trim_size = self._store.length(self.keys) - self.max_size
+            if trim_size > 0:
+                self.keys = self._trim(trim_size, self.keys)
+                self.values = self._trim(trim_size, self.values)
+                self._owned = True
+                self._idx = self.max_size
+                lp = lp - trim_size
+            if self._idx == self.max_size:
+                self.rotated = True
+                self._idx = 0
+            if self.rotated:
+                lp = lp - 1
+            capacity = self.max_size
+        key = _remember_mask(state + (capacity,), lambda: self._step_mask(state, capacity))
+        self._set_rows(lp, self._off)
+        rows = tuple(int(x) for x in self._off)
+        return DecodePlan("batch_ring", self._idx, rows, capacity, 0, key)
+
+    def _step_mask(self, state: tuple, capacity: int) -> np.ndarray:
+        """make_mask(1) in ``state`` (the ring's before the step), on the
+        host, over ``capacity`` rows: ``[B, 1, 1, capacity]`` bool (the rows
+        past mlx-lm's mask hidden)."""
+        idx, written, rotated, max_size, _ = state
+        lp = self._lp  # not yet moved by the step's bookkeeping
+        offset = min(max_size - 1, written)
+        n = offset + 1
+        keys = np.arange(n)
+        visible = (offset >= keys) & (offset < keys + max_size)
+        rotated = rotated or idx >= max_size
+        hidden = max(0, idx - max_size) + int(rotated)
+        visible = visible[None] & (keys[None] >= (lp - hidden)[:, None])
+        if rotated:
+            visible = np.roll(visible, (0 if idx >= max_size else idx) + 1, axis=-1)
+        out = np.zeros((len(lp), 1, 1, capacity), np.bool_)
+        out[..., :n] = visible[:, None, None, :]
+        return out
+
+    def _decoded(self, plan) -> None:
+        self._set_rows(self._lp, self._off + 1)
+        self._offset += 1
+        self._idx += 1
 
     # ------------------------------------------------------------- padding
     def _take_right_padding(self, lengths, right_padding) -> None:

@@ -47,14 +47,16 @@ class DecodePlan(NamedTuple):
         kind (str): ``"grow"``: the buffer is fetched whole with the rows
           after ``pos`` masked; ``"ring"``: a full ring, fetched whole as it
           lies (mlx-lm's ring order); ``"batch"``: a growing batch cache,
-          its padding masked too.
+          its padding masked too; ``"batch_ring"``: a batch of rings, its
+          mask (mlx-lm's) made on the host.
         pos (int): The row the token is written to.
         offset (int or tuple): Tokens before this one (the RoPE position);
           per sequence for a batch.
         capacity (int): Rows of the buffer.
         ring_shift (int): For a full ring: mlx-lm's window-mask roll (the
           ring index before the step, plus one); 0 otherwise.
-        left_padding (tuple): A batch's padding rows per sequence.
+        left_padding (tuple): A batch's padding rows per sequence; for a
+          batch ring, the key of its step mask (see remember_mask).
     """
 
     kind: str
@@ -65,10 +67,27 @@ class DecodePlan(NamedTuple):
     left_padding: tuple = ()
 
     def inputs(self) -> tuple:
-        """The step's values the graph takes as int32 arrays, in the order
-        a :class:`DecodeView` takes them."""
+        """The step's values the graph takes as arrays (ints as int32), in
+        the order a :class:`DecodeView` takes them."""
+        if self.kind == "batch_ring":  # its mask, made on the host
+            return (self.pos, self.offset, _MASKS[self.left_padding])
         third = self.left_padding if self.kind == "batch" else self.ring_shift
         return (self.pos, self.offset, third)
+
+
+# The host-made masks of batch rings' steps, by key (a plan stays hashable
+# and small; caches in one state share one). Only the latest few are kept.
+_MASKS = {}
+
+
+def remember_mask(key: tuple, make) -> tuple:
+    """``key`` (the state a batch ring's step mask follows from), with the
+    mask ``make()`` builds kept for it (built once per state)."""
+    if key not in _MASKS:
+        if len(_MASKS) >= 16:
+            _MASKS.pop(next(iter(_MASKS)))
+        _MASKS[key] = make()
+    return key
 
 
 def buffer_shapes(store, keys, values) -> Tuple[Tuple[int, ...], ...]:
@@ -131,6 +150,13 @@ class DecodeView:
             raise ValueError(f"[mlxq.DecodeView.make_mask] a decode step has one token, got {N}.")
         self.masks += 1
         plan = self._plan
+        if plan.kind == "batch_ring":  # mlx-lm's mask, made on the host
+            if window_size not in (None, self._max_size):
+                raise ValueError(
+                    f"[mlxq.DecodeView.make_mask] a batch ring's compiled step takes its "
+                    f"window ({self._max_size}), got {window_size}."
+                )
+            return self._ring_shift
         columns = _columns(plan.capacity)
         if plan.kind != "ring":
             visible = columns <= self._pos
