@@ -339,25 +339,13 @@ def _continuous_batch(model, compiled, kv_bits=4):
     return [out[u] for u in uids]
 
 
-def test_continuous_batch_is_bit_identical_to_eager():
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_continuous_batch_is_bit_identical_to_eager(arch):
     """BatchGenerator's one-token steps over mlxq's quantized batch caches
-    (growing past 256 rows, sequences joining and leaving) compile and give
-    eager's tokens and log-probabilities; a sliding-window model's batch
-    rings decode eagerly."""
-    model, _ = random_model("llama", seed=2)
-    eager = _continuous_batch(model, False)
-    dec = decoder_for(model)
-    steps = dec.steps
-    compiled = _continuous_batch(model, True)
-    assert dec.steps - steps > 250 and dec.declined is None
-    for a, b in zip(eager, compiled):
-        _assert_identical(a, b)
-
-
-def test_continuous_batch_of_rings_is_bit_identical_to_eager():
-    """The same with gemma3's sliding-window layers: batch rings (window
-    32) fill, wrap and take joining sequences, compiled as eager decodes."""
-    model, _ = random_model("gemma3", seed=2)
+    compile and give eager's tokens and log-probabilities, with sequences
+    joining and leaving: llama's batches grow past 256 rows; gemma3's batch
+    rings (window 32) fill, wrap and take joining sequences too."""
+    model, _ = random_model(arch, seed=2)
     eager = _continuous_batch(model, False)
     dec = decoder_for(model)
     steps = dec.steps

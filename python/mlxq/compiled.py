@@ -110,7 +110,7 @@ class CompiledDecode:
         if inputs.dtype != mx.uint32:  # the prompt's last token (int64), then samples
             inputs = inputs.astype(mx.uint32)  # one graph for both: the same rows
         try:
-            plans = [c.prepare_decode() for c in cache]
+            plans = [c._prepare_step() for c in cache]  # _why_not asked decode_refusal
         except ValueError as e:
             self._forget(cache)
             return self._decline(str(e))

@@ -299,6 +299,11 @@ class BaseCache:
         refusal = self.decode_refusal()
         if refusal is not None:
             raise ValueError(f"[{self._where('prepare_decode')}] {refusal}")
+        return self._prepare_step()
+
+    def _prepare_step(self) -> DecodePlan:
+        """prepare_decode once decode_refusal has said yes (the compiled
+        step's driver asks that first, for every cache)."""
         plan = self._decode_slot()
         if not self._owned:  # handed out: the graph writes in place, so copy first
             copy = lambda a: mx.where(_TRUE, a, a)  # noqa: E731  (new memory unless a is ours alone)
@@ -343,28 +348,33 @@ class BaseCache:
         index moves too)."""
         self.offset += 1
 
+    def _blank(self, like, n: int, values: bool = False):
+        """``n`` empty rows for an update shaped like ``like``: zero words,
+        as mlx-lm's caches grow."""
+        return self._store.zeros(like, n, values)
+
     def _resize_rows(self, keep: int, capacity: int) -> None:
-        """Fresh buffers of ``capacity`` rows: the first ``keep`` rows, then zeros."""
+        """Fresh buffers of ``capacity`` rows: the first ``keep`` rows, then
+        empty ones (``_blank``)."""
         store = self._store
 
-        def resized(t):
-            def one(a):
-                zeros = mx.zeros(a.shape[:2] + (capacity - keep,) + a.shape[3:], a.dtype)
-                return mx.concatenate([a[..., :keep, :], zeros], axis=2)
+        def resized(t, values):
+            B, H = (t[0] if store.quantized else t).shape[:2]
+            like = mx.zeros((B, H, 0, store.head_dim(t, values)), store.dtype(t))
+            blank = self._blank(like, capacity - keep, values)
+            return store.concat([store.rows(t, stop=keep), blank])
 
-            return store.map(t, one)
-
-        self.keys, self.values = resized(self.keys), resized(self.values)
+        self.keys, self.values = resized(self.keys, False), resized(self.values, True)
         self._owned = True
 
-    def _grow_for_decode(self, limit: Optional[int] = None) -> DecodePlan:
-        """A growing buffer's plan: capacity for the written rows plus one,
-        in whole key classes (at most ``limit``), the token at the next row."""
-        prev = self._used()
+    def _grow_for_decode(self, prev: int, limit: Optional[int] = None) -> int:
+        """A growing buffer sized for a compiled step writing row ``prev``:
+        ``prev + 1`` rows in whole key classes (at most ``limit``), the
+        rows before ``prev`` kept; returns the capacity."""
         want = key_class(prev + 1) if limit is None else min(key_class(prev + 1), limit)
         if self._store.length(self.keys) != want:
             self._resize_rows(prev, want)
-        return DecodePlan("grow", prev, self.offset, want, 0)
+        return want
 
     # ------------------------------------------------------------- accounting
     def size(self) -> int:

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..masks import create_causal_mask, left_padded
 from .base import QuantizedStorage, as_int, quantization_kwargs
-from .decode_step import DecodePlan, key_class
+from .decode_step import DecodePlan
 from .kv import QuantizedKVCache, _GrowingCache
 
 
@@ -386,26 +386,9 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
             raise ValueError(
                 f"[{self._where('prepare_decode')}] finalize() must be called before decoding."
             )
-        prev = self._idx
-        want = key_class(prev + 1)
-        if self._store.length(self.keys) != want:
-            self._resize_rows(prev, want)
+        capacity = self._grow_for_decode(self._idx)  # encoded blanks past it (_blank)
         rows = lambda a: tuple(int(x) for x in a)  # noqa: E731
-        return DecodePlan("batch", prev, rows(self._off), want, 0, rows(self._lp))
-
-    def _resize_rows(self, keep: int, capacity: int) -> None:
-        # Encoded zeros past the rows, as the batch grows (see _blank).
-        store = self._store
-        B, H = self.keys[0].shape[:2]
-        blank = [
-            self._blank(
-                mx.zeros((B, H, 0, store.head_dim(t, side)), store.dtype(t)), capacity - keep, side
-            )
-            for t, side in ((self.keys, False), (self.values, True))
-        ]
-        self.keys = store.concat([store.rows(self.keys, stop=keep), blank[0]])
-        self.values = store.concat([store.rows(self.values, stop=keep), blank[1]])
-        self._owned = True
+        return DecodePlan("batch", self._idx, rows(self._off), capacity, 0, rows(self._lp))
 
     def _decoded(self, plan) -> None:
         self._advance(1)

@@ -24,7 +24,7 @@ import numpy as np
 from ..masks import left_padded
 from .base import BaseCache, QuantizedStorage, as_int
 from .batch import BatchRows, _host_ints, tokens_held
-from .decode_step import DecodePlan, key_class
+from .decode_step import DecodePlan
 from .decode_step import remember_mask as _remember_mask
 from .rotating import RotatingQuantizedKVCache
 
@@ -117,18 +117,7 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
             raise ValueError(f"[{where}] finalize() must be called before decoding.")
         store, prev = self._store, self._offset
         self._grow_ring(keys, values, prev)
-        lp = self._lp
-        trim_size = store.length(self.keys) - self.max_size
-        if trim_size > 0:
-            self.keys = self._trim(trim_size, self.keys)
-            self.values = self._trim(trim_size, self.values)
-            self._idx = self.max_size
-            lp = lp - trim_size
-        if self._idx == self.max_size:
-            self.rotated = True
-            self._idx = 0
-        if self.rotated:
-            lp = lp - 1
+        lp = self._settle_ring()
         self.keys, self.values = store.write_kv(
             self.keys, self.values, keys, values, self._idx, self._owned
         )
@@ -137,6 +126,22 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         self._offset += 1
         self._idx += 1
         return self.keys_and_values()
+
+    def _settle_ring(self) -> np.ndarray:
+        """Before a one-token write into a grown ring: back to max_size rows
+        after a longer step, the index wrapped (the ring then rotated);
+        returns the left padding after the write (mlx-lm's bookkeeping)."""
+        lp = self._lp
+        trim_size = self._store.length(self.keys) - self.max_size
+        if trim_size > 0:
+            self.keys = self._trim(trim_size, self.keys)
+            self.values = self._trim(trim_size, self.values)
+            self._idx = self.max_size
+            lp = lp - trim_size
+        if self._idx == self.max_size:
+            self.rotated = True
+            self._idx = 0
+        return lp - 1 if self.rotated else lp
 
     # ---------------------------------------------------- compiled decode
     def _decode_slot(self):
@@ -149,26 +154,12 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         state = (self._idx, self._offset, self.rotated, self.max_size, self._lp.tobytes())
         filling = self._offset < self.max_size and not self.rotated
         if filling and self._idx == self._offset:
-            capacity = min(key_class(self._offset + 1), self.max_size)
-            if self._store.length(self.keys) != capacity:
-                self._resize_rows(self._offset, capacity)
+            capacity = self._grow_for_decode(self._offset, limit=self.max_size)
             lp = self._lp
         else:
             if self._store.length(self.keys) < self.max_size:
                 raise ValueError(f"[{where}] a ring short of max_size that has wrapped.")
-            lp = self._lp
-            trim_size = self._store.length(self.keys) - self.max_size
-            if trim_size > 0:
-                self.keys = self._trim(trim_size, self.keys)
-                self.values = self._trim(trim_size, self.values)
-                self._owned = True
-                self._idx = self.max_size
-                lp = lp - trim_size
-            if self._idx == self.max_size:
-                self.rotated = True
-                self._idx = 0
-            if self.rotated:
-                lp = lp - 1
+            lp = self._settle_ring()
             capacity = self.max_size
         key = _remember_mask(state + (capacity,), lambda: self._step_mask(state, capacity))
         self._set_rows(lp, self._off)

@@ -12,6 +12,7 @@ from typing import Optional
 from ..masks import create_attention_mask
 from ..split import RecentSplit
 from .base import BaseCache, QuantizedStorage, as_int
+from .decode_step import DecodePlan
 from .recent import KeepsRecent
 
 
@@ -56,11 +57,6 @@ class _GrowingCache(BaseCache):
         """Count ``T`` written tokens."""
         self.offset += T
 
-    def _blank(self, like, n: int, values: bool = False):
-        """``n`` empty rows for an update shaped like ``like``: zero words,
-        as mlx-lm's caches grow."""
-        return self._store.zeros(like, n, values)
-
     def _grow(self, keys, values, T: int) -> None:
         store, prev = self._store, self._used()
         n = (T + self.step - 1) // self.step * self.step
@@ -76,7 +72,8 @@ class _GrowingCache(BaseCache):
         self._owned = True  # fresh buffers, held by nobody else
 
     def _decode_slot(self):
-        return self._grow_for_decode()
+        prev = self._used()
+        return DecodePlan("grow", prev, self.offset, self._grow_for_decode(prev), 0)
 
     def make_mask(self, N: int, *, return_array: bool = False, window_size=None):
         """None, ``"causal"`` or a bool array for an ``N``-token step (mlx-lm's rule)."""

@@ -118,14 +118,7 @@ class _RingCache(BaseCache):
     def _update_in_place(self, keys, values):
         store, prev = self._store, self.offset
         self._grow_ring(keys, values, prev)
-        excess = store.length(self.keys) - self.max_size
-        if excess > 0:  # after a multi-token step: back to max_size rows
-            self.keys = self._trim(excess, self.keys)
-            self.values = self._trim(excess, self.values)
-            self._owned = True
-            self._idx = self.max_size
-        if self._idx == self.max_size:
-            self._idx = self.keep
+        self._settle_ring()
         self.keys, self.values = store.write_kv(
             self.keys, self.values, keys, values, self._idx, self._owned
         )
@@ -144,23 +137,30 @@ class _RingCache(BaseCache):
                     f"[{self._where('prepare_decode')}] a filling ring's index "
                     f"({self._idx}) must equal its offset ({self.offset})."
                 )
-            return self._grow_for_decode(limit=self.max_size)
+            capacity = self._grow_for_decode(self.offset, limit=self.max_size)
+            return DecodePlan("grow", self.offset, self.offset, capacity, 0)
         # mlx-lm's window-mask roll uses the index before the step.
         shift = (0 if self._idx >= self.max_size else self._idx) + 1
-        excess = self._store.length(self.keys) - self.max_size
-        if excess < 0:  # not a ring mlx-lm's updates make: leave it to eager decode
+        if self._store.length(self.keys) < self.max_size:
+            # Not a ring mlx-lm's updates make: leave it to eager decode.
             raise ValueError(
                 f"[{self._where('prepare_decode')}] a ring that has seen {self.offset} tokens "
                 f"holds only {self._store.length(self.keys)} rows (max_size {self.max_size})."
             )
-        if excess > 0:  # after a multi-token step: back to max_size rows
+        self._settle_ring()
+        return DecodePlan("ring", self._idx, self.offset, self.max_size, shift)
+
+    def _settle_ring(self) -> None:
+        """Before a one-token write into a grown ring: back to max_size rows
+        after a longer step, the index wrapped to ``keep``."""
+        excess = self._store.length(self.keys) - self.max_size
+        if excess > 0:
             self.keys = self._trim(excess, self.keys)
             self.values = self._trim(excess, self.values)
             self._owned = True
             self._idx = self.max_size
         if self._idx == self.max_size:
             self._idx = self.keep
-        return DecodePlan("ring", self._idx, self.offset, self.max_size, shift)
 
     def _decoded(self, plan) -> None:
         self.offset += 1
