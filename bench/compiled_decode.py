@@ -16,6 +16,14 @@ Runs, back to back in one process for each (model, context):
                     decode, as it always did on CUDA)
   mlxq-kv4          mlxq enabled, kv_bits=4 (group 64) caches, eager decode
   mlxq-kv4-comp     the same with enable(compiled_decode=True)
+  floor-comp        host time only: stock MLX, the model's one-token step with
+                    no cache (attention over the token alone) through one
+                    mx.compile graph. Every primitive of the model but the
+                    cache's is in it, so its build + dispatch is the least host
+                    time any compiled decode of this model can have in MLX
+                    (MLX's replay of a compiled graph and its per-primitive
+                    dispatch); "host x eager" of this row is that floor over
+                    eager decode's host time
 
 The cache is filled with random K/V rows up to the context (a decode step's
 time does not depend on their values; prefilling 32k tokens of the 123M
@@ -55,10 +63,11 @@ import mlxq.mlx_lm as mlxq_lm  # noqa: E402
 from mlxq.compiled import CompiledModel, decoder_for  # noqa: E402
 from mlxq.random_models import model_args, num_parameters, random_model  # noqa: E402
 
-CONFIGS = ["stock-bf16", "mlxq-bf16-comp", "mlxq-kv4", "mlxq-kv4-comp"]
+CONFIGS = ["stock-bf16", "mlxq-bf16-comp", "mlxq-kv4", "mlxq-kv4-comp", "floor-comp"]
 KV_BITS, KV_GROUP = 4, 64
 FILL_CHUNK = 4096
 SKIP = 3
+GPU = mx.default_device().type == mx.gpu
 
 COLUMNS = [
     ("model", "model", "{}"),
@@ -125,13 +134,28 @@ def host_steps(call, cache, steps):
     return times
 
 
+def floor_run(model, context, host_steps_n):
+    """The floor-comp row: host time of the model's compiled cacheless step."""
+    step = mx.compile(lambda y: model(y))
+    hosts = host_steps(lambda y, cache: step(y), None, host_steps_n + SKIP)
+    return {
+        "context": context,
+        "config": "floor-comp",
+        "build_ms": 1e3 * statistics.median(b for b, _ in hosts[SKIP:]),
+        "dispatch_ms": 1e3 * statistics.median(d for _, d in hosts[SKIP:]),
+        "host_ms": 1e3 * statistics.median([b + d * GPU for b, d in hosts[SKIP:]]),
+        "host_ms_all": [[1e3 * b, 1e3 * d] for b, d in hosts],
+    }
+
+
 def run(model, args, config, context, decode_tokens, seed, host_steps_n=16):
+    if config == "floor-comp":
+        return floor_run(model, context, host_steps_n)
     lm_generate = importlib.import_module("mlx_lm.generate")
     from mlx_lm.models import cache as lm_cache
 
     ours = config.startswith("mlxq")
     compiled = config.endswith("-comp")
-    gpu = mx.default_device().type == mx.gpu
     bits = KV_BITS if "kv4" in config else None
     if ours:
         mlxq_lm.enable(compiled_decode=compiled)
@@ -167,7 +191,7 @@ def run(model, args, config, context, decode_tokens, seed, host_steps_n=16):
         "decode_ms_all": [1e3 * s for s in gaps],
         "build_ms": 1e3 * statistics.median(b for b, _ in hosts[SKIP:]),
         "dispatch_ms": 1e3 * statistics.median(d for _, d in hosts[SKIP:]),
-        "host_ms": 1e3 * statistics.median([b + d * gpu for b, d in hosts[SKIP:]]),
+        "host_ms": 1e3 * statistics.median([b + d * GPU for b, d in hosts[SKIP:]]),
         "host_ms_all": [[1e3 * b, 1e3 * d] for b, d in hosts],
         "traces": traces if compiled else None,
         "trace_s": max(gaps[:SKIP]) if compiled else None,
@@ -182,8 +206,11 @@ def add_ratios(rows):
         eager = by.get((r["model"], r["context"], "mlxq-kv4"))
         stock = by.get((r["model"], r["context"], "stock-bf16"))
         if eager:
-            r["x_eager"] = eager["decode_ms"] / r["decode_ms"]
             r["host_x_eager"] = r["host_ms"] / eager["host_ms"]
+        if "decode_ms" not in r:  # the floor row: host time only
+            continue
+        if eager:
+            r["x_eager"] = eager["decode_ms"] / r["decode_ms"]
         if stock:
             r["x_stock"] = stock["decode_ms"] / r["decode_ms"]
 
@@ -202,7 +229,7 @@ def plot(rows, path, title):
             vals = [
                 next(
                     (
-                        r[key]
+                        r.get(key, 0)
                         for r in rows
                         if (r["model"], r["context"]) == g and r["config"] == config
                     ),
