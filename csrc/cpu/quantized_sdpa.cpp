@@ -24,6 +24,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/types/half_types.h"
 
+#include "cpu/int_dot.h"
 #include "cpu/parallel.h"
 #include "cpu/quantized_codes.h"
 #include "cpu/simd_math.h"
@@ -79,6 +80,7 @@ struct View {
 // row / key tiling.
 struct Problem : SdpaProblem {
   View q, kw, ks, kb, vw, vs, vb, m;
+  const cpu::IntDot* ints; // integer products (int_dot.h), or null: f32
   const float* sinks; // [Hq] or null
   float* lse; // [B, Hq, L] or null: each row's log-sum-exp
   int row_tile;
@@ -136,7 +138,7 @@ inline void scale_inplace(float* __restrict y, float a, int n) {
 struct Scratch {
   std::vector<float> buf;
   float *qf, *qsum, *s, *o, *obias, *m, *l, *kbuf, *vbuf, *kbias, *vbias, *wscale, *gscale, *onat,
-      *pc;
+      *pc, *qpair, *qscale;
   int act[kChunk];
   uint32_t words[kMaxHeadDim * 8 / 32 + 1];
 
@@ -157,7 +159,9 @@ struct Scratch {
         size_t(std::max(P.Dk, P.Dv)),
         std::max(Gk, Gv),
         size_t(P.Dv),
-        kChunk};
+        kChunk,
+        RT * P.Dk / 2,
+        RT * Gk};
     float** slots[] = {
         &qf,
         &qsum,
@@ -173,7 +177,9 @@ struct Scratch {
         &wscale,
         &gscale,
         &onat,
-        &pc};
+        &pc,
+        &qpair,
+        &qscale};
     constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
     static_assert(n == sizeof(slots) / sizeof(slots[0]));
     size_t total = 16;
@@ -292,6 +298,13 @@ class TileKernel {
   const float* natural_output(int rr) {
     const float* o = S_.o + size_t(rr) * Dv_;
     const float* ob = S_.obias + size_t(rr) * (Dv_ / P_.v_group);
+    if (P_.ints) {
+      for (int lane = 0; lane < Dv_; ++lane) {
+        const int i = cpu::value_element(VBITS, lane);
+        S_.onat[i] = o[lane] + ob[i / P_.v_group];
+      }
+      return S_.onat;
+    }
     for (int i = 0; i < Dv_; ++i) {
       S_.onat[i] = o[CV::slot(i, Dv_)] + ob[i / P_.v_group];
     }
@@ -317,12 +330,46 @@ class TileKernel {
         }
         qs[g] = sum;
       }
+      if (P_.ints) {
+        quantize_query(qrow, qstep, rr);
+      }
+    }
+  }
+
+  // The integer path's query: row rr's scaled query quantized per K group
+  // to int16 (qscale: the step), laid out as int_dot's key pairs.
+  void quantize_query(const char* qrow, int64_t qstep, int rr) {
+    const int gs = P_.k_group, Gk = Dk_ / gs;
+    int16_t qi[kMaxHeadDim];
+    for (int g = 0; g < Gk; ++g) {
+      float peak = 0.0f;
+      for (int i = g * gs; i < (g + 1) * gs; ++i) {
+        peak = std::max(peak, std::fabs(load_float(qrow + i * qstep, P_.q_dtype) * P_.scale));
+      }
+      const float inv = peak > 0.0f ? 32767.0f / peak : 0.0f;
+      S_.qscale[rr * Gk + g] = peak / 32767.0f;
+      for (int i = g * gs; i < (g + 1) * gs; ++i) {
+        const float v = load_float(qrow + i * qstep, P_.q_dtype) * P_.scale;
+        qi[i] = int16_t(std::lrintf(v * inv));
+      }
+    }
+    int32_t* pairs = reinterpret_cast<int32_t*>(S_.qpair) + size_t(rr) * (Dk_ / 2);
+    for (int m = 0; m < Dk_ / 2; ++m) {
+      int i0, i1;
+      cpu::key_pair(KBITS, m, i0, i1);
+      pairs[m] = int32_t(uint32_t(uint16_t(qi[i0])) | (uint32_t(uint16_t(qi[i1])) << 16));
     }
   }
 
   // s[rr][j] = q_rr . (codes_j * scale_j) + sum_g bias_j,g * qsum_rr,g
   void scores(int b, int kvh, int R, int c0, int cn) {
     const int Dk = Dk_, Gk = Dk / P_.k_group;
+    if (P_.ints) {
+      const cpu::IntRows rows{R, reinterpret_cast<const int32_t*>(S_.qpair), S_.qscale, S_.qsum};
+      P_.ints->scores(
+          int_keys(P_.kw, P_.ks, P_.kb, b, kvh, c0, cn, KBITS, Dk, P_.k_group), rows, S_.s);
+      return;
+    }
     for (int j = 0; j < cn; ++j) {
       load_group_params(
           P_.ks, P_.kb, P_.scale_dtype, b, kvh, c0 + j, Gk, S_.gscale, S_.kbias + j, kChunk);
@@ -339,11 +386,18 @@ class TileKernel {
     // an exact one agree to the bit, see row_tiling.h). Rows past cn hold
     // an earlier chunk's (or zero) scratch; run() hides their scores.
     for (int rr = 0; rr < R; ++rr) {
-      float* sr = S_.s + rr * kChunk;
-      dot_rows<DK>(sr, S_.qf + size_t(rr) * Dk, S_.kbuf, kChunk, Dk);
+      dot_rows<DK>(S_.s + rr * kChunk, S_.qf + size_t(rr) * Dk, S_.kbuf, kChunk, Dk);
+    }
+    add_key_bias(R);
+  }
+
+  // s[rr][j] += sum_g bias_j,g * qsum_rr,g (the scaled query's group sums).
+  void add_key_bias(int R) {
+    const int Gk = Dk_ / P_.k_group;
+    for (int rr = 0; rr < R; ++rr) {
       const float* qs = S_.qsum + size_t(rr) * Gk;
       for (int g = 0; g < Gk; ++g) {
-        axpy(sr, qs[g], S_.kbias + g * kChunk, kChunk);
+        axpy(S_.s + rr * kChunk, qs[g], S_.kbias + g * kChunk, kChunk);
       }
     }
   }
@@ -418,6 +472,15 @@ class TileKernel {
   // Only keys some row gives weight to are unpacked (masked keys are skipped).
   void values(int b, int kvh, int R, int c0, int cn) {
     const int Dv = Dv_, Gv = Dv / P_.v_group;
+    if (P_.ints) {
+      P_.ints->values(
+          int_keys(P_.vw, P_.vs, P_.vb, b, kvh, c0, cn, VBITS, Dv, P_.v_group),
+          R,
+          S_.s,
+          S_.o,
+          S_.obias);
+      return;
+    }
     int na = 0;
     for (int j = 0; j < cn; ++j) {
       bool any = false;
@@ -456,6 +519,31 @@ class TileKernel {
         ob[g] = acc;
       }
     }
+  }
+
+  // Keys [c0, c0 + n) of (b, h) for the integer kernels.
+  cpu::IntKeys int_keys(
+      const View& w,
+      const View& sc,
+      const View& bi,
+      int b,
+      int h,
+      int c0,
+      int n,
+      int bits,
+      int D,
+      int group_size) const {
+    return cpu::IntKeys{
+        w.at<uint32_t>(b, h, c0),
+        w.stride[2],
+        sc.at<char>(b, h, c0),
+        bi.at<char>(b, h, c0),
+        sc.stride[2],
+        P_.scale_dtype,
+        n,
+        bits,
+        D,
+        group_size};
   }
 
   const Problem& P_;
@@ -646,6 +734,23 @@ void dispatch(const Problem& P, void* out) {
   }
 }
 
+// Whether the integer products (cpu/int_dot.h) may serve P: bf16/f16 queries
+// (f32 ones keep the f32 path's exactness), widths and dims they cover, and
+// packed words contiguous along each row.
+bool integer_products(const Problem& P) {
+  // Gathers index keys with 32 bits; each key's groups are read as a run.
+  auto rows_fit = [](const View& w) {
+    return w.stride[3] == 1 && w.stride[2] > 0 && w.stride[2] < (int64_t(1) << 25);
+  };
+  auto params_fit = [](const View& s, const View& b) {
+    return s.stride[3] == 1 && b.stride[3] == 1 && s.stride[2] == b.stride[2];
+  };
+  return (P.q_dtype == kF16 || P.q_dtype == kBF16) &&
+      cpu::int_dot_covers(P.k_bits, P.Dk, P.k_group) &&
+      cpu::int_dot_covers(P.v_bits, P.Dv, P.v_group) && rows_fit(P.kw) && rows_fit(P.vw) &&
+      params_fit(P.ks, P.kb) && params_fit(P.vs, P.vb);
+}
+
 View view_of(const mx::array& a) {
   View v{reinterpret_cast<const char*>(a.data<char>()), {0, 0, 0, 0}, a.itemsize()};
   for (int d = 0; d < 4; ++d) {
@@ -720,6 +825,7 @@ void QuantizedSDPA::eval_cpu(const std::vector<mx::array>& in, std::vector<mx::a
   P.sinks = P.sinks_input >= 0 ? in[P.sinks_input].data<float>() : nullptr;
   P.lse = outs.size() > 1 ? outs[1].data<float>() : nullptr;
   plan(P);
+  P.ints = integer_products(P) ? cpu::int_dot() : nullptr;
   // `in` is captured to keep the input buffers alive until the task runs.
   enc.dispatch([P, in, out_data = out.data<void>()]() {
     if (P.B > 0 && P.Hq > 0 && P.L > 0) {
