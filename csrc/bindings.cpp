@@ -254,7 +254,8 @@ NB_MODULE(_ext, m) {
   m.def(
       "_take_last_sdpa_kernel",
       [] { return std::string(mlxq::take_last_sdpa_kernel()); },
-      "Test hook: the CUDA kernel family the last sdpa evaluation chose, then clears it.");
+      "Test hook: the kernel family the last sdpa evaluation chose (CUDA: decode, tiled, ...; "
+      "CPU: cpu_int16 or cpu_f32 products), then clears it.");
 
   m.def(
       "_device_memory",

@@ -826,6 +826,7 @@ void QuantizedSDPA::eval_cpu(const std::vector<mx::array>& in, std::vector<mx::a
   P.lse = outs.size() > 1 ? outs[1].data<float>() : nullptr;
   plan(P);
   P.ints = integer_products(P) ? cpu::int_dot() : nullptr;
+  note_sdpa_kernel(P.ints ? "cpu_int16" : "cpu_f32");
   // `in` is captured to keep the input buffers alive until the task runs.
   enc.dispatch([P, in, out_data = out.data<void>()]() {
     if (P.B > 0 && P.Hq > 0 && P.L > 0) {

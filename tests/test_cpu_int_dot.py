@@ -1,0 +1,218 @@
+"""The CPU kernel's integer products (csrc/cpu/int_dot.h).
+
+With bf16/f16 queries, 4/8-bit codes and head dims the AVX-512 kernels
+cover, the CPU kernel multiplies int16 queries and weights by the codes in
+integer lanes. Each case here runs both paths in one process
+(``MLXQ_CPU_INT=0`` forces the f32 products) on the same inputs, checks each
+against the float64 oracle with the usual tolerances (outputs NaN-poisoned
+first, conftest.py), checks that the integer path's error is within a small
+margin of the f32 path's, and that the call took the path it should. Where
+the CPU has no AVX-512BW the integer cases assert the f32 path instead.
+"""
+
+import re
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from helpers import assert_close, random_inputs, random_sinks, to_f64
+from reference64 import sdpa64
+
+import mlxq
+
+
+def _cpu_has_avx512bw() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = re.search(r"^flags\s*:(.*)$", f.read(), re.M)
+    except OSError:
+        return False
+    return bool(flags) and {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= set(
+        flags.group(1).split()
+    )
+
+
+INT_CPU = _cpu_has_avx512bw()
+
+# The integer path's relative error may exceed the f32 path's by this much
+# (int16 queries and weights: measured below 1e-4 over this file's cases).
+MARGIN = 5e-4
+
+pytestmark = pytest.mark.skipif(
+    mx.default_device() != mx.cpu,
+    reason="the CPU kernel's products (the GPU kernels are tested apart)",
+)
+
+
+def covered(bits, D, gs):
+    block = {4: 128, 8: 64}.get(bits)
+    return bool(block) and D % block == 0 and D % gs == 0 and D // gs <= 16
+
+
+def both_paths(monkeypatch, q, k, v, **kw):
+    """(integer-path output, kernel name), (f32-path output, kernel name)."""
+    outs = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("MLXQ_CPU_INT", flag)
+        mlxq._ext._take_last_sdpa_kernel()
+        out = mlxq.sdpa(q, k, v, **kw)
+        mx.eval(out)
+        outs.append((out, mlxq._ext._take_last_sdpa_kernel()))
+    return outs
+
+
+def check(
+    monkeypatch, q, k, v, *, bits, group_size, v_bits=None, v_group=None, int_path=True, **kw
+):
+    kw.setdefault("scale", q.shape[-1] ** -0.5)
+    fmt = dict(
+        group_size=group_size, bits=bits, v_group_size=v_group or group_size, v_bits=v_bits or bits
+    )
+    (fast, used), (exact, used_f32) = both_paths(monkeypatch, q, k, v, **fmt, **kw)
+    ref = sdpa64(q, k, v, **fmt, **kw)
+    err_f32 = assert_close(exact, ref, dtype=q.dtype)
+    err_int = assert_close(fast, ref, dtype=q.dtype)
+    assert used_f32 == "cpu_f32"
+    assert used == ("cpu_int16" if int_path and INT_CPU else "cpu_f32")
+    assert err_int <= err_f32 + MARGIN, f"integer path {err_int:.3g} vs f32 {err_f32:.3g}"
+    return fast
+
+
+CASES = [
+    # bits, v_bits, D, group size, Hq, Hkv, L, N
+    (4, 4, 128, 64, 32, 8, 1, 1000),
+    (4, 4, 128, 32, 8, 2, 1, 257),
+    (4, 4, 128, 128, 4, 4, 1, 33),
+    (4, 4, 256, 64, 16, 8, 1, 300),
+    (4, 4, 256, 32, 10, 2, 1, 17),  # 5 rows per KV head: a block of 4, then 1
+    (4, 4, 512, 32, 8, 1, 1, 64),  # 16 groups
+    (8, 8, 64, 64, 4, 1, 1, 100),
+    (8, 8, 64, 32, 6, 2, 2, 31),
+    (8, 8, 128, 64, 32, 8, 1, 1000),
+    (8, 8, 256, 128, 6, 2, 3, 16),
+    (8, 4, 128, 64, 8, 2, 1, 500),  # llama.cpp's q8_0-K / q4_0-V pair
+    (4, 8, 256, 64, 4, 2, 1, 15),
+]
+
+
+@pytest.mark.parametrize("q_dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("bits,v_bits,D,gs,Hq,Hkv,L,N", CASES)
+def test_integer_products_match_the_oracle(
+    monkeypatch, rng, q_dtype, bits, v_bits, D, gs, Hq, Hkv, L, N
+):
+    q, k, v = random_inputs(
+        rng,
+        Hq=Hq,
+        Hkv=Hkv,
+        L=L,
+        N=N,
+        Dk=D,
+        bits=bits,
+        group_size=gs,
+        q_dtype=q_dtype,
+        kv_dtype=q_dtype,
+        v_bits=v_bits,
+    )
+    check(monkeypatch, q, k, v, bits=bits, group_size=gs, v_bits=v_bits)
+
+
+@pytest.mark.parametrize("kv_dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_scale_dtypes(monkeypatch, rng, kv_dtype):
+    q, k, v = random_inputs(
+        rng,
+        Hq=8,
+        Hkv=2,
+        N=77,
+        Dk=128,
+        bits=4,
+        group_size=64,
+        q_dtype=mx.bfloat16,
+        kv_dtype=kv_dtype,
+    )
+    check(monkeypatch, q, k, v, bits=4, group_size=64)
+
+
+@pytest.mark.parametrize("mask", ["bool", "causal"])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_masks_and_sinks(monkeypatch, rng, mask, with_sinks):
+    L, N, Hq = 4, 130, 8
+    q, k, v = random_inputs(
+        rng,
+        Hq=Hq,
+        Hkv=2,
+        L=L,
+        N=N,
+        Dk=128,
+        bits=4,
+        group_size=64,
+        q_dtype=mx.float16,
+        kv_dtype=mx.float16,
+    )
+    if mask == "bool":
+        visible = rng.random((L, N)) < 0.5
+        visible[:, 0] = True
+        m = mx.array(visible)
+    else:
+        m = "causal"
+    sinks = random_sinks(rng, Hq) if with_sinks else None
+    check(monkeypatch, q, k, v, bits=4, group_size=64, mask=m, sinks=sinks)
+
+
+def test_cache_views_and_transposed_layouts(monkeypatch, rng):
+    """A prefix of a bigger buffer (rows apart by the buffer's stride) and
+    triples laid out [B, N, H, ...] then transposed (keys H rows apart)."""
+    q, k, v = random_inputs(
+        rng,
+        Hq=8,
+        Hkv=2,
+        N=300,
+        Dk=128,
+        bits=8,
+        group_size=32,
+        q_dtype=mx.bfloat16,
+        kv_dtype=mx.bfloat16,
+    )
+    prefix = lambda t: tuple(a[:, :, :201, :] for a in t)  # noqa: E731
+    check(monkeypatch, q, prefix(k), prefix(v), bits=8, group_size=32)
+    swapped = lambda t: tuple(mx.contiguous(a.swapaxes(1, 2)).swapaxes(1, 2) for a in t)  # noqa: E731
+    k2, v2 = swapped(k), swapped(v)
+    check(monkeypatch, q, k2, v2, bits=8, group_size=32)
+
+
+@pytest.mark.parametrize("bits,D", [(4, 64), (2, 128), (3, 128), (6, 128)])
+def test_uncovered_formats_keep_the_f32_products(monkeypatch, rng, bits, D):
+    q, k, v = random_inputs(
+        rng,
+        Hq=4,
+        Hkv=2,
+        N=40,
+        Dk=D,
+        bits=bits,
+        group_size=32,
+        q_dtype=mx.bfloat16,
+        kv_dtype=mx.bfloat16,
+    )
+    check(monkeypatch, q, k, v, bits=bits, group_size=32, int_path=False)
+
+
+def test_f32_queries_keep_the_f32_products(monkeypatch, rng):
+    q, k, v = random_inputs(rng, Hq=4, Hkv=2, N=40, Dk=128, bits=4, group_size=64)
+    check(monkeypatch, q, k, v, bits=4, group_size=64, int_path=False)
+
+
+def test_large_scores(monkeypatch, rng):
+    """Peaky softmax (queries x8): int16 queries keep the error of f32's."""
+    q, k, v = random_inputs(
+        rng,
+        Hq=8,
+        Hkv=2,
+        N=2000,
+        Dk=128,
+        bits=4,
+        group_size=64,
+        q_dtype=mx.float16,
+        kv_dtype=mx.float16,
+    )
+    q = (q.astype(mx.float32) * 8).astype(mx.float16)
+    out = check(monkeypatch, q, k, v, bits=4, group_size=64)
+    assert np.isfinite(to_f64(out)).all()
