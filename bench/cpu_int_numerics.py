@@ -8,7 +8,7 @@ f32 products):
           and 8), each path's relative error against the float64 oracle
           (tests/reference64.py), and the integer path's excess over f32's.
   e2e     mlx-lm's llama, qwen3 and gemma3 classes (random_models' "small"
-          shapes, head dim 128 and more, 4 layers, random bf16 weights,
+          shapes, head dim 128, 6 layers, random bf16 weights,
           kv_bits 4 and 8) decode greedily with the integer path; the same
           tokens are fed to a second model call per step with the f32 path
           (teacher forcing), and the argmax agreement and largest logit
@@ -102,7 +102,7 @@ def e2e(arch, bits, tokens, seed):
 
     mlxq_lm.enable()
     try:
-        model, _ = random_model(arch, "small", dtype=mx.bfloat16, seed=seed, num_hidden_layers=4)
+        model, _ = random_model(arch, "small", dtype=mx.bfloat16, seed=seed, num_hidden_layers=6)
         prompt = mx.array(np.random.default_rng(seed).integers(0, 256, (24,)))
         int_cache = mlxq_lm.make_prompt_cache(model, kv_bits=bits, kv_group_size=64)
         f32_cache = mlxq_lm.make_prompt_cache(model, kv_bits=bits, kv_group_size=64)
@@ -121,10 +121,58 @@ def e2e(arch, bits, tokens, seed):
         mlxq_lm.disable()
 
 
+def real_weights(tokens):
+    import importlib.util
+    from pathlib import Path
+
+    import mlxq.mlx_lm as mlxq_lm
+    from mlxq import gguf
+    from mlxq.evaluate import teacher_forced
+
+    text = (Path(HERE).parent / "tests" / "data" / "apache-2.0.txt").read_text()
+    runs = []
+    for name, bits_list in (("smollm2-135m", [8]), ("gemma3-270m", [4, 8])):
+        if importlib.util.find_spec(gguf.PACKAGED[name]) is None:
+            print(f"real: {name} is not installed, skipped")
+            continue
+        model, tok = gguf.load_packaged(name, dtype=mx.bfloat16)
+        ids = tok.encode(text)[: tokens + 1]
+        mlxq_lm.enable()
+        try:
+            for bits in bits_list:
+                res = {}
+                for flag in "10":
+                    caches = mlxq_lm.make_prompt_cache(model, kv_bits=bits, kv_group_size=64)
+                    os.environ["MLXQ_CPU_INT"] = flag
+                    try:
+                        res[flag] = teacher_forced(model, ids, caches)
+                    finally:
+                        os.environ.pop("MLXQ_CPU_INT", None)
+                r = dict(
+                    model=name,
+                    kv_bits=bits,
+                    tokens=len(ids) - 1,
+                    ppl_int=res["1"][0],
+                    ppl_f32=res["0"][0],
+                    argmax_agree=float((res["1"][1] == res["0"][1]).mean()),
+                )
+                runs.append(r)
+                print(
+                    f"real {name} kv{bits}: perplexity int16 {r['ppl_int']:.3f} / f32 {r['ppl_f32']:.3f} "
+                    f"({100 * (r['ppl_int'] / r['ppl_f32'] - 1):+.2f}%), argmax agreement "
+                    f"{100 * r['argmax_agree']:.1f}%"
+                )
+        finally:
+            mlxq_lm.disable()
+        del model
+    return runs
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--real-tokens", type=int, default=512)
     p.add_argument("--out", default=common.results_path("cpu_int_numerics"))
     args = p.parse_args()
     info = common.machine_info()
@@ -150,7 +198,8 @@ def main():
             f"e2e {arch} kv{bits}: argmax agreement {100 * r['argmax_agree']:.1f}% over {r['steps']} steps, "
             f"max |logit diff| {r['max_logit_diff']:.3g}"
         )
-    common.save_json(args.out, dict(machine=info, kernel=rows, e2e=runs))
+    real = real_weights(args.real_tokens)
+    common.save_json(args.out, dict(machine=info, kernel=rows, e2e=runs, real=real))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ Decode (L=1, B=1) over a quantized KV cache of N tokens, for each shape, bits
 and N, timing:
 
   mlxq   mlxq.sdpa(q, k_triple, v_triple)                  the fused kernel
+  f32    the same with MLXQ_CPU_INT=0: on the CPU, the kernel's f32 products
+         instead of its integer ones (csrc/cpu/int_dot.h); the "kernel"
+         column says which products the mlxq row used
   fast   mx.fast.scaled_dot_product_attention on bf16 K/V   (the same cache, unquantized)
   comp   mlx-lm's quantized_scaled_dot_product_attention   (two quantized_matmuls;
          mlxq.reference.quantized_sdpa when mlx-lm is not installed)
@@ -35,7 +38,9 @@ COLUMNS = [
     ("Hq/Hkv/D", "shape", "{}"),
     ("bits", "bits", "{}"),
     ("N", "N", "{}"),
+    ("kernel", "kernel", "{}"),
     ("mlxq ms", "mlxq_ms", "{:.3f}"),
+    ("f32 ms", "f32_products_ms", "{:.3f}"),
     ("fast bf16 ms", "fast_bf16_ms", "{:.3f}"),
     ("comp ms", "comp_ms", "{:.3f}"),
     ("x fast", "speedup_vs_fast", "{:.1f}"),
@@ -90,6 +95,18 @@ def bench_row(Hq, Hkv, D, N, bits, comp, args):
     t_mlxq = common.time_fn(
         lambda: mlxq.sdpa(q, kq, vq, scale=scale), warmup=args.warmup, repeats=args.repeats
     )
+    mlxq._ext._take_last_sdpa_kernel()
+    mx.eval(mlxq.sdpa(q, kq, vq, scale=scale))
+    kernel = mlxq._ext._take_last_sdpa_kernel() or None
+    t_f32 = None
+    if mx.default_device() == mx.cpu:
+        os.environ["MLXQ_CPU_INT"] = "0"
+        try:
+            t_f32 = common.time_fn(
+                lambda: mlxq.sdpa(q, kq, vq, scale=scale), warmup=args.warmup, repeats=args.repeats
+            )
+        finally:
+            del os.environ["MLXQ_CPU_INT"]
     t_fast = common.time_fn(
         lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale),
         warmup=args.warmup,
@@ -128,7 +145,9 @@ def bench_row(Hq, Hkv, D, N, bits, comp, args):
         "N": N,
         "bits": bits,
         "group_size": GROUP_SIZE,
+        "kernel": kernel,
         "mlxq_ms": ms,
+        "f32_products_ms": t_f32["median_ms"] if t_f32 else None,
         "fast_bf16_ms": t_fast["median_ms"],
         "comp_ms": t_comp["median_ms"],
         "speedup_vs_fast": t_fast["median_ms"] / ms,
