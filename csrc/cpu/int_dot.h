@@ -85,16 +85,22 @@ inline void key_pair(int bits, int m, int& i0, int& i1) {
 }
 
 // The element each output lane of `values` holds (lane = vector * 16 + n).
+// A 64-byte block of a row (4-bit: 128 elements, 8 vectors; 8-bit: 64
+// elements, 4 vectors) unpacks to vectors ordered so that runs of
+// consecutive vectors share a group (see int_dot_avx512.inc's value_pairs):
+// vector v = half * 4 + h * 2 + s (4-bit) or half * 2 + h (8-bit), with
+// `half` the 256-bit half of the block, h the unpacklo/hi of the two keys'
+// bytes and s the low/high nibble.
 inline int value_element(int bits, int lane) {
-  const int z = lane / 16, n = lane % 16, k = n / 8, t = n % 8;
-  if (bits == 4) { // per 64-byte block: L0lo L0hi H0lo H0hi L1lo L1hi H1lo H1hi
-    const int block = z / 8, v = z % 8;
-    const int lane128 = k + 2 * (v % 2), hi_nibble = (v / 2) % 2, second = v / 4;
-    return 128 * block + 32 * lane128 + 16 * second + 2 * t + hi_nibble;
+  const int z = lane / 16, n = lane % 16, t = n % 8;
+  if (bits == 4) {
+    const int block = z / 8, v = z % 8, half = v / 4, h = (v / 2) % 2, s = v % 2;
+    const int lane128 = n / 8 + 2 * half;
+    return 128 * block + 32 * lane128 + 16 * h + 2 * t + s;
   }
-  const int block = z / 4, v = z % 4; // U0lo U0hi U1lo U1hi
-  const int lane128 = k + 2 * (v % 2), second = v / 2;
-  return 64 * block + 16 * lane128 + 8 * second + t;
+  const int block = z / 4, v = z % 4, half = v / 2, h = v % 2;
+  const int lane128 = n / 8 + 2 * half;
+  return 64 * block + 16 * lane128 + 8 * h + t;
 }
 
 } // namespace mlxq::cpu
