@@ -8,6 +8,7 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include "cpu/int_dot.h"
 #include "cuda/sdpa/plan_bindings.h"
 #include "debug.h"
 #include "dequantize_into.h"
@@ -256,6 +257,15 @@ NB_MODULE(_ext, m) {
       [] { return std::string(mlxq::take_last_sdpa_kernel()); },
       "Test hook: the kernel family the last sdpa evaluation chose (CUDA: decode, tiled, ...; "
       "CPU: cpu_int16 or cpu_f32 products), then clears it.");
+
+  m.def(
+      "_cpu_int_kernels",
+      []() -> std::optional<std::string> {
+        const auto* k = mlxq::cpu::int_dot();
+        return k ? std::optional<std::string>(k->name) : std::nullopt;
+      },
+      "Test hook: the CPU kernel's integer products in use now (avx512-vnni, avx512-bw, "
+      "avx2; MLXQ_CPU_INT=0 or avx2 chooses), or None: f32 products.");
 
   m.def(
       "_device_memory",

@@ -6,8 +6,10 @@ integer lanes. Each case here runs both paths in one process
 (``MLXQ_CPU_INT=0`` forces the f32 products) on the same inputs, checks each
 against the float64 oracle with the usual tolerances (outputs NaN-poisoned
 first, conftest.py), checks that the integer path's error is within a small
-margin of the f32 path's, and that the call took the path it should. Where
-the CPU has no AVX-512BW the integer cases assert the f32 path instead.
+margin of the f32 path's, and that the call took the path it should. Every case
+runs with the best kernels the CPU has and, on AVX-512 CPUs, with the AVX2
+ones too (``MLXQ_CPU_INT=avx2``); without AVX2 the integer cases assert the
+f32 path instead.
 """
 
 import re
@@ -21,18 +23,21 @@ from reference64 import sdpa64
 import mlxq
 
 
-def _cpu_has_avx512bw() -> bool:
+def _cpu_flags() -> set:
     try:
         with open("/proc/cpuinfo") as f:
             flags = re.search(r"^flags\s*:(.*)$", f.read(), re.M)
     except OSError:
-        return False
-    return bool(flags) and {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= set(
-        flags.group(1).split()
-    )
+        return set()
+    return set(flags.group(1).split()) if flags else set()
 
 
-INT_CPU = _cpu_has_avx512bw()
+FLAGS = _cpu_flags()
+AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= FLAGS
+AVX2 = {"avx2", "fma", "f16c"} <= FLAGS
+# The integer kernels each case runs: the best this CPU has ("1"), and the
+# AVX2 ones too where the best are AVX-512.
+PATHS = ["1"] + (["avx2"] if AVX512 and AVX2 else [])
 
 # The integer path's relative error may exceed the f32 path's by this much
 # (int16 queries and weights: measured below 1e-4 over this file's cases).
@@ -49,10 +54,29 @@ def covered(bits, D, gs):
     return bool(block) and D % block == 0 and D % gs == 0 and D // gs <= 16
 
 
-def both_paths(monkeypatch, q, k, v, **kw):
+@pytest.fixture(params=PATHS)
+def int_path(request):
+    return request.param
+
+
+def expected_kernels(flag):
+    if flag == "avx2":
+        return "avx2"
+    return (
+        "avx512-vnni"
+        if AVX512 and "avx512_vnni" in FLAGS
+        else "avx512-bw"
+        if AVX512
+        else "avx2"
+        if AVX2
+        else None
+    )
+
+
+def both_paths(monkeypatch, flag, q, k, v, **kw):
     """(integer-path output, kernel name), (f32-path output, kernel name)."""
     outs = []
-    for flag in ("1", "0"):
+    for flag in (flag, "0"):
         monkeypatch.setenv("MLXQ_CPU_INT", flag)
         mlxq._ext._take_last_sdpa_kernel()
         out = mlxq.sdpa(q, k, v, **kw)
@@ -62,18 +86,21 @@ def both_paths(monkeypatch, q, k, v, **kw):
 
 
 def check(
-    monkeypatch, q, k, v, *, bits, group_size, v_bits=None, v_group=None, int_path=True, **kw
+    monkeypatch, flag, q, k, v, *, bits, group_size, v_bits=None, v_group=None, int_path=True, **kw
 ):
     kw.setdefault("scale", q.shape[-1] ** -0.5)
     fmt = dict(
         group_size=group_size, bits=bits, v_group_size=v_group or group_size, v_bits=v_bits or bits
     )
-    (fast, used), (exact, used_f32) = both_paths(monkeypatch, q, k, v, **fmt, **kw)
+    monkeypatch.setenv("MLXQ_CPU_INT", flag)
+    kernels = mlxq._ext._cpu_int_kernels()
+    assert kernels == expected_kernels(flag)
+    (fast, used), (exact, used_f32) = both_paths(monkeypatch, flag, q, k, v, **fmt, **kw)
     ref = sdpa64(q, k, v, **fmt, **kw)
     err_f32 = assert_close(exact, ref, dtype=q.dtype)
     err_int = assert_close(fast, ref, dtype=q.dtype)
     assert used_f32 == "cpu_f32"
-    assert used == ("cpu_int16" if int_path and INT_CPU else "cpu_f32")
+    assert used == ("cpu_int16" if int_path and kernels else "cpu_f32")
     assert err_int <= err_f32 + MARGIN, f"integer path {err_int:.3g} vs f32 {err_f32:.3g}"
     return fast
 
@@ -98,7 +125,7 @@ CASES = [
 @pytest.mark.parametrize("q_dtype", [mx.bfloat16, mx.float16])
 @pytest.mark.parametrize("bits,v_bits,D,gs,Hq,Hkv,L,N", CASES)
 def test_integer_products_match_the_oracle(
-    monkeypatch, rng, q_dtype, bits, v_bits, D, gs, Hq, Hkv, L, N
+    monkeypatch, int_path, rng, q_dtype, bits, v_bits, D, gs, Hq, Hkv, L, N
 ):
     q, k, v = random_inputs(
         rng,
@@ -113,11 +140,11 @@ def test_integer_products_match_the_oracle(
         kv_dtype=q_dtype,
         v_bits=v_bits,
     )
-    check(monkeypatch, q, k, v, bits=bits, group_size=gs, v_bits=v_bits)
+    check(monkeypatch, int_path, q, k, v, bits=bits, group_size=gs, v_bits=v_bits)
 
 
 @pytest.mark.parametrize("kv_dtype", [mx.float32, mx.float16, mx.bfloat16])
-def test_scale_dtypes(monkeypatch, rng, kv_dtype):
+def test_scale_dtypes(monkeypatch, int_path, rng, kv_dtype):
     q, k, v = random_inputs(
         rng,
         Hq=8,
@@ -129,12 +156,12 @@ def test_scale_dtypes(monkeypatch, rng, kv_dtype):
         q_dtype=mx.bfloat16,
         kv_dtype=kv_dtype,
     )
-    check(monkeypatch, q, k, v, bits=4, group_size=64)
+    check(monkeypatch, int_path, q, k, v, bits=4, group_size=64)
 
 
 @pytest.mark.parametrize("mask", ["bool", "causal"])
 @pytest.mark.parametrize("with_sinks", [False, True])
-def test_masks_and_sinks(monkeypatch, rng, mask, with_sinks):
+def test_masks_and_sinks(monkeypatch, int_path, rng, mask, with_sinks):
     L, N, Hq = 4, 130, 8
     q, k, v = random_inputs(
         rng,
@@ -155,10 +182,10 @@ def test_masks_and_sinks(monkeypatch, rng, mask, with_sinks):
     else:
         m = "causal"
     sinks = random_sinks(rng, Hq) if with_sinks else None
-    check(monkeypatch, q, k, v, bits=4, group_size=64, mask=m, sinks=sinks)
+    check(monkeypatch, int_path, q, k, v, bits=4, group_size=64, mask=m, sinks=sinks)
 
 
-def test_cache_views_and_transposed_layouts(monkeypatch, rng):
+def test_cache_views_and_transposed_layouts(monkeypatch, int_path, rng):
     """A prefix of a bigger buffer (rows apart by the buffer's stride) and
     triples laid out [B, N, H, ...] then transposed (keys H rows apart)."""
     q, k, v = random_inputs(
@@ -173,14 +200,14 @@ def test_cache_views_and_transposed_layouts(monkeypatch, rng):
         kv_dtype=mx.bfloat16,
     )
     prefix = lambda t: tuple(a[:, :, :201, :] for a in t)  # noqa: E731
-    check(monkeypatch, q, prefix(k), prefix(v), bits=8, group_size=32)
+    check(monkeypatch, int_path, q, prefix(k), prefix(v), bits=8, group_size=32)
     swapped = lambda t: tuple(mx.contiguous(a.swapaxes(1, 2)).swapaxes(1, 2) for a in t)  # noqa: E731
     k2, v2 = swapped(k), swapped(v)
-    check(monkeypatch, q, k2, v2, bits=8, group_size=32)
+    check(monkeypatch, int_path, q, k2, v2, bits=8, group_size=32)
 
 
 @pytest.mark.parametrize("bits,D", [(4, 64), (2, 128), (3, 128), (6, 128)])
-def test_uncovered_formats_keep_the_f32_products(monkeypatch, rng, bits, D):
+def test_uncovered_formats_keep_the_f32_products(monkeypatch, int_path, rng, bits, D):
     q, k, v = random_inputs(
         rng,
         Hq=4,
@@ -192,15 +219,15 @@ def test_uncovered_formats_keep_the_f32_products(monkeypatch, rng, bits, D):
         q_dtype=mx.bfloat16,
         kv_dtype=mx.bfloat16,
     )
-    check(monkeypatch, q, k, v, bits=bits, group_size=32, int_path=False)
+    check(monkeypatch, int_path, q, k, v, bits=bits, group_size=32, int_path=False)
 
 
-def test_f32_queries_keep_the_f32_products(monkeypatch, rng):
+def test_f32_queries_keep_the_f32_products(monkeypatch, int_path, rng):
     q, k, v = random_inputs(rng, Hq=4, Hkv=2, N=40, Dk=128, bits=4, group_size=64)
-    check(monkeypatch, q, k, v, bits=4, group_size=64, int_path=False)
+    check(monkeypatch, int_path, q, k, v, bits=4, group_size=64, int_path=False)
 
 
-def test_large_scores(monkeypatch, rng):
+def test_large_scores(monkeypatch, int_path, rng):
     """Peaky softmax (queries x8): int16 queries keep the error of f32's."""
     q, k, v = random_inputs(
         rng,
@@ -214,5 +241,5 @@ def test_large_scores(monkeypatch, rng):
         kv_dtype=mx.float16,
     )
     q = (q.astype(mx.float32) * 8).astype(mx.float16)
-    out = check(monkeypatch, q, k, v, bits=4, group_size=64)
+    out = check(monkeypatch, int_path, q, k, v, bits=4, group_size=64)
     assert np.isfinite(to_f64(out)).all()

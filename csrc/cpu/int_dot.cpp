@@ -4,6 +4,7 @@
 #include "cpu/int_dot.h"
 
 #include <cstdlib>
+#include <cstring>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MLXQ_INT_X86 1
@@ -24,26 +25,40 @@
 #define MLXQ_INT_VNNI 0
 #define MLXQ_INT_NAME "avx512-bw"
 #include "cpu/int_dot_avx512.inc"
+#undef MLXQ_INT_TARGET
+
+#define MLXQ_INT_TARGET "avx2,fma,f16c"
+#include "cpu/int_dot_avx2.inc"
 #endif
 
 namespace mlxq::cpu {
 
 const IntDot* int_dot() {
-  const char* env = std::getenv("MLXQ_CPU_INT"); // read per call: tests compare both paths
+  // Read per call: tests and benchmarks compare the paths in one process.
+  const char* env = std::getenv("MLXQ_CPU_INT");
   if (env && env[0] == '0') {
     return nullptr;
   }
-  static const IntDot* chosen = []() -> const IntDot* {
 #if defined(MLXQ_INT_X86)
+  static const bool has_avx2 = [] {
     __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c");
+  }();
+  static const IntDot* best = []() -> const IntDot* {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
       return __builtin_cpu_supports("avx512vnni") ? &avx512_vnni::kernels : &avx512_bw::kernels;
     }
-#endif
-    return nullptr;
+    return has_avx2 ? &avx2::kernels : nullptr;
   }();
-  return chosen;
+  if (env && std::strcmp(env, "avx2") == 0) {
+    return has_avx2 ? &avx2::kernels : nullptr;
+  }
+  return best;
+#else
+  return nullptr;
+#endif
 }
 
 } // namespace mlxq::cpu

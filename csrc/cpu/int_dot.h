@@ -49,6 +49,7 @@ struct IntRows {
 
 struct IntDot {
   const char* name;
+  int lanes; // 32-bit lanes per vector (value_element's W)
   // s[rr * 32 + j] = sum_g k_scale_jg * qscale_g * (codes_j . q)_g
   //                + sum_g k_bias_jg * qsum_g, for j < n (later lanes: any).
   void (*scores)(const IntKeys& k, const IntRows& rows, float* s);
@@ -58,8 +59,9 @@ struct IntDot {
   void (*values)(const IntKeys& v, int R, const float* p, float* o, float* obias);
 };
 
-// The best integer kernels this CPU runs, or null (no AVX-512BW, or
-// MLXQ_CPU_INT=0): the kernel then multiplies in f32.
+// The best integer kernels this CPU runs (AVX-512 VNNI, AVX-512BW, AVX2),
+// or null (none of them, or MLXQ_CPU_INT=0): the kernel then multiplies in
+// f32. MLXQ_CPU_INT=avx2 asks for the AVX2 kernels where the CPU has more.
 const IntDot* int_dot();
 
 // Whether the integer path covers codes of `bits` bits, head dim D and
@@ -84,23 +86,23 @@ inline void key_pair(int bits, int m, int& i0, int& i1) {
   }
 }
 
-// The element each output lane of `values` holds (lane = vector * 16 + n).
-// A 64-byte block of a row (4-bit: 128 elements, 8 vectors; 8-bit: 64
-// elements, 4 vectors) unpacks to vectors ordered so that runs of
-// consecutive vectors share a group (see int_dot_avx512.inc's value_pairs):
-// vector v = half * 4 + h * 2 + s (4-bit) or half * 2 + h (8-bit), with
-// `half` the 256-bit half of the block, h the unpacklo/hi of the two keys'
-// bytes and s the low/high nibble.
-inline int value_element(int bits, int lane) {
-  const int z = lane / 16, n = lane % 16, t = n % 8;
+// The element each output lane of `values` holds (lane = vector * W + n,
+// W = IntDot::lanes, 16 or 8). A block of 4W bytes of a row (4-bit: 8W
+// elements, 8 vectors; 8-bit: 4W elements, 4 vectors) unpacks to vectors
+// ordered so that runs of consecutive vectors share a group (see the
+// kernels' value_pairs): vector v = half * 4 + h * 2 + s (4-bit) or
+// half * 2 + h (8-bit), with `half` the half of the block, h the
+// unpacklo/hi of the two keys' bytes and s the low/high nibble.
+inline int value_element(int bits, int lane, int W) {
+  const int z = lane / W, n = lane % W, t = n % 8;
   if (bits == 4) {
     const int block = z / 8, v = z % 8, half = v / 4, h = (v / 2) % 2, s = v % 2;
-    const int lane128 = n / 8 + 2 * half;
-    return 128 * block + 32 * lane128 + 16 * h + 2 * t + s;
+    const int lane128 = n / 8 + (W / 8) * half;
+    return 8 * W * block + 32 * lane128 + 16 * h + 2 * t + s;
   }
   const int block = z / 4, v = z % 4, half = v / 2, h = v % 2;
-  const int lane128 = n / 8 + 2 * half;
-  return 64 * block + 16 * lane128 + 8 * h + t;
+  const int lane128 = n / 8 + (W / 8) * half;
+  return 4 * W * block + 16 * lane128 + 8 * h + t;
 }
 
 } // namespace mlxq::cpu

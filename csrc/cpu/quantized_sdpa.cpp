@@ -300,7 +300,7 @@ class TileKernel {
     const float* ob = S_.obias + size_t(rr) * (Dv_ / P_.v_group);
     if (P_.ints) {
       for (int lane = 0; lane < Dv_; ++lane) {
-        const int i = cpu::value_element(VBITS, lane);
+        const int i = cpu::value_element(VBITS, lane, P_.ints->lanes);
         S_.onat[i] = o[lane] + ob[i / P_.v_group];
       }
       return S_.onat;
