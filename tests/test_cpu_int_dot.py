@@ -8,8 +8,9 @@ against the float64 oracle with the usual tolerances (outputs NaN-poisoned
 first, conftest.py), checks that the integer path's error is within a small
 margin of the f32 path's, and that the call took the path it should. Every case
 runs with the best kernels the CPU has and, on AVX-512 CPUs, with the AVX2
-ones too (``MLXQ_CPU_INT=avx2``); without AVX2 the integer cases assert the
-f32 path instead.
+ones too (``MLXQ_CPU_INT=avx2``), and on VNNI CPUs with the AVX-512BW ones
+(``MLXQ_CPU_INT=avx512-bw``); without AVX2 the integer cases assert the f32
+path instead.
 """
 
 import re
@@ -36,8 +37,10 @@ FLAGS = _cpu_flags()
 AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= FLAGS
 AVX2 = {"avx2", "fma", "f16c"} <= FLAGS
 # The integer kernels each case runs: the best this CPU has ("1"), and the
-# AVX2 ones too where the best are AVX-512.
+# AVX2 (and AVX-512BW) ones too where the best are AVX-512 (VNNI).
 PATHS = ["1"] + (["avx2"] if AVX512 and AVX2 else [])
+if AVX512 and "avx512_vnni" in FLAGS:
+    PATHS.append("avx512-bw")  # vpmaddwd + vpaddd instead of vpdpwssd
 
 # The integer path's relative error may exceed the f32 path's by this much
 # (int16 queries and weights: measured below 1e-4 over this file's cases).
@@ -60,8 +63,8 @@ def int_path(request):
 
 
 def expected_kernels(flag):
-    if flag == "avx2":
-        return "avx2"
+    if flag in ("avx2", "avx512-bw"):
+        return flag
     return (
         "avx512-vnni"
         if AVX512 and "avx512_vnni" in FLAGS

@@ -61,7 +61,8 @@ struct IntDot {
 
 // The best integer kernels this CPU runs (AVX-512 VNNI, AVX-512BW, AVX2),
 // or null (none of them, or MLXQ_CPU_INT=0): the kernel then multiplies in
-// f32. MLXQ_CPU_INT=avx2 asks for the AVX2 kernels where the CPU has more.
+// f32. MLXQ_CPU_INT=avx2 (or avx512-bw) asks for those kernels where the CPU
+// has more.
 const IntDot* int_dot();
 
 // Whether the integer path covers codes of `bits` bits, head dim D and
