@@ -134,6 +134,17 @@ def host_steps(call, cache, steps):
     return times
 
 
+def host_stats(hosts) -> dict:
+    """A row's host columns from host_steps' (build, dispatch) seconds (the
+    first SKIP steps left out of the medians)."""
+    return {
+        "build_ms": 1e3 * statistics.median(b for b, _ in hosts[SKIP:]),
+        "dispatch_ms": 1e3 * statistics.median(d for _, d in hosts[SKIP:]),
+        "host_ms": 1e3 * statistics.median([b + d * GPU for b, d in hosts[SKIP:]]),
+        "host_ms_all": [[1e3 * b, 1e3 * d] for b, d in hosts],
+    }
+
+
 def floor_run(model, context, host_steps_n):
     """The floor-comp row: host time of the model's compiled cacheless step."""
     step = mx.compile(lambda y: model(y))
@@ -141,10 +152,7 @@ def floor_run(model, context, host_steps_n):
     return {
         "context": context,
         "config": "floor-comp",
-        "build_ms": 1e3 * statistics.median(b for b, _ in hosts[SKIP:]),
-        "dispatch_ms": 1e3 * statistics.median(d for _, d in hosts[SKIP:]),
-        "host_ms": 1e3 * statistics.median([b + d * GPU for b, d in hosts[SKIP:]]),
-        "host_ms_all": [[1e3 * b, 1e3 * d] for b, d in hosts],
+        **host_stats(hosts),
     }
 
 
@@ -189,10 +197,7 @@ def run(model, args, config, context, decode_tokens, seed, host_steps_n=16):
         "decode_ms": 1e3 * statistics.median(steps),
         "decode_tps": 1.0 / statistics.median(steps),
         "decode_ms_all": [1e3 * s for s in gaps],
-        "build_ms": 1e3 * statistics.median(b for b, _ in hosts[SKIP:]),
-        "dispatch_ms": 1e3 * statistics.median(d for _, d in hosts[SKIP:]),
-        "host_ms": 1e3 * statistics.median([b + d * GPU for b, d in hosts[SKIP:]]),
-        "host_ms_all": [[1e3 * b, 1e3 * d] for b, d in hosts],
+        **host_stats(hosts),
         "traces": traces if compiled else None,
         "trace_s": max(gaps[:SKIP]) if compiled else None,
         "declined": declined if compiled else None,

@@ -265,7 +265,7 @@ NB_MODULE(_ext, m) {
         return k ? std::optional<std::string>(k->name) : std::nullopt;
       },
       "Test hook: the CPU kernel's integer products in use now (avx512-vnni, avx512-bw, "
-      "avx2; MLXQ_CPU_INT=0 or avx2 chooses), or None: f32 products.");
+      "avx2; MLXQ_CPU_INT=0, avx2 or avx512-bw chooses), or None: f32 products.");
 
   m.def(
       "_device_memory",

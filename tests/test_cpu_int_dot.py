@@ -52,9 +52,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def covered(bits, D, gs):
-    block = {4: 128, 8: 64}.get(bits)
-    return bool(block) and D % block == 0 and D % gs == 0 and D // gs <= 16
+def half_inputs(rng, dtype, **shape):
+    """random_inputs with queries and K/V scales both in ``dtype``."""
+    return random_inputs(rng, q_dtype=dtype, kv_dtype=dtype, **shape)
 
 
 @pytest.fixture(params=PATHS)
@@ -130,18 +130,8 @@ CASES = [
 def test_integer_products_match_the_oracle(
     monkeypatch, int_path, rng, q_dtype, bits, v_bits, D, gs, Hq, Hkv, L, N
 ):
-    q, k, v = random_inputs(
-        rng,
-        Hq=Hq,
-        Hkv=Hkv,
-        L=L,
-        N=N,
-        Dk=D,
-        bits=bits,
-        group_size=gs,
-        q_dtype=q_dtype,
-        kv_dtype=q_dtype,
-        v_bits=v_bits,
+    q, k, v = half_inputs(
+        rng, q_dtype, Hq=Hq, Hkv=Hkv, L=L, N=N, Dk=D, bits=bits, group_size=gs, v_bits=v_bits
     )
     check(monkeypatch, int_path, q, k, v, bits=bits, group_size=gs, v_bits=v_bits)
 
@@ -166,18 +156,7 @@ def test_scale_dtypes(monkeypatch, int_path, rng, kv_dtype):
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_masks_and_sinks(monkeypatch, int_path, rng, mask, with_sinks):
     L, N, Hq = 4, 130, 8
-    q, k, v = random_inputs(
-        rng,
-        Hq=Hq,
-        Hkv=2,
-        L=L,
-        N=N,
-        Dk=128,
-        bits=4,
-        group_size=64,
-        q_dtype=mx.float16,
-        kv_dtype=mx.float16,
-    )
+    q, k, v = half_inputs(rng, mx.float16, Hq=Hq, Hkv=2, L=L, N=N, Dk=128, bits=4, group_size=64)
     if mask == "bool":
         visible = rng.random((L, N)) < 0.5
         visible[:, 0] = True
@@ -191,17 +170,7 @@ def test_masks_and_sinks(monkeypatch, int_path, rng, mask, with_sinks):
 def test_cache_views_and_transposed_layouts(monkeypatch, int_path, rng):
     """A prefix of a bigger buffer (rows apart by the buffer's stride) and
     triples laid out [B, N, H, ...] then transposed (keys H rows apart)."""
-    q, k, v = random_inputs(
-        rng,
-        Hq=8,
-        Hkv=2,
-        N=300,
-        Dk=128,
-        bits=8,
-        group_size=32,
-        q_dtype=mx.bfloat16,
-        kv_dtype=mx.bfloat16,
-    )
+    q, k, v = half_inputs(rng, mx.bfloat16, Hq=8, Hkv=2, N=300, Dk=128, bits=8, group_size=32)
     prefix = lambda t: tuple(a[:, :, :201, :] for a in t)  # noqa: E731
     check(monkeypatch, int_path, q, prefix(k), prefix(v), bits=8, group_size=32)
     swapped = lambda t: tuple(mx.contiguous(a.swapaxes(1, 2)).swapaxes(1, 2) for a in t)  # noqa: E731
@@ -211,17 +180,7 @@ def test_cache_views_and_transposed_layouts(monkeypatch, int_path, rng):
 
 @pytest.mark.parametrize("bits,D", [(4, 64), (2, 128), (3, 128), (6, 128)])
 def test_uncovered_formats_keep_the_f32_products(monkeypatch, int_path, rng, bits, D):
-    q, k, v = random_inputs(
-        rng,
-        Hq=4,
-        Hkv=2,
-        N=40,
-        Dk=D,
-        bits=bits,
-        group_size=32,
-        q_dtype=mx.bfloat16,
-        kv_dtype=mx.bfloat16,
-    )
+    q, k, v = half_inputs(rng, mx.bfloat16, Hq=4, Hkv=2, N=40, Dk=D, bits=bits, group_size=32)
     check(monkeypatch, int_path, q, k, v, bits=bits, group_size=32, int_path=False)
 
 
@@ -232,17 +191,7 @@ def test_f32_queries_keep_the_f32_products(monkeypatch, int_path, rng):
 
 def test_large_scores(monkeypatch, int_path, rng):
     """Peaky softmax (queries x8): int16 queries keep the error of f32's."""
-    q, k, v = random_inputs(
-        rng,
-        Hq=8,
-        Hkv=2,
-        N=2000,
-        Dk=128,
-        bits=4,
-        group_size=64,
-        q_dtype=mx.float16,
-        kv_dtype=mx.float16,
-    )
+    q, k, v = half_inputs(rng, mx.float16, Hq=8, Hkv=2, N=2000, Dk=128, bits=4, group_size=64)
     q = (q.astype(mx.float32) * 8).astype(mx.float16)
     out = check(monkeypatch, int_path, q, k, v, bits=4, group_size=64)
     assert np.isfinite(to_f64(out)).all()

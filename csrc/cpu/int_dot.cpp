@@ -1,6 +1,7 @@
-// Run-time choice of the integer kernels (int_dot.h): the AVX-512 ones are
-// compiled for their instruction sets by target pragmas, whatever the build
-// machine, and used only where the CPU reports them.
+// Run-time choice of the integer kernels (int_dot.h): the AVX-512 and AVX2
+// ones are compiled for their instruction sets by target attributes
+// (MLXQ_INT_FN), whatever the build machine, and used only where the CPU
+// reports them.
 #include "cpu/int_dot.h"
 
 #include <cstdlib>

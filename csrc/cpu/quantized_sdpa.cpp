@@ -738,7 +738,9 @@ void dispatch(const Problem& P, void* out) {
 // (f32 ones keep the f32 path's exactness), widths and dims they cover, and
 // packed words contiguous along each row.
 bool integer_products(const Problem& P) {
-  // Gathers index keys with 32 bits; each key's groups are read as a run.
+  // Keys a positive stride apart (the 2^25 cap is the first version's, whose
+  // 32-bit gathers needed it: kept, not needed by the transposes); each
+  // key's groups are read as a run.
   auto rows_fit = [](const View& w) {
     return w.stride[3] == 1 && w.stride[2] > 0 && w.stride[2] < (int64_t(1) << 25);
   };
