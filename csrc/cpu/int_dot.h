@@ -49,14 +49,20 @@ struct IntRows {
 
 struct IntDot {
   const char* name;
-  int lanes; // 32-bit lanes per vector (value_element's W)
+  // The element `values` keeps in output lane `lane` (a permutation of
+  // 0 .. D - 1 for codes of `bits` bits, the kernels' unpacking order).
+  int (*element)(int bits, int lane);
   // s[rr * 32 + j] = sum_g k_scale_jg * qscale_g * (codes_j . q)_g
   //                + sum_g k_bias_jg * qsum_g, for j < n (later lanes: any).
   void (*scores)(const IntKeys& k, const IntRows& rows, float* s);
   // With p[rr * 32 + j] the chunk's weights (0 past n):
-  // o[rr * D + lane] += sum_j p_j v_scale_jg code_j,value_element(lane) and
+  // o[rr * D + lane] += sum_j p_j v_scale_jg code_j,element(lane) and
   // obias[rr * G + g] += sum_j p_j v_bias_jg.
   void (*values)(const IntKeys& v, int R, const float* p, float* o, float* obias);
+  // The online softmax of a chunk (32 scores per row, -inf where hidden):
+  // s becomes exp(s - m_new), l and m are updated and o ([R][Dv]) and obias
+  // ([R][Gv]) rescaled to the new max. Null: the tile kernel's own.
+  void (*softmax)(int R, float* s, float* m, float* l, float* o, int Dv, float* obias, int Gv);
 };
 
 // The best integer kernels this CPU runs (AVX-512 VNNI, AVX-512BW, AVX2),
@@ -85,25 +91,6 @@ inline void key_pair(int bits, int m, int& i0, int& i1) {
     i0 = 4 * w + t;
     i1 = i0 + 2;
   }
-}
-
-// The element each output lane of `values` holds (lane = vector * W + n,
-// W = IntDot::lanes, 16 or 8). A block of 4W bytes of a row (4-bit: 8W
-// elements, 8 vectors; 8-bit: 4W elements, 4 vectors) unpacks to vectors
-// ordered so that runs of consecutive vectors share a group (see the
-// kernels' value_pairs): vector v = half * 4 + h * 2 + s (4-bit) or
-// half * 2 + h (8-bit), with `half` the half of the block, h the
-// unpacklo/hi of the two keys' bytes and s the low/high nibble.
-inline int value_element(int bits, int lane, int W) {
-  const int z = lane / W, n = lane % W, t = n % 8;
-  if (bits == 4) {
-    const int block = z / 8, v = z % 8, half = v / 4, h = (v / 2) % 2, s = v % 2;
-    const int lane128 = n / 8 + (W / 8) * half;
-    return 8 * W * block + 32 * lane128 + 16 * h + 2 * t + s;
-  }
-  const int block = z / 4, v = z % 4, half = v / 2, h = v % 2;
-  const int lane128 = n / 8 + (W / 8) * half;
-  return 4 * W * block + 16 * lane128 + 8 * h + t;
 }
 
 } // namespace mlxq::cpu

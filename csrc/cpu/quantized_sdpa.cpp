@@ -289,7 +289,11 @@ class TileKernel {
       for (int rr = 0; rr < R; ++rr) {
         std::fill(S_.s + rr * kChunk + cn, S_.s + (rr + 1) * kChunk, kNegInf);
       }
-      softmax_update(R, kChunk);
+      if (P_.ints && P_.ints->softmax) {
+        P_.ints->softmax(R, S_.s, S_.m, S_.l, S_.o, Dv_, S_.obias, Dv_ / P_.v_group);
+      } else {
+        softmax_update(R, kChunk);
+      }
       values(b, kvh, R, c0, cn);
     }
   }
@@ -300,7 +304,7 @@ class TileKernel {
     const float* ob = S_.obias + size_t(rr) * (Dv_ / P_.v_group);
     if (P_.ints) {
       for (int lane = 0; lane < Dv_; ++lane) {
-        const int i = cpu::value_element(VBITS, lane, P_.ints->lanes);
+        const int i = P_.ints->element(VBITS, lane);
         S_.onat[i] = o[lane] + ob[i / P_.v_group];
       }
       return S_.onat;
