@@ -28,6 +28,25 @@ def time_fn(fn, *, warmup=2, repeats=10):
     return {"median_ms": statistics.median(times), "min_ms": min(times), "times_ms": times}
 
 
+def time_interleaved(fns, *, warmup=2, repeats=10):
+    """Like time_fn for several functions, called in turn (a, b, c, a, b, c,
+    ...) so that a shared machine's slow and fast phases fall on all of them
+    alike. ``fns``: name -> function. Returns name -> time_fn's dict."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            mx.eval(fn())
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            mx.eval(fn())
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {
+        name: {"median_ms": statistics.median(t), "min_ms": min(t), "times_ms": t}
+        for name, t in times.items()
+    }
+
+
 def cpu_model():
     try:
         with open("/proc/cpuinfo") as f:

@@ -12,7 +12,17 @@ and N, timing:
          mlxq.reference.quantized_sdpa when mlx-lm is not installed)
 
 and the bytes/s mlxq reaches reading the packed codes + scales + biases of K and
-V once. Prints a table and saves it as JSON (default bench/results/decode_cpu.json).
+V once. mlxq, f32 and fast are timed in turn, call by call, so that a shared
+machine's slow phases fall on all three alike.
+
+On the CPU, with ggml available (bench/ggml_attention.py: an installed
+llama-cpp-python, or MLXQ_GGML_LIB naming a directory of ggml libraries), it
+also times llama.cpp's flash attention (FLASH_ATTN_EXT) on the same shapes:
+K/V in q4_0 (for 4-bit rows) or q8_0 (8-bit rows), and in f16, on
+--ggml-threads threads. Without ggml it prints the numbers an earlier session
+measured and how.
+
+Prints a table and saves it as JSON (default bench/results/decode_cpu.json).
 
     python bench/decode.py            # full grid
     python bench/decode.py --quick    # small N, few repeats
@@ -25,6 +35,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import ggml_attention  # noqa: E402
 import mlx.core as mx  # noqa: E402
 
 import mlxq  # noqa: E402
@@ -41,14 +52,28 @@ COLUMNS = [
     ("kernel", "kernel", "{}"),
     ("mlxq ms", "mlxq_ms", "{:.3f}"),
     ("f32 ms", "f32_products_ms", "{:.3f}"),
+    ("x f32", "speedup_vs_f32_products", "{:.2f}"),
     ("fast bf16 ms", "fast_bf16_ms", "{:.3f}"),
     ("comp ms", "comp_ms", "{:.3f}"),
     ("x fast", "speedup_vs_fast", "{:.1f}"),
     ("x comp", "speedup_vs_comp", "{:.1f}"),
     ("mlxq GB/s", "mlxq_gbps", "{:.1f}"),
+    ("ggml q ms", "ggml_q_ms", "{:.2f}"),
+    ("ggml f16 ms", "ggml_f16_ms", "{:.2f}"),
+    ("x ggml q", "speedup_vs_ggml_q", "{:.1f}"),
+    ("x ggml f16", "speedup_vs_ggml_f16", "{:.1f}"),
     ("err mlxq", "mlxq_rel_err_vs_f32", "{:.1e}"),
     ("err comp", "comp_rel_err_vs_f32", "{:.1e}"),
 ]
+
+
+# What llama.cpp measured on this machine class when it was not installable
+# here (32/8/128, N = 32768, 2 threads).
+QUOTED_GGML = (
+    "Measured earlier on the 2-core CI machine class (32/8/128, N = 32768, 2 threads, "
+    "ggml 0.25.3 from the llama-cpp-python 0.3.36 sdist built with GGML_NATIVE, through "
+    "this script): q4_0 63-77 ms, q8_0 35-45 ms, f16 33-37 ms."
+)
 
 
 def composition():
@@ -92,26 +117,37 @@ def bench_row(Hq, Hkv, D, N, bits, comp, args):
     vq = mx.quantize(v, group_size=GROUP_SIZE, bits=bits)
     mx.eval(q, k, v, kq, vq)
 
-    t_mlxq = common.time_fn(
-        lambda: mlxq.sdpa(q, kq, vq, scale=scale), warmup=args.warmup, repeats=args.repeats
-    )
+    fns = {
+        "mlxq": lambda: mlxq.sdpa(q, kq, vq, scale=scale),
+        "fast": lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale),
+    }
+    on_cpu = mx.default_device() == mx.cpu
+    if on_cpu:
+
+        def f32_products():
+            # The kernel reads the switch when it runs: evaluate under it.
+            os.environ["MLXQ_CPU_INT"] = "0"
+            try:
+                out = mlxq.sdpa(q, kq, vq, scale=scale)
+                mx.eval(out)
+                return out
+            finally:
+                del os.environ["MLXQ_CPU_INT"]
+
+        fns["f32"] = f32_products
+    t = common.time_interleaved(fns, warmup=args.warmup, repeats=args.repeats)
+    t_mlxq, t_fast, t_f32 = t["mlxq"], t["fast"], t.get("f32")
     mlxq._ext._take_last_sdpa_kernel()
     mx.eval(mlxq.sdpa(q, kq, vq, scale=scale))
     kernel = mlxq._ext._take_last_sdpa_kernel() or None
-    t_f32 = None
-    if mx.default_device() == mx.cpu:
-        os.environ["MLXQ_CPU_INT"] = "0"
-        try:
-            t_f32 = common.time_fn(
-                lambda: mlxq.sdpa(q, kq, vq, scale=scale), warmup=args.warmup, repeats=args.repeats
-            )
-        finally:
-            del os.environ["MLXQ_CPU_INT"]
-    t_fast = common.time_fn(
-        lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale),
-        warmup=args.warmup,
-        repeats=args.repeats,
-    )
+    ggml = {}
+    if on_cpu and args.ggml:
+        for name, kv_type in (("q", {4: "q4_0", 8: "q8_0"}.get(bits)), ("f16", "f16")):
+            if kv_type:
+                ggml[name] = ggml_attention.time_decode(
+                    Hq, Hkv, D, N, kv_type, threads=args.ggml_threads, repeats=args.ggml_repeats
+                )
+                ggml[name]["type"] = kv_type
     t_comp = common.time_fn(
         lambda: comp(q, kq, vq, scale, bits), warmup=args.comp_warmup, repeats=args.comp_repeats
     )
@@ -148,6 +184,12 @@ def bench_row(Hq, Hkv, D, N, bits, comp, args):
         "kernel": kernel,
         "mlxq_ms": ms,
         "f32_products_ms": t_f32["median_ms"] if t_f32 else None,
+        "speedup_vs_f32_products": t_f32["median_ms"] / ms if t_f32 else None,
+        "ggml_q_type": ggml["q"]["type"] if "q" in ggml else None,
+        "ggml_q_ms": ggml["q"]["median_ms"] if "q" in ggml else None,
+        "ggml_f16_ms": ggml["f16"]["median_ms"] if "f16" in ggml else None,
+        "speedup_vs_ggml_q": ggml["q"]["median_ms"] / ms if "q" in ggml else None,
+        "speedup_vs_ggml_f16": ggml["f16"]["median_ms"] / ms if "f16" in ggml else None,
         "fast_bf16_ms": t_fast["median_ms"],
         "comp_ms": t_comp["median_ms"],
         "speedup_vs_fast": t_fast["median_ms"] / ms,
@@ -194,6 +236,11 @@ def main():
         default=1,
         help="untimed composition calls first (default 1, at least 1)",
     )
+    p.add_argument(
+        "--ggml-threads", type=int, default=2, help="threads for llama.cpp's kernel (default 2)"
+    )
+    p.add_argument("--ggml-repeats", type=int, default=5, help="timed llama.cpp calls (default 5)")
+    p.add_argument("--no-ggml", dest="ggml", action="store_false", help="skip llama.cpp")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--out",
@@ -224,6 +271,17 @@ def main():
     )
     print(f"comp    : {comp_name}")
     print("GB/s    : packed codes + scales + biases of K and V, read once, / mlxq time")
+    if mx.default_device() == mx.cpu and args.ggml:
+        have, where = ggml_attention.available()
+        args.ggml = have
+        if have:
+            print(
+                f"ggml    : llama.cpp flash attention from {where}, q = q4_0 (4-bit rows) or "
+                f"q8_0 (8-bit rows), {args.ggml_threads} threads, medians of {args.ggml_repeats}"
+            )
+        else:
+            print(f"ggml    : {where}.")
+            print(f"          {QUOTED_GGML}")
     print("err     : ||out - ref|| / ||ref||, ref = f32 attention over the dequantized K/V")
     print()
 
