@@ -47,6 +47,9 @@ struct IntRows {
   const float* qsum; // [R][G]: the scaled query's float group sums
 };
 
+// Most partial sums per (row, group) any kernel keeps for the V bias terms.
+constexpr int kMaxBiasLanes = 16;
+
 struct IntDot {
   const char* name;
   // The element `values` keeps in output lane `lane` (a permutation of
@@ -55,14 +58,27 @@ struct IntDot {
   // s[rr * 32 + j] = sum_g k_scale_jg * qscale_g * (codes_j . q)_g
   //                + sum_g k_bias_jg * qsum_g, for j < n (later lanes: any).
   void (*scores)(const IntKeys& k, const IntRows& rows, float* s);
-  // With p[rr * 32 + j] the chunk's weights (0 past n):
-  // o[rr * D + lane] += sum_j p_j v_scale_jg code_j,element(lane) and
-  // obias[rr * G + g] += sum_j p_j v_bias_jg.
-  void (*values)(const IntKeys& v, int R, const float* p, float* o, float* obias);
+  // With p[rr * 32 + j] the chunk's weights (0 past n) and peak[rr] their
+  // largest (or null: the kernel finds it):
+  // o[rr * D + lane] += sum_j p_j v_scale_jg code_j,element(lane), and
+  // sum_t obias[(rr * G + g) * bias_lanes + t] += sum_j p_j v_bias_jg.
+  void (
+      *values)(const IntKeys& v, int R, const float* p, const float* peak, float* o, float* obias);
   // The online softmax of a chunk (32 scores per row, -inf where hidden):
-  // s becomes exp(s - m_new), l and m are updated and o ([R][Dv]) and obias
-  // ([R][Gv]) rescaled to the new max. Null: the tile kernel's own.
-  void (*softmax)(int R, float* s, float* m, float* l, float* o, int Dv, float* obias, int Gv);
+  // s becomes exp(s - m_new), peak[rr] its largest, l and m are updated and
+  // o ([R][Dv]) and obias ([R][Gv][bias_lanes]) rescaled to the new max.
+  // Null: the tile kernel's own (then bias_lanes is 1).
+  void (*softmax)(
+      int R,
+      float* s,
+      float* m,
+      float* l,
+      float* peak,
+      float* o,
+      int Dv,
+      float* obias,
+      int Gv);
+  int bias_lanes;
 };
 
 // The best integer kernels this CPU runs (AVX-512 VNNI, AVX-512BW, AVX2),

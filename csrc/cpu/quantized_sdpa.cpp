@@ -138,7 +138,7 @@ inline void scale_inplace(float* __restrict y, float a, int n) {
 struct Scratch {
   std::vector<float> buf;
   float *qf, *qsum, *s, *o, *obias, *m, *l, *kbuf, *vbuf, *kbias, *vbias, *wscale, *gscale, *onat,
-      *pc, *qpair, *qscale;
+      *pc, *qpair, *qscale, *peak;
   int act[kChunk];
   uint32_t words[kMaxHeadDim * 8 / 32 + 1];
 
@@ -149,7 +149,7 @@ struct Scratch {
         RT * Gk,
         RT * kChunk,
         RT * P.Dv,
-        RT * Gv,
+        RT * Gv * cpu::kMaxBiasLanes,
         RT,
         RT,
         kChunk * size_t(P.Dk),
@@ -161,7 +161,8 @@ struct Scratch {
         size_t(P.Dv),
         kChunk,
         RT * P.Dk / 2,
-        RT * Gk};
+        RT * Gk,
+        RT};
     float** slots[] = {
         &qf,
         &qsum,
@@ -179,7 +180,8 @@ struct Scratch {
         &onat,
         &pc,
         &qpair,
-        &qscale};
+        &qscale,
+        &peak};
     constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
     static_assert(n == sizeof(slots) / sizeof(slots[0]));
     size_t total = 16;
@@ -274,7 +276,7 @@ class TileKernel {
     const int R = r1 - r0;
     load_queries(b, kvh, r0, R);
     std::fill(S_.o, S_.o + R * Dv_, 0.0f);
-    std::fill(S_.obias, S_.obias + R * (Dv_ / P_.v_group), 0.0f);
+    std::fill(S_.obias, S_.obias + R * (Dv_ / P_.v_group) * bias_lanes(), 0.0f);
     std::fill(S_.m, S_.m + R, kNegInf);
     std::fill(S_.l, S_.l + R, 0.0f);
     if (P_.mask == kMaskCausal) {
@@ -290,7 +292,7 @@ class TileKernel {
         std::fill(S_.s + rr * kChunk + cn, S_.s + (rr + 1) * kChunk, kNegInf);
       }
       if (P_.ints && P_.ints->softmax) {
-        P_.ints->softmax(R, S_.s, S_.m, S_.l, S_.o, Dv_, S_.obias, Dv_ / P_.v_group);
+        P_.ints->softmax(R, S_.s, S_.m, S_.l, S_.peak, S_.o, Dv_, S_.obias, Dv_ / P_.v_group);
       } else {
         softmax_update(R, kChunk);
       }
@@ -301,11 +303,19 @@ class TileKernel {
   // Natural-order unnormalised output of tile row rr (valid after run()).
   const float* natural_output(int rr) {
     const float* o = S_.o + size_t(rr) * Dv_;
-    const float* ob = S_.obias + size_t(rr) * (Dv_ / P_.v_group);
+    const float* ob = S_.obias + size_t(rr) * (Dv_ / P_.v_group) * bias_lanes();
     if (P_.ints) {
+      const int lanes = bias_lanes();
+      float bias[kMaxHeadDim];
+      for (int g = 0; g < Dv_ / P_.v_group; ++g) {
+        bias[g] = 0.0f;
+        for (int t = 0; t < lanes; ++t) {
+          bias[g] += ob[g * lanes + t];
+        }
+      }
       for (int lane = 0; lane < Dv_; ++lane) {
         const int i = P_.ints->element(VBITS, lane);
-        S_.onat[i] = o[lane] + ob[i / P_.v_group];
+        S_.onat[i] = o[lane] + bias[i / P_.v_group];
       }
       return S_.onat;
     }
@@ -316,6 +326,11 @@ class TileKernel {
   }
 
  private:
+  // Partial sums per (row, group) in obias: the integer kernels' own count.
+  int bias_lanes() const {
+    return P_.ints ? P_.ints->bias_lanes : 1;
+  }
+
   void load_queries(int b, int kvh, int r0, int R) {
     const int gs = P_.k_group, Gk = Dk_ / gs;
     const int64_t qstep = P_.q.stride[3] * P_.q.itemsize;
@@ -481,6 +496,7 @@ class TileKernel {
           int_keys(P_.vw, P_.vs, P_.vb, b, kvh, c0, cn, VBITS, Dv, P_.v_group),
           R,
           S_.s,
+          P_.ints->softmax ? S_.peak : nullptr,
           S_.o,
           S_.obias);
       return;
