@@ -4,6 +4,8 @@ Prefill (B=1, L=N queries over N keys, causal) with a 4-bit quantized KV cache,
 Hq=32, Hkv=8, D=128, group size 64, q/K/V in bf16, on the CPU. For each L:
 
   mlxq   mlxq.sdpa(q, k_triple, v_triple, mask="causal")   the fused kernel
+  f32    the same with MLXQ_CPU_INT=0: the kernel's f32 products instead of
+         its integer ones (csrc/cpu/int_dot.h)
   fast   mx.fast.scaled_dot_product_attention on bf16 K/V  (the same cache, unquantized)
   comp   mlx-lm's quantized_scaled_dot_product_attention  (two quantized_matmuls with
          the [B, Hq, L, N] scores in between; mlxq.reference.quantized_sdpa when
@@ -261,6 +263,7 @@ def print_table(rows):
         ("in+out MiB", lambda r: f"{(r['input_bytes'] + r['output_bytes']) / MiB:.0f}"),
         ("mlxq", lambda r: fmt_ms(r["mlxq"])),
         ("mlxq peak", lambda r: fmt_peak(r["mlxq"])),
+        ("f32 products", lambda r: fmt_ms(r["f32_products"]) if r.get("f32_products") else "-"),
         ("fast bf16", lambda r: fmt_ms(r["fast"])),
         ("fast peak", lambda r: fmt_peak(r["fast"])),
         ("comp", lambda r: fmt_ms(r["comp"])),
@@ -318,6 +321,23 @@ def bench_size(L, comp, budget, args, calibrations):
     row["mlxq"] = res
     row["mlxq_sample_err_vs_f32"] = sample_error(q, kq, vq, out, scale)
     print(f"L=N={L}: mlxq {fmt_ms(res)}, peak {fmt_peak(res)}", flush=True)
+    row["f32_products"] = None
+    if mx.default_device() == mx.cpu:
+        # The same kernel with its f32 products instead of the integer ones
+        # (MLXQ_CPU_INT=0, read when the kernel runs: evaluated under it).
+        def f32_products():
+            os.environ["MLXQ_CPU_INT"] = "0"
+            try:
+                o = mlxq.sdpa(q, kq, vq, scale=scale, mask="causal")
+                mx.eval(o)
+                return o
+            finally:
+                del os.environ["MLXQ_CPU_INT"]
+
+        row["f32_products"], _ = measure(
+            f32_products, warmup=1, repeats_fast=5, repeats_slow=3, slow_s=1.0
+        )
+        print(f"L=N={L}: mlxq f32 products {fmt_ms(row['f32_products'])}", flush=True)
 
     def fast_fn(q, k, v, kq, vq):
         return lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal")
