@@ -344,7 +344,9 @@ class TileKernel {
         float sum = 0.0f;
         for (int i = g * gs; i < (g + 1) * gs; ++i) {
           const float v = load_float(qrow + i * qstep, P_.q_dtype) * P_.scale;
-          qf[CK::slot(i, Dk_)] = v;
+          if (!P_.ints) { // the integer path multiplies quantize_query's copy
+            qf[CK::slot(i, Dk_)] = v;
+          }
           sum += v;
         }
         qs[g] = sum;
@@ -758,12 +760,8 @@ void dispatch(const Problem& P, void* out) {
 // (f32 ones keep the f32 path's exactness), widths and dims they cover, and
 // packed words contiguous along each row.
 bool integer_products(const Problem& P) {
-  // Keys a positive stride apart (the 2^25 cap is the first version's, whose
-  // 32-bit gathers needed it: kept, not needed by the transposes); each
-  // key's groups are read as a run.
-  auto rows_fit = [](const View& w) {
-    return w.stride[3] == 1 && w.stride[2] > 0 && w.stride[2] < (int64_t(1) << 25);
-  };
+  // Keys a positive stride apart, each key's words and groups read as runs.
+  auto rows_fit = [](const View& w) { return w.stride[3] == 1 && w.stride[2] > 0; };
   auto params_fit = [](const View& s, const View& b) {
     return s.stride[3] == 1 && b.stride[3] == 1 && s.stride[2] == b.stride[2];
   };
