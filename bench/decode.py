@@ -72,7 +72,8 @@ COLUMNS = [
 QUOTED_GGML = (
     "Measured earlier on the 2-core CI machine class (32/8/128, N = 32768, 2 threads, "
     "ggml 0.25.3 from the llama-cpp-python 0.3.36 sdist built with GGML_NATIVE, through "
-    "this script): q4_0 63-77 ms, q8_0 35-45 ms, f16 33-37 ms."
+    "this script, in runs whose mx.fast bf16 took 250-720 ms): q4_0 63-97 ms, q8_0 "
+    "35-49 ms, f16 33-47 ms."
 )
 
 
