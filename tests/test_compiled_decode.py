@@ -27,7 +27,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from cache_helpers import kv
-from helpers import on_cuda_gpu
 
 import mlxq
 import mlxq.mlx_lm as mlxq_lm
@@ -143,7 +142,12 @@ def test_generate_step_is_bit_identical_to_eager(rng, arch, kw):
     traces, steps = dec.traces, dec.steps
     compiled = _generate(model, prompt, n, True, **kw)
     _assert_identical(eager, compiled)
-    cuda_eager = on_cuda_gpu() and arch == "gemma4"
+    # generate_step runs on mlx-lm's generation stream, made on the default
+    # device at import: the GPU on a CUDA host, whatever this test's device.
+    from mlx_lm.generate import generation_stream
+
+    on_cuda = generation_stream.device == mx.gpu and mx.cuda.is_available()
+    cuda_eager = on_cuda and arch == "gemma4"
     assert (dec.declined is not None) == cuda_eager, dec.declined
     # The one-token steps: the prompt's last token and n more (generate_step
     # computes one token ahead), at these write positions. Only steps over
