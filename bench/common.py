@@ -18,14 +18,7 @@ import mlx.core as mx
 def time_fn(fn, *, warmup=2, repeats=10):
     """Time ``fn()`` (evaluated with ``mx.eval``): ``warmup`` untimed calls, then
     ``repeats`` timed ones. Returns a dict of milliseconds: median, min, all."""
-    for _ in range(warmup):
-        mx.eval(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        mx.eval(fn())
-        times.append((time.perf_counter() - t0) * 1e3)
-    return {"median_ms": statistics.median(times), "min_ms": min(times), "times_ms": times}
+    return time_interleaved({"fn": fn}, warmup=warmup, repeats=repeats)["fn"]
 
 
 def time_interleaved(fns, *, warmup=2, repeats=10):
@@ -45,6 +38,19 @@ def time_interleaved(fns, *, warmup=2, repeats=10):
         name: {"median_ms": statistics.median(t), "min_ms": min(t), "times_ms": t}
         for name, t in times.items()
     }
+
+
+def cpu_int_path(flag, fn):
+    """``fn()`` evaluated with ``MLXQ_CPU_INT=flag`` ("0": the CPU kernel's f32
+    products, "1": its integer ones). The kernel reads the switch when it
+    runs, so the output is evaluated under it."""
+    os.environ["MLXQ_CPU_INT"] = flag
+    try:
+        out = fn()
+        mx.eval(out)
+        return out
+    finally:
+        os.environ.pop("MLXQ_CPU_INT", None)
 
 
 def cpu_model():

@@ -45,16 +45,6 @@ FORMATS = [
 ]
 
 
-def with_path(flag, fn):
-    os.environ["MLXQ_CPU_INT"] = flag
-    try:
-        out = fn()
-        mx.eval(out)
-        return out
-    finally:
-        os.environ.pop("MLXQ_CPU_INT", None)
-
-
 def kernel_errors(seed):
     rng = np.random.default_rng(seed)
     rows = []
@@ -77,7 +67,8 @@ def kernel_errors(seed):
         fmt = dict(group_size=gs, bits=kb, v_group_size=gs, v_bits=vb, scale=D**-0.5)
         ref = sdpa64(q, k, v, **fmt)
         err = {
-            f: rel_err(to_f64(with_path(f, lambda: mlxq.sdpa(q, k, v, **fmt))), ref) for f in "10"
+            f: rel_err(to_f64(common.cpu_int_path(f, lambda: mlxq.sdpa(q, k, v, **fmt))), ref)
+            for f in "10"
         }
         rows.append(
             dict(
@@ -108,8 +99,8 @@ def e2e(arch, bits, tokens, seed):
         f32_cache = mlxq_lm.make_prompt_cache(model, kv_bits=bits, kv_group_size=64)
         agree, worst, y = 0, 0.0, prompt[None]
         for step in range(tokens):
-            a = with_path("1", lambda: model(y, cache=int_cache)[:, -1])
-            b = with_path("0", lambda: model(y, cache=f32_cache)[:, -1])
+            a = common.cpu_int_path("1", lambda: model(y, cache=int_cache)[:, -1])
+            b = common.cpu_int_path("0", lambda: model(y, cache=f32_cache)[:, -1])
             agree += int(mx.argmax(a).item() == mx.argmax(b).item())
             worst = max(worst, mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item())
             y = mx.argmax(a, axis=-1)[:, None]

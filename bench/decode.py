@@ -67,8 +67,8 @@ COLUMNS = [
 ]
 
 
-# What llama.cpp measured on this machine class when it was not installable
-# here (32/8/128, N = 32768, 2 threads).
+# What llama.cpp measured on this machine class, printed where ggml is not
+# available (32/8/128, N = 32768, 2 threads).
 QUOTED_GGML = (
     "Measured earlier on the 2-core CI machine class (32/8/128, N = 32768, 2 threads, "
     "ggml 0.25.3 from the llama-cpp-python 0.3.36 sdist built with GGML_NATIVE, through "
@@ -124,18 +124,7 @@ def bench_row(Hq, Hkv, D, N, bits, comp, args):
     }
     on_cpu = mx.default_device() == mx.cpu
     if on_cpu:
-
-        def f32_products():
-            # The kernel reads the switch when it runs: evaluate under it.
-            os.environ["MLXQ_CPU_INT"] = "0"
-            try:
-                out = mlxq.sdpa(q, kq, vq, scale=scale)
-                mx.eval(out)
-                return out
-            finally:
-                del os.environ["MLXQ_CPU_INT"]
-
-        fns["f32"] = f32_products
+        fns["f32"] = lambda: common.cpu_int_path("0", lambda: mlxq.sdpa(q, kq, vq, scale=scale))
     t = common.time_interleaved(fns, warmup=args.warmup, repeats=args.repeats)
     t_mlxq, t_fast, t_f32 = t["mlxq"], t["fast"], t.get("f32")
     mlxq._ext._take_last_sdpa_kernel()

@@ -323,19 +323,15 @@ def bench_size(L, comp, budget, args, calibrations):
     print(f"L=N={L}: mlxq {fmt_ms(res)}, peak {fmt_peak(res)}", flush=True)
     row["f32_products"] = None
     if mx.default_device() == mx.cpu:
-        # The same kernel with its f32 products instead of the integer ones
-        # (MLXQ_CPU_INT=0, read when the kernel runs: evaluated under it).
-        def f32_products():
-            os.environ["MLXQ_CPU_INT"] = "0"
-            try:
-                o = mlxq.sdpa(q, kq, vq, scale=scale, mask="causal")
-                mx.eval(o)
-                return o
-            finally:
-                del os.environ["MLXQ_CPU_INT"]
-
+        # The same kernel with its f32 products instead of the integer ones.
         row["f32_products"], _ = measure(
-            f32_products, warmup=1, repeats_fast=5, repeats_slow=3, slow_s=1.0
+            lambda: common.cpu_int_path(
+                "0", lambda: mlxq.sdpa(q, kq, vq, scale=scale, mask="causal")
+            ),
+            warmup=1,
+            repeats_fast=5,
+            repeats_slow=3,
+            slow_s=1.0,
         )
         print(f"L=N={L}: mlxq f32 products {fmt_ms(row['f32_products'])}", flush=True)
 

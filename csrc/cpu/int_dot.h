@@ -59,7 +59,7 @@ struct IntDot {
   //                + sum_g k_bias_jg * qsum_g, for j < n (later lanes: any).
   void (*scores)(const IntKeys& k, const IntRows& rows, float* s);
   // With p[rr * 32 + j] the chunk's weights (0 past n) and peak[rr] their
-  // largest (or null: the kernel finds it):
+  // largest (from this kernel's softmax; kernels without one ignore it):
   // o[rr * D + lane] += sum_j p_j v_scale_jg code_j,element(lane), and
   // sum_t obias[(rr * G + g) * bias_lanes + t] += sum_j p_j v_bias_jg.
   void (

@@ -498,7 +498,7 @@ class TileKernel {
           int_keys(P_.vw, P_.vs, P_.vb, b, kvh, c0, cn, VBITS, Dv, P_.v_group),
           R,
           S_.s,
-          P_.ints->softmax ? S_.peak : nullptr,
+          S_.peak,
           S_.o,
           S_.obias);
       return;
