@@ -21,6 +21,7 @@
 // f16's 2e-3 tolerance and at bf16's 1e-2; int16 measured 1e-5 to 6e-5.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "sdpa_codes.h"
@@ -45,6 +46,22 @@ struct IntKeys {
 // latency: the kernel read 7-10 GB/s of a machine's 24. Prefetched, it reads
 // 15-20. Prefetches past the end of the keys are harmless (they never fault).
 constexpr int kPrefetchKeys = 64;
+
+// Prefetches (into L2) the group parameters at `src` (a chunk's scales or
+// biases, G per key) of the chunk kPrefetchKeys keys on.
+inline void prefetch_params(const IntKeys& k, const void* src, int G) {
+  const std::size_t item = k.param_dtype == kF32 ? 4 : 2, row = k.param_row * item;
+  const char* ahead = static_cast<const char*>(src) + kPrefetchKeys * row;
+  if (k.param_row == G) { // contiguous
+    for (std::size_t b = 0; b < 32 * G * item; b += 64) {
+      __builtin_prefetch(ahead + b, 0, 2);
+    }
+  } else {
+    for (int j = 0; j < 32; ++j) {
+      __builtin_prefetch(ahead + j * row, 0, 2);
+    }
+  }
+}
 
 // A tile's rows: the softmax state the kernels read and add to.
 struct IntRows {
