@@ -122,6 +122,12 @@ CASES = [
     (8, 8, 256, 128, 6, 2, 3, 16),
     (8, 4, 128, 64, 8, 2, 1, 500),  # llama.cpp's q8_0-K / q4_0-V pair
     (4, 8, 256, 64, 4, 2, 1, 15),
+    # Decode tiles of at most 4 rows take the fused key kernel, one
+    # instantiation per words-per-group: 8-bit groups of 128 (32 words,
+    # a group spans two transposed blocks) and of 32 (8 words), 3 rows.
+    (8, 8, 256, 128, 8, 2, 1, 77),
+    (8, 8, 128, 32, 4, 2, 1, 45),
+    (4, 4, 128, 64, 6, 2, 1, 50),
 ]
 
 
