@@ -70,10 +70,11 @@ COLUMNS = [
 # What llama.cpp measured on this machine class, printed where ggml is not
 # available (32/8/128, N = 32768, 2 threads).
 QUOTED_GGML = (
-    "Measured earlier on the 2-core CI machine class (32/8/128, N = 32768, 2 threads, "
+    "Measured earlier on the 2-core CI machine classes (32/8/128, N = 32768, 2 threads, "
     "ggml 0.25.3 from the llama-cpp-python 0.3.36 sdist built with GGML_NATIVE, through "
-    "this script, in runs whose mx.fast bf16 took 250-720 ms): q4_0 63-97 ms, q8_0 "
-    "35-49 ms, f16 33-47 ms."
+    "this script): Intel Ice Lake, in runs whose mx.fast bf16 took 250-720 ms, q4_0 "
+    "63-97 ms, q8_0 35-49 ms, f16 33-47 ms; AMD EPYC (Zen 4), mx.fast 270 ms, q4_0 "
+    "51.4 ms, q8_0 32.6 ms, f16 17.3 ms."
 )
 
 
