@@ -10,6 +10,7 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MLXQ_INT_X86 1
 #define MLXQ_INT_FN __attribute__((target(MLXQ_INT_TARGET))) inline
+#define MLXQ_INT_VBMI_FN __attribute__((target(MLXQ_INT_TARGET ",avx512vbmi"))) inline
 
 #define MLXQ_INT_TARGET "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,fma"
 #define MLXQ_INT_NS avx512_vnni
@@ -46,18 +47,24 @@ const IntDot* int_dot() {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c");
   }();
+  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
   static const IntDot* best = []() -> const IntDot* {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
-      return __builtin_cpu_supports("avx512vnni") ? &avx512_vnni::kernels : &avx512_bw::kernels;
+      if (__builtin_cpu_supports("avx512vnni")) {
+        return vbmi ? &avx512_vnni::kernels_any_width : &avx512_vnni::kernels;
+      }
+      return vbmi ? &avx512_bw::kernels_any_width : &avx512_bw::kernels;
     }
     return has_avx2 ? &avx2::kernels : nullptr;
   }();
   if (env && std::strcmp(env, "avx2") == 0) {
     return has_avx2 ? &avx2::kernels : nullptr;
   }
-  if (env && std::strcmp(env, "avx512-bw") == 0 && best == &avx512_vnni::kernels) {
-    return &avx512_bw::kernels; // the VNNI CPU runs the BW kernels too (tests)
+  if (env && std::strcmp(env, "avx512-bw") == 0 && best &&
+      std::strcmp(best->name, "avx512-vnni") == 0) {
+    // the VNNI CPU runs the BW kernels too (tests)
+    return vbmi ? &avx512_bw::kernels_any_width : &avx512_bw::kernels;
   }
   return best;
 #else

@@ -103,6 +103,10 @@ struct IntDot {
       float* obias,
       int Gv);
   int bias_lanes;
+  // Codes of 2, 3, 5 and 6 bits too: each chunk's rows are first spread to
+  // one byte per code (AVX-512 VBMI byte permutes), then taken by the 8-bit
+  // kernels (so `element` and key_pair treat them as 8-bit).
+  bool any_width;
 };
 
 // The best integer kernels this CPU runs (AVX-512 VNNI, AVX-512BW, AVX2),
@@ -111,10 +115,12 @@ struct IntDot {
 // has more.
 const IntDot* int_dot();
 
-// Whether the integer path covers codes of `bits` bits, head dim D and
-// group size gs.
-inline bool int_dot_covers(int bits, int D, int gs) {
-  const int block = bits == 4 ? 128 : bits == 8 ? 64 : 0; // elements per 64 bytes
+// Whether kernels k cover codes of `bits` bits, head dim D and group size
+// gs.
+inline bool int_dot_covers(const IntDot& k, int bits, int D, int gs) {
+  const bool spread = k.any_width && (bits == 2 || bits == 3 || bits == 5 || bits == 6);
+  // Elements per 64 bytes of the codes the kernels read.
+  const int block = bits == 4 ? 128 : bits == 8 || spread ? 64 : 0;
   return block && D % block == 0 && gs >= 32 && D % gs == 0 && D / gs <= 16 && D <= 512;
 }
 

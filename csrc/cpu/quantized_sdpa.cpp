@@ -756,19 +756,21 @@ void dispatch(const Problem& P, void* out) {
   }
 }
 
-// Whether the integer products (cpu/int_dot.h) may serve P: bf16/f16 queries
-// (f32 ones keep the f32 path's exactness), widths and dims they cover, and
-// packed words contiguous along each row.
-bool integer_products(const Problem& P) {
+// The integer kernels (cpu/int_dot.h) that serve P, or null: bf16/f16
+// queries (f32 ones keep the f32 path's exactness), widths and dims they
+// cover, and packed words contiguous along each row.
+const cpu::IntDot* integer_products(const Problem& P) {
   // Keys a positive stride apart, each key's words and groups read as runs.
   auto rows_fit = [](const View& w) { return w.stride[3] == 1 && w.stride[2] > 0; };
   auto params_fit = [](const View& s, const View& b) {
     return s.stride[3] == 1 && b.stride[3] == 1 && s.stride[2] == b.stride[2];
   };
-  return (P.q_dtype == kF16 || P.q_dtype == kBF16) &&
-      cpu::int_dot_covers(P.k_bits, P.Dk, P.k_group) &&
-      cpu::int_dot_covers(P.v_bits, P.Dv, P.v_group) && rows_fit(P.kw) && rows_fit(P.vw) &&
+  const cpu::IntDot* k = cpu::int_dot();
+  const bool fits = k && (P.q_dtype == kF16 || P.q_dtype == kBF16) &&
+      cpu::int_dot_covers(*k, P.k_bits, P.Dk, P.k_group) &&
+      cpu::int_dot_covers(*k, P.v_bits, P.Dv, P.v_group) && rows_fit(P.kw) && rows_fit(P.vw) &&
       params_fit(P.ks, P.kb) && params_fit(P.vs, P.vb);
+  return fits ? k : nullptr;
 }
 
 View view_of(const mx::array& a) {
@@ -845,7 +847,7 @@ void QuantizedSDPA::eval_cpu(const std::vector<mx::array>& in, std::vector<mx::a
   P.sinks = P.sinks_input >= 0 ? in[P.sinks_input].data<float>() : nullptr;
   P.lse = outs.size() > 1 ? outs[1].data<float>() : nullptr;
   plan(P);
-  P.ints = integer_products(P) ? cpu::int_dot() : nullptr;
+  P.ints = integer_products(P);
   note_sdpa_kernel(P.ints ? "cpu_int16" : "cpu_f32");
   // `in` is captured to keep the input buffers alive until the task runs.
   enc.dispatch([P, in, out_data = out.data<void>()]() {
