@@ -54,10 +54,13 @@ def any_width(flag):
 # (int16 queries and weights: measured below 1e-4 over this file's cases).
 MARGIN = 5e-4
 
-pytestmark = pytest.mark.skipif(
-    mx.default_device() != mx.cpu,
-    reason="the CPU kernel's products (the GPU kernels are tested apart)",
-)
+
+@pytest.fixture(autouse=True)
+def _cpu_only(device):
+    # Per test, not at import: on a CUDA host the default device at import is
+    # the GPU, and a module-level skip dropped the CPU cases too.
+    if device != mx.cpu:
+        pytest.skip("the CPU kernel's products (the GPU kernels are tested apart)")
 
 
 def half_inputs(rng, dtype, **shape):
