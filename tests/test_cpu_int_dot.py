@@ -248,6 +248,27 @@ def test_f32_queries_keep_the_f32_products(monkeypatch, int_path, rng):
     check(monkeypatch, int_path, q, k, v, bits=4, group_size=64, int_path=False)
 
 
+@pytest.mark.parametrize("bits", [4, 3])
+def test_tiny_value_scales(monkeypatch, int_path, rng, bits):
+    """A V group whose scales are all ~1e-36 (bf16 reaches that low): the
+    weights' normalisation by the scales' peak must not overflow to inf."""
+    q, k, v = half_inputs(rng, mx.bfloat16, Hq=8, Hkv=2, N=100, Dk=128, bits=bits, group_size=64)
+    codes, scales, biases = v
+    tiny = mx.concatenate([scales[..., :1], scales[..., 1:] * 1e-36], axis=-1)
+    v = (codes, tiny.astype(scales.dtype), biases)
+    out = check(
+        monkeypatch,
+        int_path,
+        q,
+        k,
+        v,
+        bits=bits,
+        group_size=64,
+        int_path=bits == 4 or any_width(int_path),
+    )
+    assert np.isfinite(to_f64(out)).all()
+
+
 def test_large_scores(monkeypatch, int_path, rng):
     """Peaky softmax (queries x8): int16 queries keep the error of f32's."""
     q, k, v = half_inputs(rng, mx.float16, Hq=8, Hkv=2, N=2000, Dk=128, bits=4, group_size=64)

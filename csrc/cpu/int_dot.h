@@ -121,7 +121,8 @@ inline bool int_dot_covers(const IntDot& k, int bits, int D, int gs) {
   const bool spread = k.any_width && (bits == 2 || bits == 3 || bits == 5 || bits == 6);
   // Elements per 64 bytes of the codes the kernels read.
   const int block = bits == 4 ? 128 : bits == 8 || spread ? 64 : 0;
-  return block && D % block == 0 && gs >= 32 && D % gs == 0 && D / gs <= 16 && D <= 512;
+  return block && D % block == 0 && gs >= 32 && gs <= 128 && D % gs == 0 && D / gs <= 16 &&
+      D <= 512;
 }
 
 // The two elements key pair m multiplies (lanes of the 32-bit words the key
