@@ -1,7 +1,6 @@
 """The CPU kernel's integer products (csrc/cpu/int_dot.h).
 
-With bf16/f16 queries, 4/8-bit codes (and 2/3/5/6-bit ones on AVX-512 VBMI
-CPUs) and head dims the kernels cover, the CPU kernel multiplies int16
+With bf16/f16 queries, 2/3/4/5/6/8-bit codes and head dims the kernels cover, the CPU kernel multiplies int16
 queries and weights by the codes in integer lanes. Each case here runs both paths in one process
 (``MLXQ_CPU_INT=0`` forces the f32 products) on the same inputs, checks each
 against the float64 oracle with the usual tolerances (outputs NaN-poisoned
@@ -41,13 +40,13 @@ AVX2 = {"avx2", "fma", "f16c"} <= FLAGS
 PATHS = ["1"] + (["avx2"] if AVX512 and AVX2 else [])
 if AVX512 and "avx512_vnni" in FLAGS:
     PATHS.append("avx512-bw")  # vpmaddwd + vpaddd instead of vpdpwssd
-VBMI = AVX512 and "avx512vbmi" in FLAGS
 
 
 def any_width(flag):
-    """Whether the kernels take 2/3/5/6-bit codes (AVX-512 ones where the CPU
-    has VBMI's byte permutes)."""
-    return VBMI and flag != "avx2"
+    """Whether the kernels take 2/3/5/6-bit codes: all of them, spreading
+    the codes to bytes first (with VBMI's byte permutes where the CPU has
+    them, else with AVX2 shuffles; the AVX2 path always the latter)."""
+    return AVX2
 
 
 # The integer path's relative error may exceed the f32 path's by this much
@@ -205,7 +204,7 @@ def test_cache_views_and_transposed_layouts(monkeypatch, int_path, rng):
 
 ODD_CASES = [
     # bits, v_bits, D, group size, Hq, Hkv, L, N: 2/3/5/6-bit codes, spread
-    # to bytes per chunk and taken by the 8-bit kernels (AVX-512 VBMI).
+    # to bytes per chunk and taken by the 8-bit kernels.
     (3, 3, 128, 64, 32, 8, 1, 300),
     (2, 2, 128, 32, 8, 2, 1, 77),
     (5, 5, 64, 64, 4, 1, 1, 100),
@@ -238,8 +237,7 @@ def test_odd_widths(monkeypatch, int_path, rng, q_dtype, bits, v_bits, D, gs, Hq
 
 @pytest.mark.parametrize("bits,D,covered", [(4, 64, False), (3, 96, False), (2, 128, True)])
 def test_uncovered_formats_keep_the_f32_products(monkeypatch, int_path, rng, bits, D, covered):
-    """4-bit rows need 128-element blocks, the spread widths 64-element ones
-    (and VBMI)."""
+    """4-bit rows need 128-element blocks, the spread widths 64-element ones."""
     q, k, v = half_inputs(rng, mx.bfloat16, Hq=4, Hkv=2, N=40, Dk=D, bits=bits, group_size=32)
     expect = covered and any_width(int_path)
     check(monkeypatch, int_path, q, k, v, bits=bits, group_size=32, int_path=expect)

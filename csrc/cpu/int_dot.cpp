@@ -12,6 +12,11 @@
 #define MLXQ_INT_FN __attribute__((target(MLXQ_INT_TARGET))) inline
 #define MLXQ_INT_VBMI_FN __attribute__((target(MLXQ_INT_TARGET ",avx512vbmi"))) inline
 
+// AVX2 first: the AVX-512 kernels call its byte spreading on CPUs without VBMI.
+#define MLXQ_INT_TARGET "avx2,fma,f16c"
+#include "cpu/int_dot_avx2.inc"
+#undef MLXQ_INT_TARGET
+
 #define MLXQ_INT_TARGET "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,fma"
 #define MLXQ_INT_NS avx512_vnni
 #define MLXQ_INT_VNNI 1
@@ -28,9 +33,6 @@
 #define MLXQ_INT_NAME "avx512-bw"
 #include "cpu/int_dot_avx512.inc"
 #undef MLXQ_INT_TARGET
-
-#define MLXQ_INT_TARGET "avx2,fma,f16c"
-#include "cpu/int_dot_avx2.inc"
 #endif
 
 namespace mlxq::cpu {
@@ -52,9 +54,9 @@ const IntDot* int_dot() {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
       if (__builtin_cpu_supports("avx512vnni")) {
-        return vbmi ? &avx512_vnni::kernels_any_width : &avx512_vnni::kernels;
+        return vbmi ? &avx512_vnni::kernels_vbmi : &avx512_vnni::kernels;
       }
-      return vbmi ? &avx512_bw::kernels_any_width : &avx512_bw::kernels;
+      return vbmi ? &avx512_bw::kernels_vbmi : &avx512_bw::kernels;
     }
     return has_avx2 ? &avx2::kernels : nullptr;
   }();
@@ -64,7 +66,7 @@ const IntDot* int_dot() {
   if (env && std::strcmp(env, "avx512-bw") == 0 && best &&
       std::strcmp(best->name, "avx512-vnni") == 0) {
     // the VNNI CPU runs the BW kernels too (tests)
-    return vbmi ? &avx512_bw::kernels_any_width : &avx512_bw::kernels;
+    return vbmi ? &avx512_bw::kernels_vbmi : &avx512_bw::kernels;
   }
   return best;
 #else

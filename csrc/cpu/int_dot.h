@@ -104,8 +104,9 @@ struct IntDot {
       int Gv);
   int bias_lanes;
   // Codes of 2, 3, 5 and 6 bits too: each chunk's rows are first spread to
-  // one byte per code (AVX-512 VBMI byte permutes), then taken by the 8-bit
-  // kernels (so `element` and key_pair treat them as 8-bit).
+  // one byte per code (AVX-512 VBMI byte permutes, or AVX2 shuffles and
+  // shifts), then taken by the 8-bit kernels (so `element` and key_pair
+  // treat them as 8-bit).
   bool any_width;
 };
 
