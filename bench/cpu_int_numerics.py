@@ -3,8 +3,8 @@
 Two measurements, both paths in one process (``MLXQ_CPU_INT=0`` forces the
 f32 products):
 
-  kernel  mlxq.sdpa over a grid of formats (4/8-bit, K8/V4, head dims 64 to
-          512, group sizes 32 to 128, GQA 1 to 8, bf16 and f16, query scale 1
+  kernel  mlxq.sdpa over a grid of formats (2/3/4/5/6/8-bit, K8/V4, head dims
+          64 to 512, group sizes 32 to 128, GQA 1 to 8, bf16 and f16, query scale 1
           and 8), each path's relative error against the float64 oracle
           (tests/reference64.py), and the integer path's excess over f32's.
   e2e     mlx-lm's llama, qwen3 and gemma3 classes (random_models' "small"
@@ -42,6 +42,11 @@ FORMATS = [
     (8, 8, 128, 64),
     (8, 4, 128, 64),
     (4, 4, 512, 128),
+    # Spread to bytes first, then the 8-bit kernels.
+    (2, 2, 128, 32),
+    (3, 3, 128, 64),
+    (5, 5, 128, 64),
+    (6, 6, 256, 64),
 ]
 
 
