@@ -42,13 +42,6 @@ if AVX512 and "avx512_vnni" in FLAGS:
     PATHS.append("avx512-bw")  # vpmaddwd + vpaddd instead of vpdpwssd
 
 
-def any_width(flag):
-    """Whether the kernels take 2/3/5/6-bit codes: all of them, spreading
-    the codes to bytes first (with VBMI's byte permutes where the CPU has
-    them, else with AVX2 shuffles; the AVX2 path always the latter)."""
-    return AVX2
-
-
 # The integer path's relative error may exceed the f32 path's by this much
 # (int16 queries and weights: measured below 1e-4 over this file's cases).
 MARGIN = 5e-4
@@ -222,25 +215,14 @@ def test_odd_widths(monkeypatch, int_path, rng, q_dtype, bits, v_bits, D, gs, Hq
     q, k, v = half_inputs(
         rng, q_dtype, Hq=Hq, Hkv=Hkv, L=L, N=N, Dk=D, bits=bits, group_size=gs, v_bits=v_bits
     )
-    check(
-        monkeypatch,
-        int_path,
-        q,
-        k,
-        v,
-        bits=bits,
-        group_size=gs,
-        v_bits=v_bits,
-        int_path=any_width(int_path),
-    )
+    check(monkeypatch, int_path, q, k, v, bits=bits, group_size=gs, v_bits=v_bits)
 
 
 @pytest.mark.parametrize("bits,D,covered", [(4, 64, False), (3, 96, False), (2, 128, True)])
 def test_uncovered_formats_keep_the_f32_products(monkeypatch, int_path, rng, bits, D, covered):
     """4-bit rows need 128-element blocks, the spread widths 64-element ones."""
     q, k, v = half_inputs(rng, mx.bfloat16, Hq=4, Hkv=2, N=40, Dk=D, bits=bits, group_size=32)
-    expect = covered and any_width(int_path)
-    check(monkeypatch, int_path, q, k, v, bits=bits, group_size=32, int_path=expect)
+    check(monkeypatch, int_path, q, k, v, bits=bits, group_size=32, int_path=covered)
 
 
 def test_f32_queries_keep_the_f32_products(monkeypatch, int_path, rng):
@@ -256,16 +238,7 @@ def test_tiny_value_scales(monkeypatch, int_path, rng, bits):
     codes, scales, biases = v
     tiny = mx.concatenate([scales[..., :1], scales[..., 1:] * 1e-36], axis=-1)
     v = (codes, tiny.astype(scales.dtype), biases)
-    out = check(
-        monkeypatch,
-        int_path,
-        q,
-        k,
-        v,
-        bits=bits,
-        group_size=64,
-        int_path=bits == 4 or any_width(int_path),
-    )
+    out = check(monkeypatch, int_path, q, k, v, bits=bits, group_size=64)
     assert np.isfinite(to_f64(out)).all()
 
 

@@ -21,8 +21,10 @@
 // f16's 2e-3 tolerance and at bf16's 1e-2; int16 measured 1e-5 to 6e-5.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "sdpa_codes.h"
 
@@ -61,6 +63,22 @@ inline void prefetch_params(const IntKeys& k, const void* src, int G) {
       __builtin_prefetch(ahead + j * row, 0, 2);
     }
   }
+}
+
+// Scratch for a chunk's rows spread to one byte per code (32 rows of D).
+inline uint8_t* byte_rows(int D) {
+  thread_local std::vector<uint8_t> buf;
+  buf.resize(std::max<std::size_t>(buf.size(), std::size_t(32) * D));
+  return buf.data();
+}
+
+// k's rows as spread to `bytes` (D per row): 8-bit keys of the same groups.
+inline IntKeys byte_keys(const IntKeys& k, const uint8_t* bytes) {
+  IntKeys wide = k;
+  wide.words = reinterpret_cast<const uint32_t*>(bytes);
+  wide.row_words = k.D / 4;
+  wide.bits = 8;
+  return wide;
 }
 
 // A tile's rows: the softmax state the kernels read and add to.
@@ -103,11 +121,6 @@ struct IntDot {
       float* obias,
       int Gv);
   int bias_lanes;
-  // Codes of 2, 3, 5 and 6 bits too: each chunk's rows are first spread to
-  // one byte per code (AVX-512 VBMI byte permutes, or AVX2 shuffles and
-  // shifts), then taken by the 8-bit kernels (so `element` and key_pair
-  // treat them as 8-bit).
-  bool any_width;
 };
 
 // The best integer kernels this CPU runs (AVX-512 VNNI, AVX-512BW, AVX2),
@@ -116,13 +129,15 @@ struct IntDot {
 // has more.
 const IntDot* int_dot();
 
-// Whether kernels k cover codes of `bits` bits, head dim D and group size
-// gs.
-inline bool int_dot_covers(const IntDot& k, int bits, int D, int gs) {
-  const bool spread = k.any_width && (bits == 2 || bits == 3 || bits == 5 || bits == 6);
-  // Elements per 64 bytes of the codes the kernels read.
-  const int block = bits == 4 ? 128 : bits == 8 || spread ? 64 : 0;
-  return block && D % block == 0 && gs >= 32 && gs <= 128 && D % gs == 0 && D / gs <= 16 &&
+// Whether the integer path covers codes of `bits` bits, head dim D and
+// group size gs. Codes of 2, 3, 5 and 6 bits are first spread to one byte
+// per code (spread_bytes: AVX-512 VBMI byte permutes, or AVX2 shuffles and
+// shifts), then taken by the 8-bit kernels (so `element` and key_pair treat
+// them as 8-bit).
+inline bool int_dot_covers(int bits, int D, int gs) {
+  const bool width = bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
+  const int block = bits == 4 ? 128 : 64; // elements per 64 bytes the kernels read
+  return width && D % block == 0 && gs >= 32 && gs <= 128 && D % gs == 0 && D / gs <= 16 &&
       D <= 512;
 }
 

@@ -767,8 +767,8 @@ const cpu::IntDot* integer_products(const Problem& P) {
   };
   const cpu::IntDot* k = cpu::int_dot();
   const bool fits = k && (P.q_dtype == kF16 || P.q_dtype == kBF16) &&
-      cpu::int_dot_covers(*k, P.k_bits, P.Dk, P.k_group) &&
-      cpu::int_dot_covers(*k, P.v_bits, P.Dv, P.v_group) && rows_fit(P.kw) && rows_fit(P.vw) &&
+      cpu::int_dot_covers(P.k_bits, P.Dk, P.k_group) &&
+      cpu::int_dot_covers(P.v_bits, P.Dv, P.v_group) && rows_fit(P.kw) && rows_fit(P.vw) &&
       params_fit(P.ks, P.kb) && params_fit(P.vs, P.vb);
   return fits ? k : nullptr;
 }
