@@ -1,9 +1,10 @@
 """Helpers shared by the bench scripts: timing, machine info, tables, JSON.
 
-Bench scripts are plain scripts, not a package; they put their own directory on
-``sys.path`` and ``import common``.
+Bench scripts are plain scripts, not a package; they put bench/ on ``sys.path``
+and ``import common``.
 """
 
+import contextlib
 import datetime
 import json
 import os
@@ -13,6 +14,8 @@ import subprocess
 import time
 
 import mlx.core as mx
+
+import mlxq
 
 
 def time_fn(fn, *, warmup=2, repeats=10):
@@ -40,17 +43,25 @@ def time_interleaved(fns, *, warmup=2, repeats=10):
     }
 
 
-def cpu_int_path(flag, fn):
-    """``fn()`` evaluated with ``MLXQ_CPU_INT=flag`` ("0": the CPU kernel's f32
-    products, "1": its integer ones). The kernel reads the switch when it
-    runs, so the output is evaluated under it."""
-    os.environ["MLXQ_CPU_INT"] = flag
+@contextlib.contextmanager
+def cpu_int(flag):
+    """Within the block, ``MLXQ_CPU_INT=flag`` ("0": the CPU kernel's f32
+    products, "1": its integer ones), set through mlxq's environment hook."""
+    previous = mlxq._ext._environment()["MLXQ_CPU_INT"]
+    mlxq._ext._set_environment("MLXQ_CPU_INT", flag)
     try:
+        yield
+    finally:
+        mlxq._ext._set_environment("MLXQ_CPU_INT", previous)
+
+
+def cpu_int_path(flag, fn):
+    """``fn()`` evaluated with ``MLXQ_CPU_INT=flag`` (see cpu_int). The kernel
+    reads the switch when it runs, so the output is evaluated under it."""
+    with cpu_int(flag):
         out = fn()
         mx.eval(out)
         return out
-    finally:
-        os.environ.pop("MLXQ_CPU_INT", None)
 
 
 def cpu_model():
@@ -126,13 +137,30 @@ class Table:
         print("  ".join(c.rjust(w) for c, w in zip(cells, self.widths)), flush=True)
 
 
-def results_path(name, quick=False):
-    """Default JSON path: bench/results/<name>.json (<name>_quick.json for --quick)."""
-    return os.path.join(
-        os.path.dirname(os.path.abspath(__file__)),
-        "results",
-        f"{name}{'_quick' if quick else ''}.json",
+BENCH = os.path.dirname(os.path.abspath(__file__))
+
+
+def results_path(name, quick=False, record=False):
+    """Default JSON path: bench/out/<name>.json (untracked), or the tracked
+    bench/results/<name>.json with ``record``; <name>_quick.json for --quick."""
+    folder = "results" if record else "out"
+    return os.path.join(BENCH, folder, f"{name}{'_quick' if quick else ''}.json")
+
+
+def add_output_args(parser):
+    """``--out PATH`` and ``--record`` (write to bench/results/ instead of the
+    untracked bench/out/)."""
+    parser.add_argument("--out", default=None, help="JSON output path (default bench/out/)")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write the JSON (and plot) to the tracked bench/results/ instead of bench/out/",
     )
+
+
+def output_path(args, name, quick=False):
+    """Where a script run with add_output_args' options writes ``name``."""
+    return args.out or results_path(name, quick, getattr(args, "record", False))
 
 
 def save_json(path, payload, quiet=False):

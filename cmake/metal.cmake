@@ -2,8 +2,8 @@
 # and the eval_gpu host code in csrc/metal/. Included by CMakeLists.txt when
 # MLX_BUILD_METAL; the no-GPU stub (csrc/no_gpu.cpp) is not part of this build.
 
-file(GLOB MLXQ_METAL_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/metal/*.metal)
-file(GLOB MLXQ_METAL_HEADERS CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/metal/*.h)
+file(GLOB MQ_METAL_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/metal/*.metal)
+file(GLOB MQ_METAL_HEADERS CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/metal/*.h)
 
 # The oldest macOS the metallib is marked for. Without one (and without
 # CMAKE_OSX_DEPLOYMENT_TARGET) `xcrun metal` marks it for the SDK's own OS,
@@ -34,9 +34,9 @@ mlx_build_metallib(
   TITLE mlxq
   DEPLOYMENT_TARGET ${MLXQ_METAL_DEPLOYMENT_TARGET}
   COMPILE_OPTIONS ${_mlxq_metal_options}
-  SOURCES ${MLXQ_METAL_SOURCES}
+  SOURCES ${MQ_METAL_SOURCES}
   INCLUDE_DIRS ${CMAKE_CURRENT_SOURCE_DIR}/metal ${MLX_INCLUDE_DIRS}
-  DEPS ${MLXQ_METAL_HEADERS}
+  DEPS ${MQ_METAL_HEADERS}
   OUTPUT_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
 
 target_sources(mlxq_core PRIVATE

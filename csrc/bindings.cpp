@@ -12,6 +12,7 @@
 #include "cuda/sdpa/plan_bindings.h"
 #include "debug.h"
 #include "dequantize_into.h"
+#include "environment.h"
 #include "metal/dispatch_bindings.h"
 #include "quantization.h"
 #include "quantized_sdpa.h"
@@ -52,7 +53,7 @@ auto guarded(R (*f)(Args...)) {
 
 NB_MODULE(_ext, m) {
   m.doc() = "mlxq's C++ primitives (use the mlxq package, not this module).";
-  m.attr("mlx_version") = MLXQ_MLX_VERSION;
+  m.attr("mlx_version") = MQ_MLX_VERSION;
   nb::list bits, group_sizes;
   for (int b : mlxq::kSupportedBits) {
     bits.append(b);
@@ -266,6 +267,37 @@ NB_MODULE(_ext, m) {
       },
       "Test hook: the CPU kernel's integer products in use now (avx512-vnni, avx512-bw, "
       "avx2; MLXQ_CPU_INT=0, avx2 or avx512-bw chooses), or None: f32 products.");
+
+  m.def(
+      "_environment",
+      [] {
+        nb::dict d;
+        for (const auto& [name, value] : mlxq::environment_items()) {
+          d[name.c_str()] = value;
+        }
+        return d;
+      },
+      "The MLXQ_* variables mlxq reads (csrc/environment.cpp), as parsed: switches as "
+      "'1' (on) or '0' (off).");
+
+  m.def(
+      "_set_environment",
+      guarded(+[](const std::string& name, const std::string& value) {
+        mlxq::set_environment(name, value);
+      }),
+      "name"_a,
+      "value"_a,
+      "Test hook: parse `value` for one MLXQ_* variable as if it had been set at start "
+      "(MLXQ_NUM_THREADS and MLXQ_CUDA_POOL take effect only before first use).");
+
+  m.def(
+      "_set_tuning",
+      guarded(+[](const std::string& name, int64_t value) { mlxq::set_tuning(name, value); }),
+      "name"_a,
+      "value"_a,
+      "Test hook: override one of the plans' measured block shapes or thresholds "
+      "(cuda_tiled_warps, cuda_tiled_keys, cuda_gemm_min_keys, cuda_gemm_block_elements, "
+      "split_tasks_per_thread; 0 leaves the choice to the plan).");
 
   m.def(
       "_device_memory",

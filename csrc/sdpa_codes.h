@@ -1,6 +1,6 @@
 // The element-type and mask codes every backend's attention uses: the op
 // (QuantizedSDPAParams), the CPU task plan, CUDA's SdpaArgs and kernels, and
-// Metal's MlxqSdpaParams (whose MLXQ_DT_* macros, shared with the .metal
+// Metal's MlxqSdpaParams (whose MQ_DT_* macros, shared with the .metal
 // sources, are checked against these in csrc/metal/). Plain enums with no
 // MLX dependency, so nvcc compiles this header too.
 #pragma once

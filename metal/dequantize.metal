@@ -4,7 +4,7 @@
 // Layout
 //   packed  [B, H, N, W] uint32, W = D * bits / 32: each row's codes as one
 //           little-endian bit stream, code i at bits [i*bits, (i+1)*bits)
-//   scales, biases [B, H, N, G] in p.scale_dtype (MLXQ_DT_*), G = D / group_size
+//   scales, biases [B, H, N, G] in p.scale_dtype (MQ_DT_*), G = D / group_size
 //   out     row-contiguous [B, H, N, D] in T (the workspace's dtype)
 //   All three inputs are read through their four strides (elements), so
 //   sliced cache views are read in place.
@@ -79,18 +79,18 @@ template <typename T, int BITS>
   }
 }
 
-#define MLXQ_INST_DEQUANT(tname, T, bits)         \
-  MLXQ_INSTANTIATE(                               \
+#define MQ_INST_DEQUANT(tname, T, bits)         \
+  MQ_INSTANTIATE(                               \
       "mlxq_dequantize_into_" #tname "_b" #bits,  \
       mlxq_dequantize_into, T, bits)
-#define MLXQ_INST_DEQUANT_TYPE(tname, T) \
-  MLXQ_INST_DEQUANT(tname, T, 2)         \
-  MLXQ_INST_DEQUANT(tname, T, 3)         \
-  MLXQ_INST_DEQUANT(tname, T, 4)         \
-  MLXQ_INST_DEQUANT(tname, T, 5)         \
-  MLXQ_INST_DEQUANT(tname, T, 6)         \
-  MLXQ_INST_DEQUANT(tname, T, 8)
+#define MQ_INST_DEQUANT_TYPE(tname, T) \
+  MQ_INST_DEQUANT(tname, T, 2)         \
+  MQ_INST_DEQUANT(tname, T, 3)         \
+  MQ_INST_DEQUANT(tname, T, 4)         \
+  MQ_INST_DEQUANT(tname, T, 5)         \
+  MQ_INST_DEQUANT(tname, T, 6)         \
+  MQ_INST_DEQUANT(tname, T, 8)
 
-MLXQ_INST_DEQUANT_TYPE(f32, float)
-MLXQ_INST_DEQUANT_TYPE(f16, half)
-MLXQ_INST_DEQUANT_TYPE(bf16, mlxq_bfloat16)
+MQ_INST_DEQUANT_TYPE(f32, float)
+MQ_INST_DEQUANT_TYPE(f16, half)
+MQ_INST_DEQUANT_TYPE(bf16, mlxq_bfloat16)

@@ -17,28 +17,28 @@ typedef int64_t mlxq_i64;
 
 // Mask kinds of MlxqSdpaParams::mask_kind: mlxq's MaskCode (csrc/sdpa_codes.h,
 // checked in csrc/metal/kernels.cpp); an array mask's elements are mask_dtype.
-#define MLXQ_MASK_NONE 0
-#define MLXQ_MASK_CAUSAL 1
-#define MLXQ_MASK_ARRAY 2
+#define MQ_MASK_NONE 0
+#define MQ_MASK_CAUSAL 1
+#define MQ_MASK_ARRAY 2
 
 // Element codes (scales/biases dtype, mask dtype): mlxq's DtypeCode.
-#define MLXQ_DT_F32 0
-#define MLXQ_DT_F16 1
-#define MLXQ_DT_BF16 2
-#define MLXQ_DT_BOOL 3
+#define MQ_DT_F32 0
+#define MQ_DT_F16 1
+#define MQ_DT_BF16 2
+#define MQ_DT_BOOL 3
 
 // The array of a quantized triple that one QuantizedRingUpdate writes
 // (MlxqRingParams::part; the values of QuantizedRingUpdate::Part).
-#define MLXQ_PART_CODES 0
-#define MLXQ_PART_SCALES 1
-#define MLXQ_PART_BIASES 2
-#define MLXQ_PART_ALL 3 // QuantizedKVUpdate: codes, scales and biases in one dispatch
+#define MQ_PART_CODES 0
+#define MQ_PART_SCALES 1
+#define MQ_PART_BIASES 2
+#define MQ_PART_ALL 3 // QuantizedKVUpdate: codes, scales and biases in one dispatch
 
 // Keys per tile of the attention kernels: one per SIMD lane.
-#define MLXQ_TILE_KEYS 32
+#define MQ_TILE_KEYS 32
 // Most rows (query head x query position) one threadgroup serves: one SIMD
 // group per row.
-#define MLXQ_MAX_ROW_TILE 16
+#define MQ_MAX_ROW_TILE 16
 
 // QuantizedSDPA decode, prefill and merge kernels.
 // A "row" is one (query position l, query head h) of a KV head's GQA group:
@@ -58,15 +58,15 @@ struct MlxqSdpaParams {
   int B, Hq, Hkv, L, N, Dk, Dv, rep;
   int k_group, v_group; // group sizes of K and V
   int k_bits, v_bits;   // code widths (the kernels read them when built for
-                        // run-time widths, MLXQ_STAGE_BITS)
+                        // run-time widths, MQ_STAGE_BITS)
   int rows;        // rep * L
   int row_tile;    // rows per threadgroup (= SIMD groups per threadgroup)
   int row_tiles;   // ceil(rows / row_tile)
   int n_blocks;    // key blocks (split-K); 1 for prefill
   int block_keys;  // keys per block
-  int mask_kind;   // MLXQ_MASK_*
-  int mask_dtype;  // MLXQ_DT_* of an array mask (MLXQ_DT_BOOL: true attends)
-  int scale_dtype; // MLXQ_DT_* of scales and biases
+  int mask_kind;   // MQ_MASK_*
+  int mask_dtype;  // MQ_DT_* of an array mask (MQ_DT_BOOL: true attends)
+  int scale_dtype; // MQ_DT_* of scales and biases
   int has_sinks;
   int direct;      // 1: write the normalised output; 0: write partials
   int k_vec4;      // K packed rows may be staged with 16-byte loads
@@ -87,7 +87,7 @@ struct MlxqRingParams {
   int group_size, bits;
   int W;  // packed words per row (quantized)
   int G;  // groups per row (quantized)
-  int part;  // quantized: the part written, MLXQ_PART_* (0 for RingUpdate)
+  int part;  // quantized: the part written, MQ_PART_* (0 for RingUpdate)
 };
 static_assert(sizeof(MlxqRingParams) == 4 * 8 + 10 * 4, "MlxqRingParams layout");
 
@@ -99,7 +99,7 @@ struct MlxqCopyParams {
 static_assert(sizeof(MlxqCopyParams) == 4 * 8 + 4 * 4, "MlxqCopyParams layout");
 
 // DequantizeInto: packed [B, H, N, W] uint32 and scales / biases
-// [B, H, N, G] (MLXQ_DT_* scale_dtype), all read through their strides in
+// [B, H, N, G] (MQ_DT_* scale_dtype), all read through their strides in
 // elements, into a row-contiguous [B, H, N, D] output.
 struct MlxqDequantParams {
   mlxq_i64 w_strides[4];

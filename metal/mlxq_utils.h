@@ -49,12 +49,12 @@ METAL_FUNC bfloat mlxq_from_float<bfloat>(float x) {
   return bfloat(x);
 }
 
-// Element idx of a float array whose dtype (MLXQ_DT_*) is known at run time.
+// Element idx of a float array whose dtype (MQ_DT_*) is known at run time.
 METAL_FUNC float mlxq_load(const device uchar* base, mlxq_i64 idx, int dt) {
-  if (dt == MLXQ_DT_F32) {
+  if (dt == MQ_DT_F32) {
     return ((const device float*)base)[idx];
   }
-  if (dt == MLXQ_DT_F16) {
+  if (dt == MQ_DT_F16) {
     return float(((const device half*)base)[idx]);
   }
   return as_type<float>(uint(((const device ushort*)base)[idx]) << 16);
@@ -91,5 +91,5 @@ METAL_FUNC float mlxq_log_denominator(float m, float l, bool has_sink, float sin
   return (m == -INFINITY || !(l > 0.0f)) ? -INFINITY : m + log(l);
 }
 
-#define MLXQ_INSTANTIATE(name, func, ...) \
+#define MQ_INSTANTIATE(name, func, ...) \
   template [[host_name(name)]] [[kernel]] decltype(func<__VA_ARGS__>) func<__VA_ARGS__>;

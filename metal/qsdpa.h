@@ -49,7 +49,7 @@ METAL_FUNC uint mlxq_code(const threadgroup uint* row, int e, int bits) {
 
 // The widest code a kernel stages (its threadgroup rows' size): run-time
 // widths (0) may be 8 bits.
-#define MLXQ_STAGE_BITS(KB, VB) \
+#define MQ_STAGE_BITS(KB, VB) \
   (((KB) == 0 || (VB) == 0) ? 8 : ((KB) > (VB) ? (KB) : (VB)))
 
 // log2 of the 32-element chunks per quantization group (32, 64 or 128).
@@ -161,7 +161,7 @@ METAL_FUNC void mlxq_attend(
   const int vbits = VBITS ? VBITS : p.v_bits;
   const int Wk = p.Dk * kbits / 32;
   const int Wv = p.Dv * vbits / 32;
-#if defined(MLXQ_BUG_LANE_INDEX)
+#if defined(MQ_BUG_LANE_INDEX)
   const int elane = lane ^ 1; // planted bug (emulator tests): wrong element
 #else
   const int elane = lane;
@@ -203,7 +203,7 @@ METAL_FUNC void mlxq_attend(
   const mlxq_i64 vb_base = b * p.vb_strides[0] + kvh * p.vb_strides[1];
   const int shift = p.N - p.L; // causal: query l sees keys n <= l + shift
   int n_end = n1;
-  if (p.mask_kind == MLXQ_MASK_CAUSAL) {
+  if (p.mask_kind == MQ_MASK_CAUSAL) {
     // Keys past the last row's limit are hidden from every row here.
     const int last_l = mlxq_row_position(r0 + rt - 1, rep);
     n_end = min(n1, max(last_l + shift + 1, n0));
@@ -217,19 +217,19 @@ METAL_FUNC void mlxq_attend(
   }
   float ob = 0.0f; // lane g: sum_j p_j * bias_jg of value group g
 
-  for (int t0 = n0; t0 < n_end; t0 += MLXQ_TILE_KEYS) {
-    const int nk = min(MLXQ_TILE_KEYS, n_end - t0);
+  for (int t0 = n0; t0 < n_end; t0 += MQ_TILE_KEYS) {
+    const int nk = min(MQ_TILE_KEYS, n_end - t0);
     const int n = t0 + lane; // this lane's key in the tile
 
     // 1. Mask of this lane's key; skip tiles that no row can see.
     bool mvis = true;
     float madd = 0.0f;
-    if (p.mask_kind == MLXQ_MASK_ARRAY) {
+    if (p.mask_kind == MQ_MASK_ARRAY) {
       mvis = false;
       if (active && lane < nk) {
         const mlxq_i64 idx = b * p.m_strides[0] + h * p.m_strides[1] +
             l * p.m_strides[2] + n * p.m_strides[3];
-        if (p.mask_dtype == MLXQ_DT_BOOL) {
+        if (p.mask_dtype == MQ_DT_BOOL) {
           mvis = ((const device bool*)mask)[idx];
         } else {
           madd = mlxq_load(mask, idx, p.mask_dtype);
@@ -284,9 +284,9 @@ METAL_FUNC void mlxq_attend(
         }
       }
       // 4. Mask, then the online softmax update.
-      if (p.mask_kind == MLXQ_MASK_CAUSAL && n > l + shift) {
+      if (p.mask_kind == MQ_MASK_CAUSAL && n > l + shift) {
         mys = -INFINITY;
-      } else if (p.mask_kind == MLXQ_MASK_ARRAY) {
+      } else if (p.mask_kind == MQ_MASK_ARRAY) {
         mys = mvis ? mys + madd : -INFINITY; // (madd is 0 for bool masks)
       }
     }
@@ -311,7 +311,7 @@ METAL_FUNC void mlxq_attend(
         vw + vw_base, p.vw_strides[2], vs, vs_base, p.vs_strides[2], vb,
         vb_base, p.vb_strides[2], p.scale_dtype, t0, nk, Wv, Gv, p.v_vec4,
         tg_codes, tg_scale, tg_bias, tid, nthreads);
-#if !defined(MLXQ_BUG_DROP_BARRIER)
+#if !defined(MQ_BUG_DROP_BARRIER)
     threadgroup_barrier(mem_flags::mem_threadgroup);
 #endif
     if (active) {

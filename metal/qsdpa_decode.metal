@@ -55,10 +55,10 @@ template <typename T, int KBITS, int VBITS, int DMAX>
     uint tid [[thread_index_in_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]) {
-  threadgroup uint tg_codes[MLXQ_TILE_KEYS * DMAX * MLXQ_STAGE_BITS(KBITS, VBITS) / 32];
-  threadgroup float tg_scale[MLXQ_TILE_KEYS * DMAX / 32];
-  threadgroup float tg_bias[MLXQ_TILE_KEYS * DMAX / 32];
-  threadgroup int tg_live[MLXQ_MAX_ROW_TILE];
+  threadgroup uint tg_codes[MQ_TILE_KEYS * DMAX * MQ_STAGE_BITS(KBITS, VBITS) / 32];
+  threadgroup float tg_scale[MQ_TILE_KEYS * DMAX / 32];
+  threadgroup float tg_bias[MQ_TILE_KEYS * DMAX / 32];
+  threadgroup int tg_live[MQ_MAX_ROW_TILE];
 
   const int blk = tgid.x;
   const int tile = tgid.y % p.row_tiles;
@@ -152,26 +152,26 @@ template <typename T>
 
 // Kernel names: _b<bits> for equal K/V widths, _k8v4 for 8-bit keys with
 // 4-bit values, _kv for every other pair (widths read at run time).
-#define MLXQ_INST_DECODE(tname, T, kv, kb, vb, dmax)                      \
-  MLXQ_INSTANTIATE(                                                     \
+#define MQ_INST_DECODE(tname, T, kv, kb, vb, dmax)                      \
+  MQ_INSTANTIATE(                                                     \
       "mlxq_qsdpa_decode_" #tname "_" #kv "_d" #dmax, mlxq_qsdpa_decode, T, \
       kb, vb, dmax)
-#define MLXQ_INST_DECODE_BITS(tname, T, kv, kb, vb) \
-  MLXQ_INST_DECODE(tname, T, kv, kb, vb, 128)       \
-  MLXQ_INST_DECODE(tname, T, kv, kb, vb, 512)
-#define MLXQ_INST_DECODE_TYPE(tname, T)              \
-  MLXQ_INST_DECODE_BITS(tname, T, b2, 2, 2)          \
-  MLXQ_INST_DECODE_BITS(tname, T, b3, 3, 3)          \
-  MLXQ_INST_DECODE_BITS(tname, T, b4, 4, 4)          \
-  MLXQ_INST_DECODE_BITS(tname, T, b5, 5, 5)          \
-  MLXQ_INST_DECODE_BITS(tname, T, b6, 6, 6)          \
-  MLXQ_INST_DECODE_BITS(tname, T, b8, 8, 8)          \
-  MLXQ_INST_DECODE_BITS(tname, T, k8v4, 8, 4)        \
-  MLXQ_INST_DECODE_BITS(tname, T, kv, 0, 0) \
-  MLXQ_INSTANTIATE("mlxq_qsdpa_merge_" #tname, mlxq_qsdpa_merge, T)
+#define MQ_INST_DECODE_BITS(tname, T, kv, kb, vb) \
+  MQ_INST_DECODE(tname, T, kv, kb, vb, 128)       \
+  MQ_INST_DECODE(tname, T, kv, kb, vb, 512)
+#define MQ_INST_DECODE_TYPE(tname, T)              \
+  MQ_INST_DECODE_BITS(tname, T, b2, 2, 2)          \
+  MQ_INST_DECODE_BITS(tname, T, b3, 3, 3)          \
+  MQ_INST_DECODE_BITS(tname, T, b4, 4, 4)          \
+  MQ_INST_DECODE_BITS(tname, T, b5, 5, 5)          \
+  MQ_INST_DECODE_BITS(tname, T, b6, 6, 6)          \
+  MQ_INST_DECODE_BITS(tname, T, b8, 8, 8)          \
+  MQ_INST_DECODE_BITS(tname, T, k8v4, 8, 4)        \
+  MQ_INST_DECODE_BITS(tname, T, kv, 0, 0) \
+  MQ_INSTANTIATE("mlxq_qsdpa_merge_" #tname, mlxq_qsdpa_merge, T)
 
-MLXQ_INST_DECODE_TYPE(f32, float)
-#if !defined(MLXQ_ONLY_F32) // (a smaller build for the planted-bug tests)
-MLXQ_INST_DECODE_TYPE(f16, half)
-MLXQ_INST_DECODE_TYPE(bf16, mlxq_bfloat16)
+MQ_INST_DECODE_TYPE(f32, float)
+#if !defined(MQ_ONLY_F32) // (a smaller build for the planted-bug tests)
+MQ_INST_DECODE_TYPE(f16, half)
+MQ_INST_DECODE_TYPE(bf16, mlxq_bfloat16)
 #endif

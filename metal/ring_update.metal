@@ -30,10 +30,10 @@
 // the group from the codes whose bits overlap it.
 //
 // A QuantizedRingUpdate dispatch writes one part of the triple (p.part:
-// MLXQ_PART_CODES, _SCALES or _BIASES), since each such primitive owns one
+// MQ_PART_CODES, _SCALES or _BIASES), since each such primitive owns one
 // array; the host binds that array to the part's slot (and to the two other
 // slots, which the kernel never touches). A QuantizedKVUpdate dispatch
-// (MLXQ_PART_ALL) writes all three arrays of K or of V. The group's scale and
+// (MQ_PART_ALL) writes all three arrays of K or of V. The group's scale and
 // bias are computed for every part; codes only for the codes and all parts.
 #include "mlxq_utils.h"
 
@@ -51,7 +51,7 @@ template <typename E>
   }
   const int b = bh / p.shape[1];
   const int h = bh - b * p.shape[1];
-#if defined(MLXQ_BUG_OOB_WRITE)
+#if defined(MQ_BUG_OOB_WRITE)
   // Planted bug (emulator tests): the last element lands one past the end.
   const int d_out = (d == p.shape[3] - 1 && s == p.shape[2] - 1) ? d + 1 : d;
 #else
@@ -138,20 +138,20 @@ template <typename T, int BITS>
 
   const mlxq_i64 row =
       mlxq_i64(bh) * p.S + (mlxq_ring_start(pos, p.S) + t) % p.S;
-  const bool all = p.part == MLXQ_PART_ALL;
-  if (lane == 0 && (all || p.part == MLXQ_PART_SCALES)) {
+  const bool all = p.part == MQ_PART_ALL;
+  if (lane == 0 && (all || p.part == MQ_PART_SCALES)) {
     scales[row * p.G + g] = mlxq_from_float<T>(scale);
   }
-  if (lane == 0 && (all || p.part == MLXQ_PART_BIASES)) {
+  if (lane == 0 && (all || p.part == MQ_PART_BIASES)) {
     biases[row * p.G + g] = mlxq_from_float<T>(bias);
   }
-  if (!all && p.part != MLXQ_PART_CODES) { // uniform across the threadgroup
+  if (!all && p.part != MQ_PART_CODES) { // uniform across the threadgroup
     return;
   }
 
   for (int k = 0; k < 4; ++k) {
     if (k < vpl) {
-#if defined(MLXQ_BUG_RINT)
+#if defined(MQ_BUG_RINT)
       // Planted bug (emulator tests): ties to even instead of away from zero.
       codes[32 * k + lane] = uchar(min(rint((w[k] - bias) / scale), n_bins));
 #else
@@ -174,27 +174,27 @@ template <typename T, int BITS>
   }
 }
 
-MLXQ_INSTANTIATE("mlxq_copy4d_u8", mlxq_copy4d, uchar)
-MLXQ_INSTANTIATE("mlxq_copy4d_u16", mlxq_copy4d, ushort)
-MLXQ_INSTANTIATE("mlxq_copy4d_u32", mlxq_copy4d, uint)
-MLXQ_INSTANTIATE("mlxq_copy4d_u64", mlxq_copy4d, ulong)
-MLXQ_INSTANTIATE("mlxq_ring_update_u8", mlxq_ring_update, uchar)
-MLXQ_INSTANTIATE("mlxq_ring_update_u16", mlxq_ring_update, ushort)
-MLXQ_INSTANTIATE("mlxq_ring_update_u32", mlxq_ring_update, uint)
-MLXQ_INSTANTIATE("mlxq_ring_update_u64", mlxq_ring_update, ulong)
+MQ_INSTANTIATE("mlxq_copy4d_u8", mlxq_copy4d, uchar)
+MQ_INSTANTIATE("mlxq_copy4d_u16", mlxq_copy4d, ushort)
+MQ_INSTANTIATE("mlxq_copy4d_u32", mlxq_copy4d, uint)
+MQ_INSTANTIATE("mlxq_copy4d_u64", mlxq_copy4d, ulong)
+MQ_INSTANTIATE("mlxq_ring_update_u8", mlxq_ring_update, uchar)
+MQ_INSTANTIATE("mlxq_ring_update_u16", mlxq_ring_update, ushort)
+MQ_INSTANTIATE("mlxq_ring_update_u32", mlxq_ring_update, uint)
+MQ_INSTANTIATE("mlxq_ring_update_u64", mlxq_ring_update, ulong)
 
-#define MLXQ_INST_QRING(tname, T, bits)                                  \
-  MLXQ_INSTANTIATE(                                                      \
+#define MQ_INST_QRING(tname, T, bits)                                  \
+  MQ_INSTANTIATE(                                                      \
       "mlxq_quantized_ring_update_" #tname "_b" #bits,                   \
       mlxq_quantized_ring_update, T, bits)
-#define MLXQ_INST_QRING_TYPE(tname, T) \
-  MLXQ_INST_QRING(tname, T, 2)         \
-  MLXQ_INST_QRING(tname, T, 3)         \
-  MLXQ_INST_QRING(tname, T, 4)         \
-  MLXQ_INST_QRING(tname, T, 5)         \
-  MLXQ_INST_QRING(tname, T, 6)         \
-  MLXQ_INST_QRING(tname, T, 8)
+#define MQ_INST_QRING_TYPE(tname, T) \
+  MQ_INST_QRING(tname, T, 2)         \
+  MQ_INST_QRING(tname, T, 3)         \
+  MQ_INST_QRING(tname, T, 4)         \
+  MQ_INST_QRING(tname, T, 5)         \
+  MQ_INST_QRING(tname, T, 6)         \
+  MQ_INST_QRING(tname, T, 8)
 
-MLXQ_INST_QRING_TYPE(f32, float)
-MLXQ_INST_QRING_TYPE(f16, half)
-MLXQ_INST_QRING_TYPE(bf16, mlxq_bfloat16)
+MQ_INST_QRING_TYPE(f32, float)
+MQ_INST_QRING_TYPE(f16, half)
+MQ_INST_QRING_TYPE(bf16, mlxq_bfloat16)

@@ -1,49 +1,51 @@
 // Run-time choice of the integer kernels (int_dot.h): the AVX-512 and AVX2
 // ones are compiled for their instruction sets by target attributes
-// (MLXQ_INT_FN), whatever the build machine, and used only where the CPU
+// (MQ_INT_FN), whatever the build machine, and used only where the CPU
 // reports them.
 #include "cpu/int_dot.h"
 
-#include <cstdlib>
-#include <cstring>
+#include <string>
+
+#include "environment.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define MLXQ_INT_X86 1
-#define MLXQ_INT_FN __attribute__((target(MLXQ_INT_TARGET))) inline
-#define MLXQ_INT_VBMI_FN __attribute__((target(MLXQ_INT_TARGET ",avx512vbmi"))) inline
+#define MQ_INT_X86 1
+#define MQ_INT_FN __attribute__((target(MQ_INT_TARGET))) inline
+#define MQ_INT_VBMI_FN __attribute__((target(MQ_INT_TARGET ",avx512vbmi"))) inline
 
 // AVX2 first: the AVX-512 kernels call its byte spreading on CPUs without VBMI.
-#define MLXQ_INT_TARGET "avx2,fma,f16c"
+#define MQ_INT_TARGET "avx2,fma,f16c"
 #include "cpu/int_dot_avx2.inc"
-#undef MLXQ_INT_TARGET
+#undef MQ_INT_TARGET
 
-#define MLXQ_INT_TARGET "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,fma"
-#define MLXQ_INT_NS avx512_vnni
-#define MLXQ_INT_VNNI 1
-#define MLXQ_INT_NAME "avx512-vnni"
+#define MQ_INT_TARGET "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,fma"
+#define MQ_INT_NS avx512_vnni
+#define MQ_INT_VNNI 1
+#define MQ_INT_NAME "avx512-vnni"
 #include "cpu/int_dot_avx512.inc"
-#undef MLXQ_INT_TARGET
-#undef MLXQ_INT_NS
-#undef MLXQ_INT_VNNI
-#undef MLXQ_INT_NAME
+#undef MQ_INT_TARGET
+#undef MQ_INT_NS
+#undef MQ_INT_VNNI
+#undef MQ_INT_NAME
 
-#define MLXQ_INT_TARGET "avx512f,avx512bw,avx512dq,avx512vl,fma"
-#define MLXQ_INT_NS avx512_bw
-#define MLXQ_INT_VNNI 0
-#define MLXQ_INT_NAME "avx512-bw"
+#define MQ_INT_TARGET "avx512f,avx512bw,avx512dq,avx512vl,fma"
+#define MQ_INT_NS avx512_bw
+#define MQ_INT_VNNI 0
+#define MQ_INT_NAME "avx512-bw"
 #include "cpu/int_dot_avx512.inc"
-#undef MLXQ_INT_TARGET
+#undef MQ_INT_TARGET
 #endif
 
 namespace mlxq::cpu {
 
 const IntDot* int_dot() {
-  // Read per call: tests and benchmarks compare the paths in one process.
-  const char* env = std::getenv("MLXQ_CPU_INT");
-  if (env && env[0] == '0') {
+  // Read per call: tests and benchmarks switch paths in one process
+  // (set_environment).
+  const std::string& choice = environment().cpu_int;
+  if (choice == "0") {
     return nullptr;
   }
-#if defined(MLXQ_INT_X86)
+#if defined(MQ_INT_X86)
   static const bool has_avx2 = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -60,11 +62,10 @@ const IntDot* int_dot() {
     }
     return has_avx2 ? &avx2::kernels : nullptr;
   }();
-  if (env && std::strcmp(env, "avx2") == 0) {
+  if (choice == "avx2") {
     return has_avx2 ? &avx2::kernels : nullptr;
   }
-  if (env && std::strcmp(env, "avx512-bw") == 0 && best &&
-      std::strcmp(best->name, "avx512-vnni") == 0) {
+  if (choice == "avx512-bw" && best && std::strcmp(best->name, "avx512-vnni") == 0) {
     // the VNNI CPU runs the BW kernels too (tests)
     return vbmi ? &avx512_bw::kernels_vbmi : &avx512_bw::kernels;
   }

@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "environment.h"
+
 namespace mlxq::cpu {
 
 namespace {
@@ -115,11 +117,8 @@ class Pool {
 };
 
 int configured_threads() {
-  if (const char* env = std::getenv("MLXQ_NUM_THREADS")) {
-    int n = std::atoi(env);
-    if (n > 0) {
-      return n;
-    }
+  if (const int n = environment().num_threads; n > 0) {
+    return n;
   }
   return std::max(1u, std::thread::hardware_concurrency());
 }

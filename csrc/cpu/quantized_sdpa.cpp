@@ -29,6 +29,7 @@
 #include "cpu/quantized_codes.h"
 #include "cpu/simd_math.h"
 #include "debug.h"
+#include "environment.h"
 #include "quantization.h"
 #include "quantized_sdpa.h"
 #include "row_tiling.h"
@@ -796,11 +797,7 @@ View view_of(const mx::array& a) {
 // floats per split); 4 per thread leaves room to balance uneven tasks
 // (causal tiles) on machines with more cores.
 int split_tasks_per_thread() {
-  static const int n = [] {
-    const char* env = std::getenv("MLXQ_SPLIT_TASKS_PER_THREAD");
-    return env ? std::max(0, std::atoi(env)) : 4;
-  }();
-  return n;
+  return int(std::max<int64_t>(0, tuning().split_tasks_per_thread));
 }
 
 void plan(Problem& P) {

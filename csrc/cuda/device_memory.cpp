@@ -31,6 +31,7 @@
 
 #include "cuda/launch.h"
 #include "debug.h"
+#include "environment.h"
 #include "mlx/backend/cuda/allocator.h"
 #include "mlx/memory.h"
 
@@ -52,11 +53,9 @@ struct Device {
 };
 
 // MLXQ_CUDA_POOL=0 sends outputs back to MLX's allocator (for comparisons).
+// Read once: blocks must go back to the allocator they came from.
 bool pool_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MLXQ_CUDA_POOL");
-    return !(v && *v && std::atoi(v) == 0);
-  }();
+  static const bool on = environment().cuda_pool;
   return on;
 }
 

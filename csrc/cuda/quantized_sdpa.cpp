@@ -17,6 +17,7 @@
 #include "cuda/launch.h"
 #include "cuda/sdpa/plan.h"
 #include "debug.h"
+#include "environment.h"
 #include "mlx/backend/cuda/utils.h"
 #include "quantized_sdpa.h"
 #include "sdpa_dims.h"
@@ -76,51 +77,46 @@ void merge(
       writes);
 }
 
-// MLXQ_CUDA_DECODE=0 / MLXQ_CUDA_TILED=0 turn the tensor-core decode / tiled
-// kernels off and MLXQ_CUDA_FUSED_MERGE=0 leaves the decode kernel's split
-// merge to merge_kernel (for comparisons); MLXQ_CUDA_TILED_WARPS=4 and
-// MLXQ_CUDA_TILED_KEYS=64 ask for the tiled kernel's other block shapes
-// (8 x 32 measured best at head dim 128 on the H200).
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-
-const Limits& device_limits() {
-  static const Limits limits = [] {
-    Limits l;
-    l.sm_count = sm_count();
-    l.max_smem = max_smem_per_block();
-    l.decode_on = env_int("MLXQ_CUDA_DECODE", 1) != 0;
-    l.tiled_on = env_int("MLXQ_CUDA_TILED", 1) != 0;
-    l.dense_on = env_int("MLXQ_CUDA_TILED_DENSE", 1) != 0;
-    l.fused_merge_on = env_int("MLXQ_CUDA_FUSED_MERGE", 1) != 0;
-    l.gemm_on = env_int("MLXQ_CUDA_GEMM", 1) != 0;
-    l.gemm_min_keys = env_int("MLXQ_CUDA_GEMM_MIN_KEYS", kGemmMinKeys);
-    const char* block = std::getenv("MLXQ_CUDA_GEMM_BLOCK_ELEMENTS");
-    if (block && *block) {
-      l.gemm_block_elements = std::atoll(block);
-    }
-    return l;
-  }();
-  return limits;
+// The device's limits with the MLXQ_CUDA_* switches (csrc/environment.h)
+// and the tuning overrides of tests and benchmarks.
+Limits device_limits() {
+  static const int sms = sm_count();
+  static const int smem = max_smem_per_block();
+  const Environment& e = environment();
+  const Tuning& t = tuning();
+  Limits l;
+  l.sm_count = sms;
+  l.max_smem = smem;
+  l.decode_on = e.cuda_decode;
+  l.tiled_on = e.cuda_tiled;
+  l.dense_on = e.cuda_tiled_dense;
+  l.fused_merge_on = e.cuda_fused_merge;
+  l.gemm_on = e.cuda_gemm;
+  if (t.cuda_gemm_min_keys > 0) {
+    l.gemm_min_keys = int(t.cuda_gemm_min_keys);
+  }
+  if (t.cuda_gemm_block_elements > 0) {
+    l.gemm_block_elements = t.cuda_gemm_block_elements;
+  }
+  return l;
 }
 
 // Row warps of a tiled block. Head dim 128: 8 (128 rows) measured best for
 // prefill; 64 rows or fewer use 4, which leave fewer warps without rows.
 // Head dim 256: 4 row warps (with their column partners 8 warps of up to 255
 // registers); 512: 2 (8 warps; 4 row warps would be 16, spilling at 128).
+// Tuning's cuda_tiled_warps = 4 and cuda_tiled_keys = 64 ask for the tiled
+// kernel's other block shapes (8 x 32 measured best at head dim 128 on the
+// H200).
 int tiled_warps(int rows, int D) {
-  static const int forced = env_int("MLXQ_CUDA_TILED_WARPS", 0);
-  if (forced) {
+  if (const int forced = int(tuning().cuda_tiled_warps)) {
     return forced;
   }
   return D == 512 ? 2 : D == 256 ? 4 : rows <= 64 ? 4 : 8;
 }
 
 int tiled_keys() {
-  static const int keys = env_int("MLXQ_CUDA_TILED_KEYS", 32);
-  return keys;
+  return int(tuning().cuda_tiled_keys);
 }
 
 // Both tensor-core kernels index within one (batch, KV head) with 32-bit
@@ -379,7 +375,7 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::a
   if (p.empty()) {
     return;
   }
-  const Limits& limits = device_limits();
+  const Limits limits = device_limits();
   const Layout layout = layout_of(in, p);
   const Candidates c = candidates_for(p, layout, limits);
   const int generic_smem = generic_smem_bytes(p.Dk, p.Dv, p.k_bits, p.v_bits);

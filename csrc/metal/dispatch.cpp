@@ -34,9 +34,9 @@ Size3 elementwise_group(int64_t x, int64_t y) {
 
 const char* dtype_tag(int dtype) {
   switch (dtype) {
-    case MLXQ_DT_F16:
+    case MQ_DT_F16:
       return "f16";
-    case MLXQ_DT_BF16:
+    case MQ_DT_BF16:
       return "bf16";
     default:
       return "f32";
@@ -80,10 +80,10 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   p.v_vec4 =
       vec4_ok(pr.Dv * pr.v_bits / 32, pr.v_strides[0], pr.v_packed_offset, pr.v_base_aligned16);
 
-  // Row tiles: one SIMD group per row, at most MLXQ_MAX_ROW_TILE rows (and
+  // Row tiles: one SIMD group per row, at most MQ_MAX_ROW_TILE rows (and
   // no more threads than the pipeline allows).
   p.rows = p.rep * pr.L;
-  const int max_rows = std::clamp(pr.max_threads / 32, 1, MLXQ_MAX_ROW_TILE);
+  const int max_rows = std::clamp(pr.max_threads / 32, 1, MQ_MAX_ROW_TILE);
   const int tiles = static_cast<int>(ceil_div(p.rows, max_rows));
   p.row_tile = std::max(1, static_cast<int>(ceil_div(p.rows, std::max(tiles, 1))));
   p.row_tiles = std::max(1, static_cast<int>(ceil_div(p.rows, p.row_tile)));
@@ -121,13 +121,13 @@ SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   // Whole tiles per block: rounded down (so the block count does not drop)
   // unless that would leave fewer than min_keys keys per block.
   int64_t block_keys = ceil_div(std::max(pr.N, 1), blocks);
-  const int64_t down = block_keys / MLXQ_TILE_KEYS * MLXQ_TILE_KEYS;
-  block_keys = down >= std::max(min_keys, MLXQ_TILE_KEYS)
+  const int64_t down = block_keys / MQ_TILE_KEYS * MQ_TILE_KEYS;
+  block_keys = down >= std::max(min_keys, MQ_TILE_KEYS)
       ? down
-      : ceil_div(block_keys, MLXQ_TILE_KEYS) * MLXQ_TILE_KEYS;
+      : ceil_div(block_keys, MQ_TILE_KEYS) * MQ_TILE_KEYS;
   blocks = std::max<int64_t>(1, ceil_div(pr.N, block_keys));
   if (blocks > kMaxBlocks) {
-    block_keys = ceil_div(ceil_div(pr.N, kMaxBlocks), MLXQ_TILE_KEYS) * MLXQ_TILE_KEYS;
+    block_keys = ceil_div(ceil_div(pr.N, kMaxBlocks), MQ_TILE_KEYS) * MQ_TILE_KEYS;
     blocks = ceil_div(pr.N, block_keys);
   }
   p.n_blocks = static_cast<int>(blocks);
@@ -268,9 +268,9 @@ FillPlan plan_fill_u32(int64_t n_words, uint32_t pattern) {
 
 uint32_t poison_word(int dtype) {
   switch (dtype) {
-    case MLXQ_DT_F16:
+    case MQ_DT_F16:
       return 0x7E007E00u;
-    case MLXQ_DT_BF16:
+    case MQ_DT_BF16:
       return 0x7FC07FC0u;
     default:
       return 0x7FC00000u;

@@ -59,10 +59,10 @@ struct SdpaProblem {
   int B = 1, Hq = 1, Hkv = 1, L = 1, N = 0, Dk = 0, Dv = 0;
   int k_bits = 4, k_group = 64;
   int v_bits = 4, v_group = 64;
-  int q_dtype = MLXQ_DT_F32; // also the output dtype
-  int scale_dtype = MLXQ_DT_F32; // scales and biases of K and V
-  int mask_kind = MLXQ_MASK_NONE;
-  int mask_dtype = MLXQ_DT_BOOL; // of an array mask
+  int q_dtype = MQ_DT_F32; // also the output dtype
+  int scale_dtype = MQ_DT_F32; // scales and biases of K and V
+  int mask_kind = MQ_MASK_NONE;
+  int mask_dtype = MQ_DT_BOOL; // of an array mask
   bool has_sinks = false;
   float scale = 1.0f;
   // Strides in elements. K/V: [packed, scales, biases] x [B, Hkv, N].
@@ -131,8 +131,8 @@ struct CopyPlan : ElementwisePlan {
 RingPlan
 plan_ring_update(int B, int H, int S, int T, int D, int itemsize, const int64_t upd_strides[4]);
 
-// Update [B, H, T, D] in `dtype` (MLXQ_DT_*), quantized into rows of S;
-// `part` (MLXQ_PART_*) is the array of the triple this dispatch writes.
+// Update [B, H, T, D] in `dtype` (MQ_DT_*), quantized into rows of S;
+// `part` (MQ_PART_*) is the array of the triple this dispatch writes.
 RingPlan plan_quantized_ring_update(
     int B,
     int H,
@@ -159,7 +159,7 @@ struct FillPlan : ElementwisePlan {
 
 // DequantizeInto of packed [B, H, N, D * bits / 32] and scales / biases
 // [B, H, N, D / group_size] in `scale_dtype` into a row-contiguous
-// [B, H, N, D] output in `out_dtype` (MLXQ_DT_*): one thread per 8 codes of
+// [B, H, N, D] output in `out_dtype` (MQ_DT_*): one thread per 8 codes of
 // a row, grid (D / 8, N, B * H) threads. Strides in elements.
 DequantPlan plan_dequantize_into(
     int B,
@@ -177,11 +177,11 @@ DequantPlan plan_dequantize_into(
 // `n_words` 32-bit words set to `pattern`, one thread per word.
 FillPlan plan_fill_u32(int64_t n_words, uint32_t pattern);
 
-// The poison word of an output in `dtype` (MLXQ_DT_*): a quiet NaN in every
+// The poison word of an output in `dtype` (MQ_DT_*): a quiet NaN in every
 // element (debug.h's poisoning, made on the GPU).
 uint32_t poison_word(int dtype);
 
-// "f32", "f16", "bf16" for MLXQ_DT_*.
+// "f32", "f16", "bf16" for MQ_DT_*.
 const char* dtype_tag(int dtype);
 
 } // namespace mlxq::metal_dispatch

@@ -59,10 +59,10 @@ inline nb::dict sdpa(const nb::dict& d) {
   pr.k_group = get<int>(d, "group_size", 64);
   pr.v_bits = get<int>(d, "v_bits", pr.k_bits);
   pr.v_group = get<int>(d, "v_group_size", pr.k_group);
-  pr.q_dtype = get<int>(d, "q_dtype", MLXQ_DT_F32);
-  pr.scale_dtype = get<int>(d, "scale_dtype", MLXQ_DT_F32);
-  pr.mask_kind = get<int>(d, "mask_kind", MLXQ_MASK_NONE);
-  pr.mask_dtype = get<int>(d, "mask_dtype", MLXQ_DT_BOOL);
+  pr.q_dtype = get<int>(d, "q_dtype", MQ_DT_F32);
+  pr.scale_dtype = get<int>(d, "scale_dtype", MQ_DT_F32);
+  pr.mask_kind = get<int>(d, "mask_kind", MQ_MASK_NONE);
+  pr.mask_dtype = get<int>(d, "mask_dtype", MQ_DT_BOOL);
   pr.has_sinks = get<bool>(d, "has_sinks", false);
   pr.scale = get<float>(d, "scale", 1.0f);
   get_strides(d, "q_strides", pr.q_strides);
@@ -178,8 +178,8 @@ inline nb::dict quantized_ring(const nb::dict& d) {
       get<int>(d, "D", 32),
       get<int>(d, "group_size", 64),
       get<int>(d, "bits", 4),
-      get<int>(d, "dtype", MLXQ_DT_F32),
-      get<int>(d, "part", MLXQ_PART_CODES),
+      get<int>(d, "dtype", MQ_DT_F32),
+      get<int>(d, "part", MQ_PART_CODES),
       st);
   nb::dict r = elementwise(
       plan,
@@ -217,8 +217,8 @@ inline nb::dict dequantize_into(const nb::dict& d) {
       get<int>(d, "D", 64),
       get<int>(d, "group_size", 64),
       get<int>(d, "bits", 4),
-      get<int>(d, "out_dtype", MLXQ_DT_F32),
-      get<int>(d, "scale_dtype", MLXQ_DT_F32),
+      get<int>(d, "out_dtype", MQ_DT_F32),
+      get<int>(d, "scale_dtype", MQ_DT_F32),
       w,
       sc,
       bi);
@@ -234,7 +234,7 @@ inline nb::dict dequantize_into(const nb::dict& d) {
 }
 
 inline nb::dict fill(const nb::dict& d) {
-  const int dtype = get<int>(d, "dtype", MLXQ_DT_F32);
+  const int dtype = get<int>(d, "dtype", MQ_DT_F32);
   const uint32_t pattern =
       d.contains("pattern") ? nb::cast<uint32_t>(d["pattern"]) : poison_word(dtype);
   const FillPlan plan = plan_fill_u32(get<int64_t>(d, "n_words", 0), pattern);

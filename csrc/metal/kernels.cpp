@@ -69,14 +69,13 @@ void dispatch(
 
 int dtype_code(mx::Dtype t) {
   static_assert(
-      MLXQ_DT_F32 == kF32 && MLXQ_DT_F16 == kF16 && MLXQ_DT_BF16 == kBF16 && MLXQ_DT_BOOL == kBool,
+      MQ_DT_F32 == kF32 && MQ_DT_F16 == kF16 && MQ_DT_BF16 == kBF16 && MQ_DT_BOOL == kBool,
       "metal/mlxq_params.h's element codes are sdpa_codes.h's");
   static_assert(
-      MLXQ_MASK_NONE == kMaskNone && MLXQ_MASK_CAUSAL == kMaskCausal &&
-          MLXQ_MASK_ARRAY == kMaskArray,
+      MQ_MASK_NONE == kMaskNone && MQ_MASK_CAUSAL == kMaskCausal && MQ_MASK_ARRAY == kMaskArray,
       "metal/mlxq_params.h's mask kinds are sdpa_codes.h's");
   const DtypeCode c = mlxq::dtype_code(t);
-  return c == kBool ? MLXQ_DT_F32 : c; // the kernels read floats only
+  return c == kBool ? MQ_DT_F32 : c; // the kernels read floats only
 }
 
 void copy4d(const mx::array& src, mx::array& dst, const mx::Stream& s) {

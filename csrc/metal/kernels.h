@@ -36,7 +36,7 @@ void dispatch(
     const md::Size3& group,
     bool grid_is_threads);
 
-// MLXQ_DT_* of a float dtype.
+// MQ_DT_* of a float dtype.
 int dtype_code(mx::Dtype t);
 
 // Copies the 4-D array `src` (any strides) into the row-contiguous `dst` of

@@ -124,7 +124,7 @@ void QuantizedKVUpdate::eval_gpu(
     std::vector<mx::array>& outputs) {
   // inputs: K packed, scales, biases, V packed, scales, biases, K update,
   // V update, pos; outputs: the six buffers (then their fetch views). One
-  // dispatch per side writes its three arrays (MLXQ_PART_ALL).
+  // dispatch per side writes its three arrays (MQ_PART_ALL).
   auto& s = stream();
   for (int i = 0; i < 6; ++i) {
     take_or_copy(inputs[i], outputs[i], s, /*owned=*/true);
@@ -138,7 +138,7 @@ void QuantizedKVUpdate::eval_gpu(
         outputs[3 * kv],
         outputs[3 * kv + 1],
         outputs[3 * kv + 2],
-        MLXQ_PART_ALL,
+        MQ_PART_ALL,
         group_size_[kv],
         bits_[kv]);
   }

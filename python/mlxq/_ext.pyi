@@ -1,104 +1,118 @@
-# Type stubs for mlxq's compiled extension (the Python layer wraps it).
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+"""mlxq's C++ primitives (use the mlxq package, not this module)."""
 
-import mlx.core as mx
+from collections.abc import Sequence
 
-mlx_version: str
-SUPPORTED_BITS: Tuple[int, ...]
-SUPPORTED_GROUP_SIZES: Tuple[int, ...]
+import mlx.core
 
-def quantized_sdpa(
-    q: mx.array,
-    k_packed: mx.array,
-    k_scales: mx.array,
-    k_biases: mx.array,
-    v_packed: mx.array,
-    v_scales: mx.array,
-    v_biases: mx.array,
-    *,
-    scale: float,
-    mask_mode: str = "",
-    mask: Optional[mx.array] = None,
-    sinks: Optional[mx.array] = None,
-    bits: Optional[int] = None,
-    group_size: Optional[int] = None,
-    v_bits: Optional[int] = None,
-    v_group_size: Optional[int] = None,
-    stream: Union[None, mx.Stream, mx.Device] = None,
-) -> mx.array: ...
-def ring_update(
-    buffer: mx.array,
-    update: mx.array,
-    pos: Union[int, mx.array],
-    *,
-    owned: bool = False,
-    stream: Union[None, mx.Stream, mx.Device] = None,
-) -> mx.array: ...
-def quantized_ring_update(
-    packed: mx.array,
-    scales: mx.array,
-    biases: mx.array,
-    update: mx.array,
-    pos: Union[int, mx.array],
-    *,
-    group_size: int,
-    bits: int,
-    stream: Union[None, mx.Stream, mx.Device] = None,
-) -> Tuple[mx.array, mx.array, mx.array]: ...
-def quantized_kv_update(
-    k_packed: mx.array,
-    k_scales: mx.array,
-    k_biases: mx.array,
-    v_packed: mx.array,
-    v_scales: mx.array,
-    v_biases: mx.array,
-    k_update: mx.array,
-    v_update: mx.array,
-    pos: Union[int, mx.array],
-    *,
-    group_size: int,
-    bits: int,
-    fetch: int = -1,
-    stream: Union[None, mx.Stream, mx.Device] = None,
-) -> Tuple[Tuple[mx.array, ...], ...]:
-    """(K triple, V triple), then with fetch >= 0 also their rows [0, fetch) as views."""
 
-def dequantize_into(
-    workspace: mx.array,
-    packed: mx.array,
-    scales: mx.array,
-    biases: mx.array,
-    *,
-    group_size: int,
-    bits: int,
-    after: Sequence[mx.array] = (),
-    stream: Union[None, mx.Stream, mx.Device] = None,
-) -> mx.array:
-    """[B, H, N, D] dequantized into the workspace's memory, after `after` is evaluated."""
+mlx_version: str = '0.32.4'
 
-def _take_workspace_misses() -> int: ...
-def _take_ring_copies() -> int: ...
-def _take_last_sdpa_kernel() -> str: ...
-def _set_poison_outputs(enabled: bool) -> None: ...
-def _device_memory() -> Tuple[int, int]:
-    """(active, peak) bytes of mlxq's own CUDA pool; the peak restarts from active."""
+SUPPORTED_BITS: tuple = (2, 3, 4, 5, 6, 8)
 
-def _install_crash_backtrace() -> None: ...
+SUPPORTED_GROUP_SIZES: tuple = (32, 64, 128)
 
-# Test hooks: the Metal host code's grid arithmetic, for the emulator tests.
-def _metal_plan_sdpa(problem: Dict[str, Any]) -> Dict[str, Any]: ...
-def _metal_plan_ring_update(problem: Dict[str, Any]) -> Dict[str, Any]: ...
-def _metal_plan_quantized_ring_update(problem: Dict[str, Any]) -> Dict[str, Any]: ...
-def _metal_plan_copy4d(problem: Dict[str, Any]) -> Dict[str, Any]: ...
-def _metal_plan_dequantize_into(problem: Dict[str, Any]) -> Dict[str, Any]: ...
-def _metal_plan_fill(problem: Dict[str, Any]) -> Dict[str, Any]: ...
+def quantized_sdpa(q: mlx.core.array, k_packed: mlx.core.array, k_scales: mlx.core.array, k_biases: mlx.core.array, v_packed: mlx.core.array, v_scales: mlx.core.array, v_biases: mlx.core.array, *, scale: float, mask_mode: str = '', mask: mlx.core.array | None = None, sinks: mlx.core.array | None = None, bits: int | None = None, group_size: int | None = None, v_bits: int | None = None, v_group_size: int | None = None, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:
+    """
+    Fused attention over MLX affine-quantized K/V (see mlxq.quantized_sdpa).
+    """
 
-# Test hook: CUDA's attention plan (csrc/cuda/sdpa/plan.h), on every platform.
-def _cuda_plan_sdpa(
-    problem: Dict[str, Any],
-    layout: Dict[str, Any] = ...,
-    limits: Dict[str, Any] = ...,
-    decode: Dict[str, Any] = ...,
-    tiled: Dict[str, Any] = ...,
-    generic_smem: int = 0,
-) -> Dict[str, Any]: ...
+def quantized_sdpa_with_lse(q: mlx.core.array, k_packed: mlx.core.array, k_scales: mlx.core.array, k_biases: mlx.core.array, v_packed: mlx.core.array, v_scales: mlx.core.array, v_biases: mlx.core.array, *, scale: float, mask_mode: str = '', mask: mlx.core.array | None = None, sinks: mlx.core.array | None = None, bits: int | None = None, group_size: int | None = None, v_bits: int | None = None, v_group_size: int | None = None, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> tuple[mlx.core.array, mlx.core.array]:
+    """quantized_sdpa plus each row's log-sum-exp (see mlxq.quantized_sdpa)."""
+
+def window_attention(q: mlx.core.array, keys: mlx.core.array, values: mlx.core.array, out_q: mlx.core.array, lse_q: mlx.core.array, *, scale: float, causal: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:
+    """
+    Attention over an exact window (all of it, or causally), merged with attention over other keys from its output and log-sum-exp (see mlxq.attention.window_attention).
+    """
+
+def ring_update(buffer: mlx.core.array, update: mlx.core.array, pos: int | mlx.core.array, *, owned: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:
+    """Write update rows into a ring buffer at pos (see mlxq.ring_update)."""
+
+def quantized_ring_update(packed: mlx.core.array, scales: mlx.core.array, biases: mlx.core.array, update: mlx.core.array, pos: int | mlx.core.array, *, group_size: int, bits: int, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> tuple:
+    """
+    Quantize update rows into a quantized ring buffer (see mlxq.quantized_ring_update).
+    """
+
+def quantized_kv_update(k_packed: mlx.core.array, k_scales: mlx.core.array, k_biases: mlx.core.array, v_packed: mlx.core.array, v_scales: mlx.core.array, v_biases: mlx.core.array, k_update: mlx.core.array, v_update: mlx.core.array, pos: int | mlx.core.array, *, group_size: int, bits: int, fetch: int = -1, v_group_size: int | None = None, v_bits: int | None = None, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> tuple:
+    """
+    A KV cache's write of one step: quantize K and V rows into both triples in place (fetch >= 0: also return their rows [0, fetch) as views).
+    """
+
+def dequantize_into(workspace: mlx.core.array, packed: mlx.core.array, scales: mlx.core.array, biases: mlx.core.array, *, group_size: int, bits: int, after: Sequence[mlx.core.array] = [], stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:
+    """
+    Dequantize a triple into the workspace's memory, after the arrays in `after` (see mlxq.workspace).
+    """
+
+def _take_workspace_misses() -> int:
+    """
+    Test hook: dequantize_into calls that could not use their workspace (then resets).
+    """
+
+def _take_ring_copies() -> int:
+    """
+    Test hook: ring/KV writes that copied their buffer since the last call (then resets).
+    """
+
+def _install_crash_backtrace() -> None:
+    """Debug hook: print a native backtrace on SIGSEGV/SIGABRT."""
+
+def _take_last_sdpa_kernel() -> str:
+    """
+    Test hook: the kernel family the last sdpa evaluation chose (CUDA: decode, tiled, ...; CPU: cpu_int16 or cpu_f32 products), then clears it.
+    """
+
+def _cpu_int_kernels() -> str | None:
+    """
+    Test hook: the CPU kernel's integer products in use now (avx512-vnni, avx512-bw, avx2; MLXQ_CPU_INT=0, avx2 or avx512-bw chooses), or None: f32 products.
+    """
+
+def _environment() -> dict:
+    """
+    The MLXQ_* variables mlxq reads (csrc/environment.cpp), as parsed: switches as '1' (on) or '0' (off).
+    """
+
+def _set_environment(name: str, value: str) -> None:
+    """
+    Test hook: parse `value` for one MLXQ_* variable as if it had been set at start (MLXQ_NUM_THREADS and MLXQ_CUDA_POOL take effect only before first use).
+    """
+
+def _set_tuning(name: str, value: int) -> None:
+    """
+    Test hook: override one of the plans' measured block shapes or thresholds (cuda_tiled_warps, cuda_tiled_keys, cuda_gemm_min_keys, cuda_gemm_block_elements, split_tasks_per_thread; 0 leaves the choice to the plan).
+    """
+
+def _device_memory() -> tuple:
+    """
+    (active, peak) bytes of mlxq's own GPU pool (CUDA outputs and scratch; MLX's get_peak_memory does not see them); the peak then restarts from active.
+    """
+
+def _set_poison_outputs(enabled: bool) -> None:
+    """
+    Test hook: fill every new mlxq output with NaN/0xFF before its kernel runs.
+    """
+
+def _metal_plan_sdpa(problem: dict) -> dict:
+    """
+    Test hook: the Metal dispatch of a QuantizedSDPA problem (dict in, dict out).
+    """
+
+def _metal_plan_ring_update(problem: dict) -> dict:
+    """Test hook: the Metal dispatch of a RingUpdate."""
+
+def _metal_plan_quantized_ring_update(problem: dict) -> dict:
+    """Test hook: the Metal dispatch of a QuantizedRingUpdate."""
+
+def _metal_plan_copy4d(problem: dict) -> dict:
+    """Test hook: the Metal dispatch of a strided copy."""
+
+def _metal_plan_dequantize_into(problem: dict) -> dict:
+    """Test hook: the Metal dispatch of a DequantizeInto."""
+
+def _metal_plan_fill(problem: dict) -> dict:
+    """
+    Test hook: the Metal dispatch of the poisoning fill (dtype's poison word unless a pattern is given).
+    """
+
+def _cuda_plan_sdpa(problem: dict, layout: dict = {}, limits: dict = {}, decode: dict = {}, tiled: dict = {}, generic_smem: int = 0) -> dict:
+    """
+    Test hook: CUDA's attention plan (kernel family, grid, splits, merge) for a problem.
+    """

@@ -126,14 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-rotate",
         action="store_true",
         help="With --kv-bits: quantize K/V in a Walsh-Hadamard basis (mlxq.rotation; "
-        "measured per model in the README).",
+        "measured per model in docs/results/accuracy.md).",
     )
     p.add_argument(
         "--kv-keep-recent",
         type=int,
         default=None,
         help="With --kv-bits: also keep the last N tokens' K/V exact (mlxq.cache.recent; "
-        "128 makes 4-bit KV near-lossless on the README's models).",
+        "128 makes 4-bit KV near-lossless on the packaged models: docs/results/accuracy.md).",
     )
     p.add_argument(
         "--quantized-kv-start",

@@ -409,7 +409,7 @@ def enable(
     Args:
         kv_rotate (bool, optional): Whether the caches mlxq quantizes for
           mlx-lm (``kv_bits``) store their rows in the Hadamard basis
-          (mlxq.rotation): opt-in, measured per model in the README. Given,
+          (mlxq.rotation): opt-in, measured per model in docs/results/accuracy.md. Given,
           it is set even when mlxq is already enabled; :func:`disable`
           resets it to False.
         v_bits (int, optional): The values' bits in those caches, apart from

@@ -25,17 +25,17 @@ itself passes ``force_fused=True``, so that should MLX disagree, it raises
 and mlxq's kernel runs instead.
 """
 
-import os
 from collections import Counter
 from typing import Dict, Optional
 
 import mlx.core as mx
 
+from . import _ext
+
 # Fewer query rows than this (per KV head) stay on mlxq's kernels: the
 # decode kernel covers up to 8 rows and the dequantized copy costs O(N)
-# whatever L is. On an H200 16 rows over 32k keys already route faster than
-# the tiled kernel (0.77 vs 1.00 ms, bench/gpu.py --only prefill); fewer rows
-# were not measured.
+# whatever L is. docs/results/performance.md has the H200's timings of both
+# routes at few rows (bench/kernels/gpu.py --only prefill).
 MIN_ROUTED_QUERY_ROWS = 16
 
 # MLX 0.32's fused attention, as its backends decide (see the module docstring).
@@ -43,10 +43,12 @@ CUDA_MAX_HEAD_DIM = 128  # cuDNN SDPA: head dims multiple of 8, at most 128
 METAL_FULL_HEAD_DIMS = (64, 80, 128)  # MLX's Metal full-attention kernel (L > 8)
 FUSED_DTYPES = (mx.float16, mx.bfloat16)
 
-_enabled = os.environ.get("MLXQ_DEQUANTIZED_PREFILL", "1") != "0"
-# The dense K/V in one reused buffer per stream (mlxq.workspace) instead of a
-# fresh mx.dequantize per layer; MLXQ_PREFILL_WORKSPACE=0 for comparisons.
-_workspace = os.environ.get("MLXQ_PREFILL_WORKSPACE", "1") != "0"
+# MLXQ_DEQUANTIZED_PREFILL=0 keeps every call on mlxq's kernels. With
+# MLXQ_PREFILL_WORKSPACE, the dense K/V go into one reused buffer per stream
+# (mlxq.workspace) instead of a fresh mx.dequantize per layer; 0 for
+# comparisons. Both are read by mlxq's one environment reader.
+_enabled = _ext._environment()["MLXQ_DEQUANTIZED_PREFILL"] == "1"
+_workspace = _ext._environment()["MLXQ_PREFILL_WORKSPACE"] == "1"
 _routes: Counter = Counter()
 
 

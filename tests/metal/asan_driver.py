@@ -9,7 +9,8 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path[:0] = [HERE, os.path.dirname(HERE), os.path.join(ROOT, "tools", "msl_emu")]
 
 import numpy as np  # noqa: E402
 from emu import Emulator  # noqa: E402

@@ -1,9 +1,9 @@
 """Fixtures of the Metal emulator tests.
 
-Builds (cached by content hash under build/msl_emu, or $MLXQ_EMU_CACHE) are
-made once per session. Every test that takes ``emu`` or ``samples`` runs
-under the three thread schedules of the emulator: default (threads in order),
-reverse, and random (seeded per test); ``emu`` tests also run on a build with
+The emulator lives in tools/msl_emu. Builds (cached by content hash under
+build/msl_emu, or $MLXQ_EMU_CACHE) are made once per test run. Every test that
+takes ``emu`` runs under the emulator's three thread schedules: default
+(threads in order), reverse, and random (seeded per test), and on a build with
 floating-point contraction into FMA ("fma").
 """
 
@@ -14,9 +14,10 @@ import zlib
 import mlx.core as mx
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools", "msl_emu"))
 
-from emu import HERE, Emulator, build  # noqa: E402
+from emu import Emulator, build  # noqa: E402
 
 SCHEDULES = ["default", "reverse", "random"]
 
@@ -48,18 +49,6 @@ def metal_emu(metal_build):
     e = Emulator(metal_build)
     e.set_option("strict", 1)
     e.set_option("poison", 1)
-    return e
-
-
-@pytest.fixture(scope="session")
-def samples_emu():
-    """The emulator's own sample and deliberately buggy kernels."""
-    kdir = os.path.join(HERE, "kernels")
-    import glob
-
-    d = build(sorted(glob.glob(os.path.join(kdir, "*.metal"))), include_dirs=[kdir], name="samples")
-    e = Emulator(d)
-    e.set_option("strict", 1)
     return e
 
 
@@ -98,9 +87,3 @@ def emu(request):
     e = request.getfixturevalue("metal_emu")
     yield _apply(e, request.param, request)
     e.set_schedule("default")
-
-
-@pytest.fixture
-def samples(samples_emu, schedule, request):
-    yield _apply(samples_emu, schedule, request)
-    samples_emu.set_schedule("default")

@@ -92,7 +92,7 @@ def build_oracle():
             [src],
             include_dirs=[mlx_include_dir()],
             name="mlx_quantize",
-            defines=[f"MLXQ_ORACLE_MLX_VERSION={mx.__version__.replace('.', '_')}"],
+            defines=[f"MQ_ORACLE_MLX_VERSION={mx.__version__.replace('.', '_')}"],
         )
     )
 

@@ -4,8 +4,9 @@ the float64 oracle) and NumPy storage views (for the emulator), masks, sinks."""
 import mlx.core as mx
 import numpy as np
 from harness import in_buffer, run_sdpa, to_mx, to_np
-from helpers import DTYPES, assert_close, random_inputs
-from reference64 import sdpa64
+from support.helpers import DTYPES, assert_close, random_inputs, random_sinks
+from support.masks import make_mask
+from support.reference64 import sdpa64
 
 MODES = {"auto": 0, "decode": 1, "prefill": 2}
 
@@ -133,64 +134,23 @@ class Case:
         return out, plan
 
 
-def make_mask(kind, rng, B, Hq, L, N):
-    """(mlx mask for the oracle, NumPy storage view for the kernel, mask tag)."""
+MASK_TAGS = {mx.bool_: "bool", mx.float32: "f32", mx.float16: "f16", mx.bfloat16: "bf16"}
 
-    def with_neg_inf(shape):
-        a = rng.normal(0, 2, shape).astype(np.float32)
-        a[rng.random(shape) < 0.2] = -np.inf
-        a[..., 0, :] = -np.inf  # query 0 sees no key: it must output 0
-        return a
 
-    if kind == "none":
+def emu_mask(kind, rng, B, Hq, L, N):
+    """support.masks' mask as (mlx mask for the oracle, NumPy storage view for
+    the kernel, mask tag): the storage keeps a transposed mask's strides."""
+    m = make_mask(kind, rng, B, Hq, L, N)
+    if m is None:
         return None, None, "none"
-    if kind == "causal":
-        return "causal", None, "causal"
-    if kind.startswith("bool") or kind == "all_hidden":
-        if kind == "bool_LN":
-            m = rng.random((L, N)) < 0.7
-        elif kind == "bool_B1LN":
-            m = rng.random((B, 1, L, N)) < 0.7
-        elif kind == "bool_BHLN":  # a different mask per query head, one dead row
-            m = rng.random((B, Hq, L, N)) < 0.5
-            m[0, 1, L // 2] = False
-        elif kind == "bool_keypad":  # [B, 1, 1, N]: padded keys per batch entry
-            lengths = rng.integers(1, N + 1, B)
-            m = np.arange(N)[None, None, None, :] < lengths[:, None, None, None]
-        elif kind == "bool_window":  # sliding window of 16 keys, bottom-right causal
-            key, pos = np.arange(N)[None, :], np.arange(L)[:, None] + N - L
-            m = (key <= pos) & (key > pos - 16)
-        elif kind == "bool_transposed":  # a non-contiguous view
-            m = (rng.random((N, L)) < 0.6).T
-        elif kind == "all_hidden":
-            m = np.zeros((L, N), bool)
-        else:
-            raise AssertionError(kind)
-        return mx.array(np.ascontiguousarray(m)), m, "bool"
-    if kind == "add_f32":
-        a = with_neg_inf((1, Hq, L, N))
-        return mx.array(a), a, "f32"
-    if kind == "add_f16":
-        a = with_neg_inf((B, 1, L, N)).astype(np.float16)
-        return mx.array(a), a, "f16"
-    if kind == "add_bf16":
-        m = mx.array(with_neg_inf((L, N))).astype(mx.bfloat16)
-        return m, to_np(m), "bf16"
-    if kind == "add_row_const":  # broadcast along keys: stride 0 in the last axis
-        a = rng.normal(0, 3, (Hq, L, 1)).astype(np.float32)
-        return mx.array(a), a, "f32"
-    if kind == "all_neg_inf":
-        a = np.full((1, 1, 1, N), -np.inf, np.float32)
-        return mx.array(a), a, "f32"
-    raise AssertionError(kind)
-
-
-def random_sinks(rng, Hq):
-    return mx.array(rng.normal(0.5, 1.5, Hq).astype(np.float32))
+    if isinstance(m, str):
+        return m, None, m
+    view = np.array(m.T).T if kind == "bool_transposed" else to_np(m)
+    return m, view, MASK_TAGS[m.dtype]
 
 
 def run_case(emu, case, rng, mask_kind="none", with_sinks=False, **kw):
     B, Hq, L, N = case.shape
-    mask, mask_np, tag = make_mask(mask_kind, rng, B, Hq, L, N)
+    mask, mask_np, tag = emu_mask(mask_kind, rng, B, Hq, L, N)
     sinks = random_sinks(rng, Hq) if with_sinks else None
     return case.run(emu, mask=mask, mask_np=mask_np, mask_tag=tag, sinks=sinks, **kw)

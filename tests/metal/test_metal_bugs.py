@@ -2,11 +2,11 @@
 
 Each bug is compiled into the real kernel source with a -D flag (hooks in
 metal/qsdpa.h and metal/ring_update.metal; never defined in a real build):
-  MLXQ_BUG_DROP_BARRIER  the barrier between staging V and reading it is gone
+  MQ_BUG_DROP_BARRIER  the barrier between staging V and reading it is gone
                          (a race: SIMD groups read rows others have not
                          staged yet -- stale K codes);
-  MLXQ_BUG_LANE_INDEX    each lane unpacks its neighbour's element;
-  MLXQ_BUG_RINT          codes round half to even instead of away from zero.
+  MQ_BUG_LANE_INDEX    each lane unpacks its neighbour's element;
+  MQ_BUG_RINT          codes round half to even instead of away from zero.
 The same checks as the real tests are run on the buggy build and must fail,
 while the unmodified build passes them.
 """
@@ -23,23 +23,23 @@ from sdpa_cases import Case
 
 def bug_build(define, source):
     return Emulator(
-        build([os.path.join(METAL_DIR, source)], defines=[define, "MLXQ_ONLY_F32"], name="bug")
+        build([os.path.join(METAL_DIR, source)], defines=[define, "MQ_ONLY_F32"], name="bug")
     )
 
 
 @pytest.fixture(scope="module")
 def drop_barrier():
-    return bug_build("MLXQ_BUG_DROP_BARRIER", "qsdpa_decode.metal")
+    return bug_build("MQ_BUG_DROP_BARRIER", "qsdpa_decode.metal")
 
 
 @pytest.fixture(scope="module")
 def lane_index():
-    return bug_build("MLXQ_BUG_LANE_INDEX", "qsdpa_prefill.metal")
+    return bug_build("MQ_BUG_LANE_INDEX", "qsdpa_prefill.metal")
 
 
 @pytest.fixture(scope="module")
 def rint_bug():
-    return bug_build("MLXQ_BUG_RINT", "ring_update.metal")
+    return bug_build("MQ_BUG_RINT", "ring_update.metal")
 
 
 def sdpa_check(e, mode, seed=0):
@@ -60,6 +60,7 @@ def sdpa_check(e, mode, seed=0):
     case.run(e, mask="causal", mode=mode, min_block_keys=32)
 
 
+@pytest.mark.slow
 def test_sdpa_checks_pass_on_the_real_kernels(metal_emu):
     for name in ("default", "reverse", "random"):
         metal_emu.set_schedule(name)
@@ -68,6 +69,7 @@ def test_sdpa_checks_pass_on_the_real_kernels(metal_emu):
     metal_emu.set_schedule("default")
 
 
+@pytest.mark.slow
 def test_dropped_barrier_is_caught(drop_barrier):
     """A race: whether it shows depends on the thread order, which is why the
     suite runs every kernel under three schedules. In the default order the
@@ -87,6 +89,7 @@ def test_dropped_barrier_is_caught(drop_barrier):
     assert all(caught[name, seed] for name in ("reverse", "random") for seed in range(3)), caught
 
 
+@pytest.mark.slow
 def test_wrong_index_is_caught(lane_index, schedule):
     lane_index.set_schedule(schedule)
     with pytest.raises(AssertionError, match="relative error"):
@@ -94,6 +97,7 @@ def test_wrong_index_is_caught(lane_index, schedule):
     lane_index.set_schedule("default")
 
 
+@pytest.mark.slow
 def test_round_half_to_even_is_caught(rint_bug, metal_emu):
     oracle = build_oracle()
     x = np.resize(np.array([0.0, 3.0, 0.5, 2.5, 1.5, 1.0], np.float32), (1, 1, 1, 64))

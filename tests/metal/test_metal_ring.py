@@ -242,7 +242,7 @@ def test_quantized_ring_update_part_writes_only_its_array(emu, oracle, rng, tag,
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("group_size", GROUP_SIZES)
 def test_quantized_kv_update_writes_all_three_arrays(emu, oracle, rng, tag, bits, group_size):
-    """QuantizedKVUpdate's dispatch per side (MLXQ_PART_ALL): one dispatch
+    """QuantizedKVUpdate's dispatch per side (MQ_PART_ALL): one dispatch
     writes codes, scales and biases of the new rows, each bit-identical to
     MLX's Metal quantize, into three distinct arrays, and no other row."""
     B, H, S, D, T, pos = 1, 2, 7, 256, 3, 5

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from harness import DT, run_sdpa
 from sdpa_cases import MODES, Case, run_case
+from support.masks import MASK_KINDS
 
 import mlxq
 
@@ -152,23 +153,6 @@ def test_batch_and_query_length(emu, rng, B, L, N, mask, mode):
 
 
 # --- masks and sinks ---------------------------------------------------------------------
-
-MASK_KINDS = [
-    "none",
-    "causal",
-    "bool_LN",
-    "bool_B1LN",
-    "bool_BHLN",
-    "bool_keypad",
-    "bool_window",
-    "bool_transposed",
-    "add_f32",
-    "add_bf16",
-    "add_f16",
-    "add_row_const",
-    "all_hidden",
-    "all_neg_inf",
-]
 
 
 @pytest.mark.parametrize("kind", MASK_KINDS)

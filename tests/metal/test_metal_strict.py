@@ -5,10 +5,11 @@ import glob
 import os
 
 import pytest
-from strict import PLANTED_DIR, apply_diff, check, prepare
+from strict import apply_diff, check, prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 METAL = os.path.join(ROOT, "metal")
+PLANTED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "planted")
 SOURCES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(METAL, "*.metal")))
 PLANTED = sorted(os.path.basename(p) for p in glob.glob(os.path.join(PLANTED_DIR, "*.diff")))
 

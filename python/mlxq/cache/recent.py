@@ -1,6 +1,6 @@
 """An exact window of the most recent tokens next to a quantized cache.
 
-Measured on trained models (README, "Real weights"), most of 4-bit KV's
+Measured on trained models (docs/results/accuracy.md), most of 4-bit KV's
 accuracy loss comes from the last ~100 tokens: the keys a query attends
 most. A quantized cache with ``keep_recent=R`` therefore also keeps the last
 ``R`` tokens' keys and values as they came (a ring of ``R + 1`` rows in the

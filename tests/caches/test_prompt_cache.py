@@ -1,0 +1,138 @@
+"""state / from_state / prompt-cache files, in both directions with mlx-lm.
+
+After every round trip the loaded cache must hold the same state and keep
+running in lockstep with the original.
+"""
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_map
+from mlx_lm.models import cache as lm
+from support.caches import assert_same, fresh, kv
+
+import mlxq
+
+# (mlxq factory, mlx-lm factory, script of update sizes that fills/wraps)
+KINDS = {
+    "kv": (mlxq.KVCache, lm.KVCache, [40, 1, 1, 300, 1]),
+    "quantized": (
+        lambda: mlxq.QuantizedKVCache(32, 4),
+        lambda: lm.QuantizedKVCache(32, 4),
+        [7, 1, 1, 3],
+    ),
+    "rotating": (
+        lambda: mlxq.RotatingKVCache(12, keep=2),
+        lambda: lm.RotatingKVCache(12, keep=2),
+        [9, 1, 1, 1, 1, 1, 5, 1, 1],
+    ),
+}
+
+
+def copied(state):
+    return tree_map(lambda x: mx.array(x) if isinstance(x, mx.array) else x, state)
+
+
+def filled(make, rng, sizes, ref=None):
+    cache = make()
+    for T in sizes:
+        k, v = kv(rng, T)
+        cache.update_and_fetch(k, v)
+        if ref is not None:
+            ref.update_and_fetch(fresh(k), fresh(v))
+    return cache
+
+
+def lockstep(rng, a, b, sizes=(1, 1, 4, 1)):
+    for T in sizes:
+        k, v = kv(rng, T)
+        assert_same(a.update_and_fetch(k, v), b.update_and_fetch(fresh(k), fresh(v)), f"T={T}")
+        assert a.offset == b.offset
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_state_round_trips_with_mlx_lm(rng, kind):
+    ours_make, lm_make, sizes = KINDS[kind]
+    ref = lm_make()
+    ours = filled(ours_make, rng, sizes, ref)
+    assert_same(ours.state, ref.state, "state")
+    assert ours.meta_state == tuple(str(x) for x in ours.state[2:])
+    # mlxq -> mlx-lm and mlx-lm -> mlxq, then both keep going together. (Copies:
+    # mlx-lm writes into its buffers' array objects, which a shared state would alias.)
+    theirs = type(ref).from_state(copied(ours.state))
+    back = type(ours).from_state(copied(ref.state))
+    assert type(back) is type(ours)
+    lockstep(rng, theirs, ref)
+    lockstep(rng, back, ours)
+
+
+def test_rotating_quantized_state_round_trip(rng):
+    make = lambda: mlxq.RotatingQuantizedKVCache(10, 1, 64, 6)  # noqa: E731
+    cache = filled(make, rng, [8, 1, 1, 1, 1, 4, 1])
+    copy = mlxq.RotatingQuantizedKVCache.from_state(cache.state)
+    assert (copy.max_size, copy.keep, copy.group_size, copy.bits) == (10, 1, 64, 6)
+    assert copy.ring_index == cache.ring_index and copy.offset == cache.offset
+    lockstep(rng, copy, cache)
+    meta = cache.meta_state
+    other = make()
+    other.meta_state = meta
+    assert other.offset == cache.offset and other.ring_index == cache.ring_index
+
+
+def test_our_files_load_in_mlx_lm(rng, tmp_path):
+    refs = [lm_make() for _, lm_make, _ in KINDS.values()]
+    ours = [filled(make, rng, sizes, ref) for (make, _, sizes), ref in zip(KINDS.values(), refs)]
+    path = str(tmp_path / "ours.safetensors")
+    mlxq.save_prompt_cache(path, ours, {"model": "test", "tokens": "42"})
+    loaded, meta = lm.load_prompt_cache(path, return_metadata=True)
+    assert meta == {"model": "test", "tokens": "42"}
+    for got, ref in zip(loaded, refs):
+        assert type(got) is type(ref)
+        assert_same(got.state, ref.state)
+        lockstep(rng, got, ref)
+
+
+def test_mlx_lm_files_load_in_mlxq(rng, tmp_path):
+    refs = [lm_make() for _, lm_make, _ in KINDS.values()]
+    ours = [filled(make, rng, sizes, ref) for (make, _, sizes), ref in zip(KINDS.values(), refs)]
+    path = str(tmp_path / "mlx_lm.safetensors")
+    lm.save_prompt_cache(path, refs, {"note": "from mlx-lm"})
+    loaded, meta = mlxq.load_prompt_cache(path, return_metadata=True)
+    assert meta == {"note": "from mlx-lm"}
+    for got, want in zip(loaded, ours):
+        assert type(got) is type(want)
+        assert_same(got.state, want.state)
+        lockstep(rng, got, want)
+
+
+def test_own_round_trip_with_every_class(rng, tmp_path):
+    caches = [
+        filled(mlxq.KVCache, rng, [3]),
+        filled(lambda: mlxq.QuantizedKVCache(64, 8), rng, [5, 1]),
+        filled(lambda: mlxq.RotatingKVCache(6), rng, [4, 1, 1, 1, 1]),
+        filled(lambda: mlxq.RotatingQuantizedKVCache(6, 2, 128, 3), rng, [7, 1, 1]),
+        mlxq.KVCache(),  # empty: keys/values None
+        lm.ArraysCache(2),  # another mlx-lm class rides along
+    ]
+    caches[-1][0] = mx.ones((1, 3))
+    path = str(tmp_path / "all.safetensors")
+    mlxq.save_prompt_cache(path, caches)
+    loaded = mlxq.load_prompt_cache(path)
+    assert [type(c) for c in loaded] == [type(c) for c in caches]
+    for got, want in zip(loaded[:4], caches[:4]):
+        assert_same(got.state, want.state)
+        lockstep(rng, got, want)
+    assert loaded[4].empty() and loaded[4].offset == 0
+    assert_same(loaded[5][0], mx.ones((1, 3)))
+
+
+def test_loader_rejects_bad_files(tmp_path):
+    path = str(tmp_path / "plain.safetensors")
+    mx.save_safetensors(path, {"x": mx.ones(2)})
+    with pytest.raises(ValueError, match="not a prompt-cache file"):
+        mlxq.load_prompt_cache(path)
+    mlxq.save_prompt_cache(path, [mlxq.KVCache()])
+    arrays, meta = mx.load(path, return_metadata=True)
+    meta["1.0"] = "NoSuchCache"
+    mx.save_safetensors(path, arrays, meta)
+    with pytest.raises(ValueError, match="unknown cache class 'NoSuchCache'"):
+        mlxq.load_prompt_cache(path)

@@ -1,0 +1,342 @@
+"""Quantized caches that keep their most recent tokens exact (``keep_recent``,
+mlxq.cache.recent): the window's bookkeeping through growth, trims, states
+and copies, the two-part attention against float64, and mlx-lm's generation
+with ``enable(kv_keep_recent=...)``."""
+
+import copy
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from support.caches import assert_same, kv
+from support.helpers import quantize, to_f64
+from support.reference64 import dequantize64, hadamard64, mask64
+
+import mlxq
+import mlxq.mlx_lm as mlxq_lm
+from mlxq.random_models import random_model
+from mlxq.split import RecentSplit
+
+
+def tolerance():
+    """The dense window's f32 matmuls: exact on the CPU, TF32-like on CUDA."""
+    return 2e-5 if mx.default_device() == mx.cpu else 5e-3
+
+
+def reference(q, ks, vs, n, *, scale, gs, bits, v_fmt=None, rotate=False, sinks=None, mask=None):
+    """Attention in float64 over every token so far: the rows before ``n``
+    dequantized as the cache stored them, the rest exact."""
+    vg, vb = v_fmt or (gs, bits)
+    K, V = to_f64(mx.concatenate(ks, axis=2)), to_f64(mx.concatenate(vs, axis=2))
+    D = K.shape[-1]
+    H = hadamard64(D) if rotate else np.eye(D)
+    kq = dequantize64(quantize(mx.array(K @ H, mx.float32), gs, bits), gs, bits) @ H
+    vq = dequantize64(quantize(mx.array(V @ H, mx.float32), vg, vb), vg, vb) @ H
+    K[:, :, :n], V[:, :, :n] = kq[:, :, :n], vq[:, :, :n]
+    q64 = to_f64(q)
+    B, Hq, L, _ = q64.shape
+    N, rep = K.shape[2], Hq // K.shape[1]
+    vis = np.ones((L, N), bool) if mask is None else np.array(mask)
+    if isinstance(mask, str):
+        vis = np.arange(N)[None, :] <= np.arange(L)[:, None] + N - L
+    out = np.zeros((B, Hq, L, V.shape[-1]))
+    for b in range(B):
+        for h in range(Hq):
+            s = np.where(vis, scale * q64[b, h] @ K[b, h // rep].T, -np.inf)
+            m = s.max(-1, keepdims=True)
+            if sinks is not None:
+                m = np.maximum(m, float(sinks[h].item()))
+            p = np.exp(s - m)
+            den = p.sum(-1, keepdims=True)
+            if sinks is not None:
+                den = den + np.exp(float(sinks[h].item()) - m)
+            out[b, h] = p @ V[b, h // rep] / den
+    return out
+
+
+STEPS = [5, 1, 1, 7, 1, 20, 1, 1, 3, 300, 1, 2]
+
+
+def in_order(split):
+    """A fetch's exact rows oldest first (a decode step's come in ring order)."""
+    if split.columns is None:
+        return split.exact
+    return split.exact[..., mx.array(np.argsort(split.columns)), :]
+
+
+@pytest.mark.parametrize(
+    "gs,bits,v_fmt,rotate,R",
+    [
+        (64, 4, None, False, 8),
+        (64, 4, None, True, 16),
+        (64, 8, (32, 4), False, 32),
+        (32, 3, None, True, 1),
+    ],
+)
+def test_attention_reads_the_window_exactly(rng, gs, bits, v_fmt, rotate, R):
+    vg, vb = v_fmt or (None, None)
+    cache = mlxq.QuantizedKVCache(
+        gs, bits, kv_rotate=rotate, v_group_size=vg, v_bits=vb, keep_recent=R
+    )
+    plain = mlxq.QuantizedKVCache(gs, bits, kv_rotate=rotate, v_group_size=vg, v_bits=vb)
+    ks, vs = [], []
+    sinks = mx.array(rng.normal(0.5, 1.5, 4).astype(np.float32))
+    for T in STEPS:
+        k, v = kv(rng, T, D=64)
+        ks.append(k)
+        vs.append(v)
+        prev = cache.offset
+        K, V = cache.update_and_fetch(k, v)
+        assert isinstance(K, RecentSplit) and isinstance(V, RecentSplit)
+        n = K.quantized_length
+        assert n == max(0, prev - R) and K.exact.shape[2] == cache.offset - n
+        # Every token also lands in the quantized buffers, exactly as without a window.
+        pk, pv = plain.update_and_fetch(k, v)
+        assert_same(tuple(cache.keys_and_values()[0]), tuple(pk))
+        assert_same(tuple(cache.keys_and_values()[1]), tuple(pv))
+        q = mx.array(rng.standard_normal((1, 4, T, 64)).astype(np.float32))
+        mask = "causal" if T > 1 else None
+        out = mlxq.sdpa(q, K, V, scale=0.125, mask=mask, sinks=sinks)
+        ref = reference(
+            q,
+            ks,
+            vs,
+            n,
+            scale=0.125,
+            gs=gs,
+            bits=bits,
+            v_fmt=v_fmt,
+            rotate=rotate,
+            sinks=sinks,
+            mask=mask,
+        )
+        assert np.max(np.abs(to_f64(out) - ref)) < tolerance(), f"T={T}"
+
+
+@pytest.mark.parametrize("L", [5, 1])
+def test_an_array_mask_is_cut_at_the_window(rng, L):
+    # L = 1: a decode step with a full window, whose exact rows come in ring order.
+    cache = mlxq.QuantizedKVCache(64, 4, keep_recent=6)
+    ks, vs = [], []
+    for T in [10, 1, L]:
+        k, v = kv(rng, T, D=64)
+        ks.append(k)
+        vs.append(v)
+        K, V = cache.update_and_fetch(k, v)
+    assert (K.columns is not None) == (L == 1)
+    N = cache.offset
+    vis = rng.random((L, N)) < 0.6
+    vis[:, 0] = True
+    q = mx.array(rng.standard_normal((1, 2, L, 64)).astype(np.float32))
+    out = mlxq.sdpa(q, K, V, scale=0.125, mask=mx.array(vis))
+    ref = reference(q, ks, vs, K.quantized_length, scale=0.125, gs=64, bits=4, mask=vis)
+    assert np.max(np.abs(to_f64(out) - ref)) < tolerance()
+    with pytest.raises(ValueError, match="mask covers"):
+        mlxq.sdpa(q, K, V, scale=0.125, mask=mx.array(vis[:, 1:]))
+
+
+def test_restored_and_trimmed_caches_read_what_they_no_longer_hold_quantized(rng):
+    cache = mlxq.QuantizedKVCache(64, 4, keep_recent=8)
+    cache.update_and_fetch(*kv(rng, 30, D=64))
+    restored = mlxq.QuantizedKVCache.from_state(cache.state)
+    restored.keep_recent = 8
+    restored._configure()
+    K, _ = restored.update_and_fetch(*kv(rng, 1, D=64))
+    assert K.quantized_length == 30 and K.exact.shape[2] == 1
+    # Trim: the ring held [22, 30); after forgetting 5, [22, 25) is still exact.
+    cache.trim(5)
+    K, _ = cache.update_and_fetch(*kv(rng, 1, D=64))
+    assert K.quantized_length == 22 and K.exact.shape[2] == 4
+    # A trim deeper than the window: nothing before the new offset is held.
+    cache.trim(12)
+    K, _ = cache.update_and_fetch(*kv(rng, 2, D=64))
+    assert K.quantized_length == 14 and K.exact.shape[2] == 2
+
+
+def test_copies_keep_their_own_window(rng):
+    a = mlxq.QuantizedKVCache(64, 4, keep_recent=4)
+    a.update_and_fetch(*kv(rng, 6, D=64))
+    b = copy.copy(a)
+    mine = kv(rng, 1, D=64)
+    ka, _ = a.update_and_fetch(*mine)
+    kb_, _ = b.update_and_fetch(*kv(rng, 1, D=64))
+    # Same history, different last tokens: the windows differ only there.
+    ka, kb_ = in_order(ka), in_order(kb_)
+    assert_same(ka[..., :4, :], kb_[..., :4, :])
+    assert not mx.array_equal(ka[..., 4:, :], kb_[..., 4:, :]).item()
+    # Both keep decoding on their own rings (written in place from here):
+    # a's window is a's last five tokens whatever b writes.
+    mine = [mine[0]]
+    for _ in range(6):
+        k = kv(rng, 1, D=64)
+        mine.append(k[0])
+        ka, _ = a.update_and_fetch(*k)
+        b.update_and_fetch(*kv(rng, 1, D=64))
+    assert_same(in_order(ka), mx.concatenate(mine[-5:], axis=2))
+    assert a.nbytes > mlxq.QuantizedKVCache(64, 4).nbytes
+
+
+def test_to_quantized_starts_with_an_exact_window(rng):
+    plain = mlxq.KVCache()
+    k, v = kv(rng, 40, D=64)
+    plain.update_and_fetch(k, v)
+    cache = plain.to_quantized(64, 4, keep_recent=16)
+    K, V = cache.update_and_fetch(*kv(rng, 1, D=64))
+    assert K.quantized_length == 24
+    assert_same(in_order(K)[..., :16, :], k[..., 24:, :])
+
+
+def test_bad_window_sizes_are_refused():
+    with pytest.raises(ValueError, match="keep_recent must be >= 0"):
+        mlxq.QuantizedKVCache(64, 4, keep_recent=-1)
+    with pytest.raises(ValueError, match="kv_keep_recent"):
+        mlxq_lm.enable(kv_keep_recent=-3)
+
+
+def test_mismatched_splits_are_refused(rng):
+    cache = mlxq.QuantizedKVCache(64, 4, keep_recent=4)
+    cache.update_and_fetch(*kv(rng, 10, D=64))
+    K, V = cache.update_and_fetch(*kv(rng, 1, D=64))
+    q = mx.zeros((1, 2, 1, 64))
+    with pytest.raises(ValueError, match="both be recent-window"):
+        mlxq.sdpa(q, K, V.quantized, scale=0.1)
+    with pytest.raises(ValueError, match="mask must be None"):
+        mlxq.sdpa(q, K, V, scale=0.1, mask="full")
+    with pytest.raises(ValueError, match="cut at the same position"):
+        mlxq.sdpa(q, K, RecentSplit(V.quantized, V.exact[..., 1:, :]), scale=0.1)
+
+
+def generate(model, prompt, n, **kw):
+    from mlx_lm.generate import generate_step
+
+    steps = generate_step(mx.array(prompt), model, max_tokens=n, **kw)
+    return [int(tok) for (tok, _), _i in zip(steps, range(n))]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_a_window_over_everything_generates_as_unquantized(arch):
+    # With a window longer than prompt + generation every key is read
+    # exactly: kv_bits=4 must then give the unquantized run's greedy tokens
+    # (on the CPU, where the dense window's f32 matmuls are exact). gemma3's
+    # sliding layers clamp the window to their ring, which it then covers.
+    if mx.default_device() != mx.cpu:
+        pytest.skip("exact only where f32 matmuls are (CUDA's round like TF32)")
+    model, _ = random_model(arch, seed=3, dtype=mx.float32)
+    prompt = list(range(3, 60))
+    want = generate(model, prompt, 24)
+    with mlxq_lm.enable(kv_keep_recent=128):
+        mlxq_lm.reset_counters()
+        got = generate(model, prompt, 24, kv_bits=4, kv_group_size=32, quantized_kv_start=0)
+        assert mlxq_lm.counters()["mlxq"] > 0
+    assert got == want
+    assert mlxq_lm._kv_keep_recent == 0  # disable() resets it
+
+
+def test_a_short_window_still_generates_and_stays_near_unquantized():
+    model, _ = random_model("llama", seed=5, dtype=mx.float32)
+    prompt = list(range(3, 90))
+    with mlxq_lm.enable(kv_keep_recent=16):
+        got = generate(model, prompt, 32, kv_bits=4, kv_group_size=32, quantized_kv_start=0)
+    assert len(got) == 32
+
+
+def test_cli_kv_keep_recent(capsys):
+    from mlxq.generate import main
+
+    args = ["--random-model", "llama", "--max-tokens", "4", "--prompt-tokens", "40"]
+    main(args + ["--kv-bits", "4", "--kv-keep-recent", "16"])
+    out, _ = capsys.readouterr()
+    assert "Generation: 4 tokens" in out and mlxq_lm._kv_keep_recent == 0
+    with pytest.raises(SystemExit):
+        main(args + ["--kv-keep-recent", "16"])  # without --kv-bits
+
+
+ROTATING_STEPS = [5, 1, 1, 7] + [1] * 40 + [20] + [1] * 12 + [3] + [1] * 6
+
+
+def attend64(q, K, V, vis, scale):
+    """Float64 attention of q [B, Hq, L, D] over K/V [B, Hkv, N, D] (GQA) where ``vis``."""
+    B, Hq, L, _ = q.shape
+    rep = Hq // K.shape[1]
+    out = np.zeros((B, Hq, L, V.shape[-1]))
+    for b in range(B):
+        for h in range(Hq):
+            s = np.where(vis, scale * q[b, h] @ K[b, h // rep].T, -np.inf)
+            p = np.exp(s - s.max(-1, keepdims=True))
+            out[b, h] = p @ V[b, h // rep] / p.sum(-1, keepdims=True)
+    return out
+
+
+@pytest.mark.parametrize(
+    "max_size,keep,R,gs,bits,rotate,window",
+    [
+        (32, 0, 8, 64, 4, False, None),
+        (32, 4, 8, 64, 4, True, 24),
+        (24, 0, 1, 32, 3, False, None),
+        (40, 2, 20, 64, 8, False, 16),
+    ],
+)
+def test_a_sliding_window_cache_reads_its_window_exactly(
+    rng, max_size, keep, R, gs, bits, rotate, window
+):
+    # RotatingQuantizedKVCache(keep_recent=R) against float64 over the columns
+    # the same ring fetches without a window: its window's tokens exact, the
+    # rest as quantized. Three plain rings in lockstep give each column's
+    # exact K/V, stored codes and position (mlxq's rings follow mlx-lm's).
+    cache = mlxq.RotatingQuantizedKVCache(max_size, keep, gs, bits, rotate, keep_recent=R)
+    plain = mlxq.RotatingQuantizedKVCache(max_size, keep, gs, bits, rotate)
+    exact, where = mlxq.RotatingKVCache(max_size, keep), mlxq.RotatingKVCache(max_size, keep)
+    H = hadamard64(64) if rotate else np.eye(64)
+    for T in ROTATING_STEPS:
+        k, v = kv(rng, T, D=64)
+        pos = mx.broadcast_to(
+            mx.arange(cache.offset, cache.offset + T, dtype=mx.float32)[None, None, :, None],
+            (1, 1, T, 1),
+        )
+        mask = cache.make_mask(T, window_size=window)
+        K, V = cache.update_and_fetch(k, v)
+        QK, QV = plain.update_and_fetch(k, v)
+        EK, EV = exact.update_and_fetch(k, v)
+        P = to_f64(where.update_and_fetch(pos, pos)[0])[0, 0, :, 0]
+        lo = cache.offset - K.exact.shape[2]
+        assert K.exact.shape[2] == min(cache.offset, R + T if T > 1 else R + 1)
+        if T == 1:  # the ring with the window's slots hidden
+            assert K.quantized_length == len(P) and np.array(K.hidden).sum() == cache.offset - lo
+            assert np.array_equal(np.sort(P[np.array(K.hidden)]), np.arange(lo, cache.offset))
+        Kd = np.where(P[:, None] >= lo, to_f64(EK), dequantize64(QK, gs, bits) @ H)
+        Vd = np.where(P[:, None] >= lo, to_f64(EV), dequantize64(QV, gs, bits) @ H)
+        q = mx.array(rng.standard_normal((1, 4, T, 64)).astype(np.float32))
+        out = mlxq.sdpa(q, K, V, scale=0.125, mask=mask)
+        vis = mask64(mask, (1, 1, T, len(P)))[0][0, 0]
+        ref = attend64(to_f64(q), Kd, Vd, vis, 0.125)
+        assert np.max(np.abs(to_f64(out) - ref)) < tolerance(), f"T={T} offset={cache.offset}"
+
+
+def test_a_sliding_window_cache_refuses_a_window_that_does_not_fit():
+    with pytest.raises(ValueError, match="keep_recent"):
+        mlxq.RotatingQuantizedKVCache(32, 4, 64, 4, keep_recent=28)
+    plain = mlxq.RotatingKVCache(64)
+    plain.update_and_fetch(*kv(np.random.default_rng(0), 70, D=64))
+    cache = plain.to_quantized(64, 4, keep_recent=16)
+    K, _ = cache.update_and_fetch(*kv(np.random.default_rng(1), 1, D=64))
+    assert K.exact.shape[2] == 17 and np.array(K.hidden).sum() == 17
+
+
+def test_a_lazily_evaluated_loop_of_steps_reads_what_each_step_saw(rng):
+    # One-token steps built back to back and evaluated once at the end (a
+    # teacher-forced loop): each step overwrites the ring slot the step before
+    # it read, so that read must still see its own token, not the next one.
+    cache = mlxq.QuantizedKVCache(64, 8, keep_recent=3)
+    k, v = kv(rng, 6, D=64)
+    cache.update_and_fetch(k, v)
+    tokens = [k]
+    seen = []
+    for _ in range(6):
+        k, v = kv(rng, 1, D=64)
+        tokens.append(k)
+        K, _ = cache.update_and_fetch(k, v)
+        seen.append((cache.offset, in_order(K)))
+    mx.eval([s for _, s in seen])
+    every = mx.concatenate(tokens, axis=2)
+    for offset, window in seen:
+        assert_same(window, every[..., offset - 4 : offset, :])

@@ -1,0 +1,1 @@
+"""Helpers shared by the test areas: inputs, float64 references, masks, cache scripts."""
