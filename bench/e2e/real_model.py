@@ -10,18 +10,17 @@ repository's copy of the Apache License 2.0):
   stock-kv4    stock mlx-lm, ``kv_bits=4`` (group 64, ``quantized_kv_start=0``)
   mlxq-kv4     ``mlxq.mlx_lm.enable()``, then the same ``kv_bits=4`` call
 
-Each run reports:
+Each run feeds the text's first ``--tokens`` tokens (default 1024) in chunks
+of 64 into the run's KV cache, quantized from the first token (stock-kv4:
+mlx-lm's ``QuantizedKVCache``), so every chunk after the first attends to
+cached, quantized history; then ``generate_step`` decodes ``--decode-tokens``
+greedy tokens from that cache. It reports:
 
-  decode tok/s   ``generate_step`` with the text's first ``--context`` tokens as
-                 the prompt, greedy; 1 / median time between tokens (the first
-                 two skipped)
-  prefill tok/s  prompt tokens / time to the first token
+  perplexity     of the fed tokens, teacher-forced
+  prefill tok/s  fed tokens / time to feed them (chunks of 64)
+  decode tok/s   1 / median time between generated tokens (the first two skipped)
   KV MB          bytes the run's caches hold at the end (codes, scales, biases)
-  peak MB        ``mx.get_peak_memory()`` over the generation, weights included
-  perplexity     teacher-forced over the text's first ``--tokens`` tokens in
-                 chunks of 64, with the run's KV cache from the first token
-                 (stock-kv4: mlx-lm's ``QuantizedKVCache``), so every chunk
-                 after the first attends to cached, quantized history
+  peak MB        ``mx.get_peak_memory()`` over the run, weights included
 
     python bench/e2e/real_model.py                       # SmolLM2-135M
     python bench/e2e/real_model.py --model gemma3-270m   # pip install ".[realmodels]"
@@ -62,7 +61,9 @@ COLUMNS = [
 
 
 def cache_bytes(caches):
-    return sum(a.nbytes for c in caches for _, a in tree_flatten(c.state))
+    return sum(
+        a.nbytes for c in caches for _, a in tree_flatten(c.state) if isinstance(a, mx.array)
+    )
 
 
 def make_caches(model, run):
@@ -75,42 +76,36 @@ def make_caches(model, run):
     return mlxq_lm.make_prompt_cache(model, kv_bits=BITS, kv_group_size=GROUP)
 
 
-def generate(model, run, prompt, decode_tokens):
+def measure(model, run, ids, decode_tokens):
+    """Teacher-forced perplexity over ``ids`` (which fills the run's caches,
+    quantized from the first token), then greedy decoding from those caches."""
     from mlx_lm.generate import generate_step
-    from mlx_lm.models import cache as lm_cache
 
-    caches = lm_cache.make_prompt_cache(model)
-    kwargs = {} if run == "stock-bf16" else dict(kv_bits=BITS, kv_group_size=GROUP)
-    mx.clear_cache()
-    mx.reset_peak_memory()
-    stamps = []
-    t0 = time.perf_counter()
-    for _ in generate_step(
-        mx.array(prompt),
-        model,
-        max_tokens=decode_tokens,
-        prompt_cache=caches,
-        quantized_kv_start=0,
-        **kwargs,
-    ):
-        stamps.append(time.perf_counter())
-    steps = [b - a for a, b in zip(stamps, stamps[1:])][2:]
-    return dict(
-        decode_tps=1.0 / statistics.median(steps),
-        prefill_tps=len(prompt) / (stamps[0] - t0),
-        kv_mb=cache_bytes(caches) / 1e6,
-        peak_mb=mx.get_peak_memory() / 1e6,
-        cache_classes=sorted({type(c).__module__ + "." + type(c).__name__ for c in caches}),
-    )
-
-
-def measure(model, run, ids, context, decode_tokens):
     ours = run.startswith("mlxq")
     if ours:
         mlxq_lm.enable()
     try:
-        ppl, _ = teacher_forced(model, ids, make_caches(model, run))
-        r = dict(run=run, ppl=ppl, **generate(model, run, ids[:context], decode_tokens))
+        caches = make_caches(model, run)
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        t0 = time.perf_counter()
+        ppl, _ = teacher_forced(model, ids, caches)
+        prefill_s = time.perf_counter() - t0
+        stamps = []
+        for _ in generate_step(
+            mx.array(ids[-1:]), model, max_tokens=decode_tokens, prompt_cache=caches
+        ):
+            stamps.append(time.perf_counter())
+        steps = [b - a for a, b in zip(stamps, stamps[1:])][2:]
+        r = dict(
+            run=run,
+            ppl=ppl,
+            decode_tps=1.0 / statistics.median(steps),
+            prefill_tps=(len(ids) - 1) / prefill_s,
+            kv_mb=cache_bytes(caches) / 1e6,
+            peak_mb=mx.get_peak_memory() / 1e6,
+            cache_classes=sorted({type(c).__module__ + "." + type(c).__name__ for c in caches}),
+        )
         if ours:
             r["attention_calls"] = mlxq_lm.counters()
     finally:
@@ -127,8 +122,7 @@ def main():
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", default="smollm2-135m", choices=sorted(gguf.PACKAGED))
-    p.add_argument("--tokens", type=int, default=1024, help="perplexity tokens (default 1024)")
-    p.add_argument("--context", type=int, default=1024, help="prompt tokens (default 1024)")
+    p.add_argument("--tokens", type=int, default=1024, help="prompt tokens (default 1024)")
     p.add_argument("--decode-tokens", type=int, default=32, help="generated tokens (default 32)")
     p.add_argument("--runs", nargs="+", default=RUNS, choices=RUNS)
     common.add_output_args(p)
@@ -138,18 +132,18 @@ def main():
     common.print_machine(info)
     model, tokenizer = gguf.load_packaged(args.model, dtype=mx.bfloat16)
     ids = tokenizer.encode(open(TEXT).read())
-    if len(ids) < max(args.tokens, args.context) + 1:
-        sys.exit(f"the text has {len(ids)} tokens; ask for fewer with --tokens / --context")
-    ids = ids[: max(args.tokens, args.context) + 1]
+    if len(ids) < args.tokens + 1:
+        sys.exit(f"the text has {len(ids)} tokens; ask for fewer with --tokens")
+    ids = ids[: args.tokens + 1]
     print(
-        f"\n{args.model}: {len(model.layers)} layers, bf16 weights; perplexity over "
-        f"{args.tokens} tokens, generation from a {args.context}-token prompt\n"
+        f"\n{args.model}: {len(model.layers)} layers, bf16 weights; {args.tokens} tokens "
+        f"teacher-forced in chunks of 64, then {args.decode_tokens} generated\n"
     )
     table = common.MarkdownTable(COLUMNS)
     table.header()
     rows = []
     for run in args.runs:
-        r = measure(model, run, ids[: args.tokens + 1], args.context, args.decode_tokens)
+        r = measure(model, run, ids, args.decode_tokens)
         rows.append(r)
         base = next((x for x in rows if x["run"] == "stock-bf16"), None)
         stock = next((x for x in rows if x["run"] == "stock-kv4"), None)
@@ -165,7 +159,6 @@ def main():
             machine=info,
             model=args.model,
             tokens=args.tokens,
-            context=args.context,
             decode_tokens=args.decode_tokens,
             bits=BITS,
             group_size=GROUP,
