@@ -216,43 +216,55 @@ def fetch_step(cache, q, k_last, v_last, scale):
     return fn, timed
 
 
+def fetching_cache_row(cache, q, k, v, scale, kv, timed):
+    """The row of a peer whose cache hands out K/V only from update_and_fetch:
+    filled with all but the last token, timed on a step that adds the last one
+    (then trimmed back), its reference over the K/V that step fetched."""
+    mx.eval(cache.update_and_fetch(k[..., :-1, :], v[..., :-1, :]))
+    fn, timed_fn = fetch_step(cache, q, k[..., -1:, :], v[..., -1:, :], scale)
+    _, keys, values = fn()
+    mx.eval(keys, values)
+    cache.trim(1)
+    return {
+        "fn": timed_fn,
+        "ref": (q, keys, values),
+        "err_ref": "own deq",
+        "kv": kv,
+        "timed": timed,
+    }
+
+
 def setup_veloxquant(q, k, v, scale):
     from veloxquant_mlx.cache.base import KVCacheConfig, KVCacheFactory
 
     cache = KVCacheFactory.create(
         KVCacheConfig(method="turboquant_rvq", head_dim=D, bit_width_inlier=2)
     )
-    mx.eval(cache.update_and_fetch(k[..., :-1, :], v[..., :-1, :]))
-    fn, timed = fetch_step(cache, q, k[..., -1:, :], v[..., -1:, :], scale)
-    _, keys, values = fn()
-    mx.eval(keys, values)
-    cache.trim(1)
-    return {
-        "fn": timed,
-        "ref": (q, keys, values),
-        "err_ref": "own deq",
-        "kv": "K RVQ 2+2-bit + bf16 norm, V bf16",
-        "timed": "cache.update_and_fetch(1 token) (dequantizes all keys) + mx.fast SDPA",
-    }
+    return fetching_cache_row(
+        cache,
+        q,
+        k,
+        v,
+        scale,
+        kv="K RVQ 2+2-bit + bf16 norm, V bf16",
+        timed="cache.update_and_fetch(1 token) (dequantizes all keys) + mx.fast SDPA",
+    )
 
 
 def setup_turboquant_full(q, k, v, scale):
     from turboquant_mlx.layers.polar_kv_cache import TurboQuantKVCache
 
     cache = TurboQuantKVCache(tq_bits=BITS, group_size=GROUP_SIZE)
-    mx.eval(cache.update_and_fetch(k[..., :-1, :], v[..., :-1, :]))
-    fn, timed = fetch_step(cache, q, k[..., -1:, :], v[..., -1:, :], scale)
-    _, keys, values = fn()
-    mx.eval(keys, values)
-    cache.trim(1)
-    return {
-        "fn": timed,
-        "ref": (q, keys, values),
-        "err_ref": "own deq",
-        "kv": f"K,V Hadamard + {BITS}-bit Lloyd-Max, fp16 scale/{GROUP_SIZE}",
-        "timed": "cache.update_and_fetch(1 token) (dequantizes K and V to fp16) + "
+    return fetching_cache_row(
+        cache,
+        q,
+        k,
+        v,
+        scale,
+        kv=f"K,V Hadamard + {BITS}-bit Lloyd-Max, fp16 scale/{GROUP_SIZE}",
+        timed="cache.update_and_fetch(1 token) (dequantizes K and V to fp16) + "
         "mx.fast SDPA (q cast to fp16)",
-    }
+    )
 
 
 # (name, distribution, modules that must import, setup)

@@ -5,9 +5,9 @@
 // then out = O / l. Each GEMM is captured into the evaluation's CUDA graph
 // (MLX's CaptureContext, as MLX's own matmuls are). Every node reads and
 // writes one scratch buffer, so they run in order; the buffer is reused by
-// every block and every call on the stream (see stream_scratch), where the
-// same loop as MLX ops (mlxq.blocked) allocated per block, and MLX's CUDA
-// backend keeps each of those until the whole graph completes.
+// every block and every call on the stream (see stream_scratch): the same
+// loop written with MLX ops would allocate per block, and MLX's CUDA backend
+// keeps each of those allocations until the whole graph completes.
 #include "cuda/gemm_sdpa.h"
 
 #include <cublasLt.h>
