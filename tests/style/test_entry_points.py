@@ -2,9 +2,9 @@
 
 import importlib
 import pathlib
+import re
 import shutil
 import subprocess
-import re
 import sys
 
 import pytest
