@@ -41,6 +41,7 @@ import contextlib
 import importlib
 import sys
 import threading
+import warnings
 from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -367,6 +368,38 @@ _PATCHED = (
 )
 
 
+# (module, name) pairs enable() has warned about: each warns once per process.
+_warned_bindings: set = set()
+
+
+def _warn_early_bindings(table) -> None:
+    """Warn once for each name that a module outside mlx-lm and mlxq bound to
+    one of mlx-lm's originals before enable(): calls through that name keep
+    stock behaviour (``from mlx_lm.generate import generate_step`` before
+    enable() runs the first prefill chunk on an unquantized cache)."""
+    originals = {id(_originals[name]): (module, name) for module, name, _ in table}
+    for mod_name, module in list(sys.modules.items()):
+        if module is None or mod_name.split(".")[0] in ("mlx_lm", "mlxq"):
+            continue
+        try:
+            items = list(vars(module).items())
+        except TypeError:
+            continue
+        for attr, value in items:
+            origin = originals.get(id(value))
+            if origin is None or (mod_name, attr) in _warned_bindings:
+                continue
+            if value is not _originals[origin[1]]:
+                continue
+            _warned_bindings.add((mod_name, attr))
+            warnings.warn(
+                f"{mod_name}.{attr} is mlx-lm's {origin[0]}.{origin[1]}, bound before "
+                "mlxq.mlx_lm.enable(): calls through it keep mlx-lm's own behaviour. "
+                f"Import it after enable(), or call {origin[0]}.{origin[1]}.",
+                stacklevel=3,
+            )
+
+
 def _patch_table():
     """Every (module, name, replacement) enable() installs: the functions
     above and the batch-generation ones (mlxq.batching)."""
@@ -481,6 +514,7 @@ def enable(
         _set(lm_cache, "RotatingQuantizedKVCache", RotatingQuantizedKVCache)
         for cls in batching.TO_QUANTIZED:
             _set(cls, "to_quantized", batching.batch_to_quantized)
+        _warn_early_bindings(table)
         return _Handle(owns=True)
 
 

@@ -19,14 +19,17 @@ from typing import Tuple
 
 import mlx.core as mx
 
+from .guard import MlxqOnly
 from .quantization import FormattedTriple
 
 
-class RotatedTriple(tuple):
+class RotatedTriple(MlxqOnly, tuple):
     """A ``(packed, scales, biases)`` triple of rows stored in the Hadamard
-    basis (``mx.quantize(hadamard(x))``): a plain tuple that says so."""
+    basis (``mx.quantize(hadamard(x))``): a tuple that says so, and that only
+    mlxq may unpack (see mlxq.guard)."""
 
     __slots__ = ()
+    WHAT = "rows quantized in the Hadamard basis (kv_rotate)"
 
 
 def is_rotated(x) -> bool:
@@ -35,6 +38,8 @@ def is_rotated(x) -> bool:
 
 class RotatedFormattedTriple(FormattedTriple, RotatedTriple):
     """Rotated, with its own quantization (see :class:`~mlxq.quantization.FormattedTriple`)."""
+
+    WHAT = "values quantized apart from the keys, in the Hadamard basis (kv_rotate)"
 
 
 def mark(t: Tuple[mx.array, mx.array, mx.array]):

@@ -6,8 +6,17 @@ from typing import NamedTuple, Optional
 import mlx.core as mx
 import numpy as np
 
+from .guard import MlxqOnly
 
-class RecentSplit(NamedTuple):
+
+class _RecentSplitFields(NamedTuple):
+    quantized: tuple
+    exact: mx.array
+    hidden: Optional[mx.array] = None
+    columns: Optional[np.ndarray] = None
+
+
+class RecentSplit(MlxqOnly, _RecentSplitFields):
     """Keys (or values) of one attention step in two parts: ``quantized``,
     a triple of ``n`` rows as the cache hands triples out, and ``exact``, an
     array ``[B, H, T, D]`` of the window's rows.
@@ -22,12 +31,13 @@ class RecentSplit(NamedTuple):
       skips those rows there.
     * ``columns``: for each exact row, its column in the step's mask (numpy
       int64 ``[T]``); then the quantized part covers all ``n`` columns.
+
+    Only mlxq may unpack or index it (see mlxq.guard); the fields read as
+    attributes.
     """
 
-    quantized: tuple
-    exact: mx.array
-    hidden: Optional[mx.array] = None
-    columns: Optional[np.ndarray] = None
+    __slots__ = ()
+    WHAT = "an exact window of recent tokens beside quantized rows (keep_recent)"
 
     @property
     def quantized_length(self) -> int:

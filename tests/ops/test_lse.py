@@ -9,6 +9,7 @@ from support.reference64 import sdpa64
 
 import mlxq
 from mlxq.attention import merge_attention, window_attention
+from mlxq.guard import parts
 
 
 def assert_lse_close(lse, ref, dtype):
@@ -100,8 +101,8 @@ def test_two_segments_merge_into_the_whole(rng, rotate):
     )
     out, lse = merge_attention(out_q, lse_q, out_d, lse_d)
     # Reference: the dequantized first n keys (rotated back) and the exact rest.
-    kd = mx.dequantize(*kq, group_size=64, bits=4)
-    vd = mx.dequantize(*vq, group_size=64, bits=4)
+    kd = mx.dequantize(*parts(kq), group_size=64, bits=4)
+    vd = mx.dequantize(*parts(vq), group_size=64, bits=4)
     if rotate:
         kd, vd = hrot(kd), hrot(vd)
     K = np.concatenate([to_f64(kd), to_f64(k[:, :, n:])], axis=2)

@@ -3,6 +3,8 @@
 import mlx.core as mx
 import numpy as np
 
+from mlxq.guard import parts
+
 
 def kv(rng, T, *, B=1, H=2, D=128, dtype=mx.float32):
     """Random keys and values [B, H, T, D] (values distinct from keys)."""
@@ -25,7 +27,7 @@ def assert_same(a, b, what="value"):
         return
     if isinstance(a, (tuple, list)):
         assert isinstance(b, (tuple, list)) and len(a) == len(b), f"{what}: {type(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(parts(a), parts(b))):
             assert_same(x, y, f"{what}[{i}]")
         return
     assert isinstance(b, mx.array), f"{what}: expected an array, got {b!r}"

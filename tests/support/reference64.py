@@ -9,6 +9,7 @@ the kernel's alone.
 import mlx.core as mx
 import numpy as np
 
+from mlxq.guard import parts
 from support.helpers import to_f64
 
 
@@ -20,7 +21,7 @@ def dequantize64(triple, group_size: int, bits: int) -> np.ndarray:
     than the kernel's f32 error. So the codes are extracted exactly, with
     ``mx.dequantize`` under unit scales and zero biases, and scaled in float64.
     """
-    packed, scales, biases = triple
+    packed, scales, biases = parts(triple)
     ones = mx.ones(scales.shape, dtype=mx.float32)
     codes = to_f64(
         mx.dequantize(packed, ones, mx.zeros_like(ones), group_size=group_size, bits=bits)

@@ -1,0 +1,50 @@
+"""Names bound to mlx-lm's functions before mlxq.mlx_lm.enable() (a user's
+``from mlx_lm.generate import generate_step``) keep mlx-lm's own behaviour:
+enable() warns once for each, naming it."""
+
+import importlib
+import sys
+import types
+import warnings
+
+import pytest
+
+import mlxq.mlx_lm as mlxq_lm
+
+# The module: the mlx_lm package's `generate` attribute is the function.
+lm_generate = importlib.import_module("mlx_lm.generate")
+
+
+@pytest.fixture
+def early_module():
+    mlxq_lm.disable()
+    mod = types.ModuleType("user_script_for_test")
+    mod.generate_step = lm_generate.generate_step  # bound before enable()
+    mod.BatchGenerator = lm_generate.BatchGenerator
+    sys.modules[mod.__name__] = mod
+    yield mod
+    del sys.modules[mod.__name__]
+    mlxq_lm.disable()
+
+
+def test_enable_warns_once_per_early_binding(early_module):
+    with pytest.warns(UserWarning) as caught:
+        mlxq_lm.enable()
+    messages = [str(w.message) for w in caught if "user_script_for_test" in str(w.message)]
+    assert any("user_script_for_test.generate_step" in m for m in messages), messages
+    assert any("user_script_for_test.BatchGenerator" in m for m in messages), messages
+    assert all("mlx_lm.generate." in m and "after enable()" in m for m in messages)
+    mlxq_lm.disable()
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        mlxq_lm.enable()
+    assert not [w for w in again if "user_script_for_test" in str(w.message)]
+
+
+def test_names_bound_after_enable_do_not_warn():
+    mlxq_lm.disable()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with mlxq_lm.enabled():
+            from mlx_lm.generate import generate_step  # noqa: F401
+    assert not [w for w in caught if "bound before" in str(w.message)]
