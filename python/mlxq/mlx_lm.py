@@ -368,6 +368,26 @@ _PATCHED = (
 )
 
 
+# The mlx-lm releases mlxq's integration is tested against (pyproject.toml's
+# extras pin the same range): it replaces private mlx-lm functions.
+MLX_LM_VERSIONS = ((0, 32, 0), (0, 33, 0))
+MLX_LM_RANGE = ">=0.32.0,<0.33"
+
+
+def check_mlx_lm_version(version: str) -> None:
+    """Raises RuntimeError unless ``version`` is in :data:`MLX_LM_RANGE`."""
+    try:
+        found = tuple(int(p) for p in version.split(".")[:3])
+    except ValueError:
+        found = None
+    low, high = MLX_LM_VERSIONS
+    if found is None or not (low <= found < high):
+        raise RuntimeError(
+            f"[mlxq.mlx_lm.enable] mlxq supports mlx-lm {MLX_LM_RANGE}, found {version}: "
+            f"pip install 'mlx-lm{MLX_LM_RANGE}'."
+        )
+
+
 # (module, name) pairs enable() has warned about: each warns once per process.
 _warned_bindings: set = set()
 
@@ -467,6 +487,9 @@ def enable(
     Returns a context manager: ``with mlxq.mlx_lm.enable(): ...`` disables
     again on exit.
     """
+    import mlx_lm
+
+    check_mlx_lm_version(mlx_lm.__version__)
     global _patches, _kv_rotate, _kv_values, _kv_keep_recent, _compiled_decode
     if compiled_decode is not None:
         if not isinstance(compiled_decode, bool):

@@ -3,6 +3,7 @@
 enable() warns once for each, naming it."""
 
 import importlib
+import pathlib
 import sys
 import types
 import warnings
@@ -48,3 +49,27 @@ def test_names_bound_after_enable_do_not_warn():
         with mlxq_lm.enabled():
             from mlx_lm.generate import generate_step  # noqa: F401
     assert not [w for w in caught if "bound before" in str(w.message)]
+
+
+@pytest.mark.parametrize("version", ["0.31.9", "0.33.0", "1.0.0", "dev"])
+def test_enable_names_the_supported_mlx_lm_range(version):
+    with pytest.raises(RuntimeError, match=r"mlx-lm >=0\.32\.0,<0\.33, found"):
+        mlxq_lm.check_mlx_lm_version(version)
+
+
+def test_the_installed_mlx_lm_is_supported_and_pinned():
+    import mlx_lm
+
+    mlxq_lm.check_mlx_lm_version(mlx_lm.__version__)
+    pyproject = (pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert f'"mlx-lm{mlxq_lm.MLX_LM_RANGE}"' in pyproject
+
+
+def test_enable_refuses_an_untested_mlx_lm(monkeypatch):
+    import mlx_lm
+
+    mlxq_lm.disable()
+    monkeypatch.setattr(mlx_lm, "__version__", "0.33.1")
+    with pytest.raises(RuntimeError, match="found 0.33.1"):
+        mlxq_lm.enable()
+    assert not mlxq_lm.is_enabled()
