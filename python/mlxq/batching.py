@@ -29,18 +29,12 @@ from .cache import (
     BatchRotatingQuantizedKVCache,
 )
 from .cache.batch import BatchRows
+from .lm_caches import quantize_caches
 from .quantization import BITS, GROUP_SIZES
+from .settings import settings
 
 # The module (the mlx_lm package's `generate` attribute is the function).
 lm_generate = importlib.import_module("mlx_lm.generate")
-
-
-def _settings() -> dict:
-    """The rotation / value quantization / window of mlxq.mlx_lm.enable()."""
-    from . import mlx_lm as bridge
-
-    vgs, vbits = bridge._kv_values
-    return dict(kv_rotate=bridge._kv_rotate, v_group_size=vgs, v_bits=vbits)
 
 
 def _is_quantized(cache) -> bool:
@@ -56,7 +50,9 @@ def batch_to_quantized(self, group_size: int = 64, bits: int = 4):
     """``to_quantized`` for mlx-lm's ``BatchKVCache`` / ``BatchRotatingKVCache``:
     the same batch in mlxq's quantized batch cache (rotation and value
     quantization as set by :func:`mlxq.mlx_lm.enable`)."""
-    return _batch_kind(self).quantize(self, group_size=group_size, bits=bits, **_settings())
+    return _batch_kind(self).quantize(
+        self, group_size=group_size, bits=bits, **settings().cache_options()
+    )
 
 
 def _quantize_like(cache, like):
@@ -129,18 +125,18 @@ class BatchGenerator(lm_generate.BatchGenerator):
         self.kv_bits = kv_bits
         self.kv_group_size = kv_group_size
         self.quantized_kv_start = quantized_kv_start
-        from . import mlx_lm as mlxq_lm
-
-        if mlxq_lm._compiled_decode:  # the batch's one-token steps compiled (mlxq.compiled)
+        # The settings in force now: a later enable(...) leaves this batch as it is.
+        self.settings = settings()
+        if self.settings.compiled_decode:  # the batch's one-token steps compiled (mlxq.compiled)
             from .compiled import CompiledModel
 
             model = CompiledModel(model)
         super().__init__(model, **kwargs)
 
     def _quantize_singles(self, cache: List[Any]) -> List[Any]:
-        from .mlx_lm import maybe_quantize_kv_cache
-
-        maybe_quantize_kv_cache(cache, self.quantized_kv_start, self.kv_group_size, self.kv_bits)
+        quantize_caches(
+            cache, self.quantized_kv_start, self.kv_group_size, self.kv_bits, self.settings
+        )
         return cache
 
     def insert_segments(self, segments, max_tokens=None, caches=None, *args, **kwargs):
@@ -167,7 +163,12 @@ class BatchGenerator(lm_generate.BatchGenerator):
                     and not c.empty()
                     and c.size() >= self.quantized_kv_start
                 ):
-                    layers[i] = c.to_quantized(group_size=self.kv_group_size, bits=self.kv_bits)
+                    layers[i] = _batch_kind(c).quantize(
+                        c,
+                        group_size=self.kv_group_size,
+                        bits=self.kv_bits,
+                        **self.settings.cache_options(),
+                    )
 
     def _next(self):
         responses = super()._next()

@@ -38,6 +38,7 @@ puts back every attribute it changed, by identity.
 """
 
 import contextlib
+import dataclasses
 import importlib
 import sys
 import threading
@@ -48,10 +49,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import mlx.core as mx
 
 from .attention import is_quantized, quantized_sdpa, recent_split_sdpa
-from .cache import KVCache, RotatingKVCache, RotatingQuantizedKVCache
+from .cache import RotatingQuantizedKVCache
 from .cache.base import BaseCache, as_int
+from .lm_caches import as_mlxq, device_supported, quantize_caches
 from .quantization import BITS, GROUP_SIZES, triple_format
 from .rotation import is_rotated
+from .settings import DEFAULT, settings
+from .settings import install as install_settings
 from .split import is_split
 
 _lock = threading.RLock()
@@ -61,41 +65,9 @@ _patches: Optional[List[Tuple[Any, str, bool, Any]]] = None
 _replacements: Dict[Any, Any] = {}
 _originals: Dict[str, Any] = {}
 _counts: Counter = Counter()
-_device_support: Dict[Any, bool] = {}
 
 # The fused kernel the attention dispatch calls (tests swap in the reference).
 _attend = quantized_sdpa
-# Whether the caches mlxq quantizes for mlx-lm store rotated rows (enable()).
-_kv_rotate = False
-# The values' own (group_size, bits) for the caches mlxq quantizes; None:
-# kv_group_size / kv_bits, as the keys (enable(v_bits=...)).
-_kv_values: Tuple[Optional[int], Optional[int]] = (None, None)
-# How many recent tokens those caches also keep exact (enable(kv_keep_recent=)).
-_kv_keep_recent = 0
-# Whether generate_step runs its one-token steps through a compiled graph
-# (enable(compiled_decode=True), mlxq.compiled).
-_compiled_decode = False
-
-
-# ----------------------------------------------------------------- devices
-def _device_supported() -> bool:
-    """Whether mlxq's kernels run on the default device (probed once per device)."""
-    device = mx.default_device()
-    key = (device.type, getattr(device, "index", 0))
-    if key not in _device_support:
-        if device.type == mx.cpu:
-            _device_support[key] = True
-        else:
-            try:
-                q = mx.zeros((1, 1, 1, 64))
-                kv = tuple(mx.quantize(mx.zeros((1, 1, 1, 64)), group_size=64, bits=4))
-                out = quantized_sdpa(q, kv, kv, scale=1.0)
-                cache = RotatingQuantizedKVCache(4, 0, 64, 4)
-                mx.eval(out, cache.update_and_fetch(q, q))
-                _device_support[key] = True
-            except (RuntimeError, ValueError):
-                _device_support[key] = False
-    return _device_support[key]
 
 
 # --------------------------------------------------------------- attention
@@ -108,7 +80,7 @@ def _mlxq_attention(queries, keys, values, scale, mask, sinks, group_size, bits)
     rotated = is_rotated(keys) or is_rotated(values) or triple_format(values)[1] is not None
     if mask is not None and not isinstance(mask, (str, mx.array)):
         return _declined(rotated, f"a mask of type {type(mask).__name__}")
-    if not _device_supported():
+    if not device_supported():
         return _declined(rotated, f"no mlxq kernels on {mx.default_device()}")
     try:
         out = _attend(
@@ -186,70 +158,17 @@ def quantized_scaled_dot_product_attention(
 
 
 # ------------------------------------------------------------------ caches
-def _as_mlxq(cache):
-    """mlxq's unquantized cache with the tokens of one of mlx-lm's plain
-    caches (sharing its buffers), ``cache`` itself if it is mlxq's, else None."""
-    from mlx_lm.models import cache as lm_cache
-
-    kind = type(cache)
-    if kind is lm_cache.KVCache:
-        return KVCache().restore(cache.keys, cache.values, cache.offset)
-    if kind is lm_cache.RotatingKVCache:
-        return RotatingKVCache(cache.max_size, cache.keep).restore(
-            cache.keys, cache.values, cache.offset, cache._idx
-        )
-    return cache if kind in (KVCache, RotatingKVCache) else None
-
-
-def _to_mlxq_quantized(cache, group_size: int, bits: int):
-    """mlxq's quantized version of one of mlx-lm's caches, or None if not ours to do."""
-    try:
-        ours = _as_mlxq(cache)
-        if ours is None:
-            return None
-        recent = _kv_keep_recent
-        if isinstance(ours, RotatingKVCache):  # a sliding window's ring holds at most this
-            recent = min(recent, ours.max_size - ours.keep - 1)
-        return ours.to_quantized(
-            keep_recent=recent,
-            group_size=group_size,
-            bits=bits,
-            kv_rotate=_kv_rotate,
-            v_group_size=_kv_values[0],
-            v_bits=_kv_values[1],
-        )
-    except ValueError:  # e.g. a head dim that is not a multiple of group_size
-        return None
-
-
 def maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size, kv_bits):
     """mlx-lm's ``maybe_quantize_kv_cache``, quantizing into mlxq's caches.
 
     Same rule as mlx-lm (a cache is quantized once its ``offset`` reaches
     ``quantized_kv_start``), but mlx-lm's ``KVCache`` becomes mlxq's
     ``QuantizedKVCache`` and ``RotatingKVCache`` mlxq's
-    ``RotatingQuantizedKVCache`` (mlx-lm raises for the latter). Other caches
-    are left to mlx-lm.
+    ``RotatingQuantizedKVCache`` (mlx-lm raises for the latter), as the
+    settings in force say (:func:`mlxq.settings.settings`). Other caches are
+    left to mlx-lm.
     """
-    if kv_bits is None:
-        return
-    if kv_bits not in BITS or kv_group_size not in GROUP_SIZES or not _device_supported():
-        return _originals["maybe_quantize_kv_cache"](
-            prompt_cache, quantized_kv_start, kv_group_size, kv_bits
-        )
-    for i, c in enumerate(prompt_cache):
-        if not (hasattr(c, "to_quantized") and c.offset >= quantized_kv_start):
-            continue
-        if hasattr(c, "bits"):  # already quantized: kept, as mlx-lm keeps its own
-            continue
-        quantized = _to_mlxq_quantized(c, kv_group_size, kv_bits)
-        if quantized is not None and getattr(c, "_private", False):
-            quantized._private = True  # it replaces c in the same loop
-        prompt_cache[i] = (
-            quantized
-            if quantized is not None
-            else c.to_quantized(group_size=kv_group_size, bits=kv_bits)
-        )
+    quantize_caches(prompt_cache, quantized_kv_start, kv_group_size, kv_bits, settings())
 
 
 def make_prompt_cache(
@@ -307,12 +226,13 @@ def generate_step(
 
     if quantized_kv_start is None:
         quantized_kv_start = DEFAULT_QUANTIZED_KV_START
-    made = prompt_cache is None and (kv_bits is not None or _compiled_decode)
+    compiled_decode = settings().compiled_decode
+    made = prompt_cache is None and (kv_bits is not None or compiled_decode)
     if made:
         prompt_cache = make_prompt_cache(model, max_kv_size=max_kv_size)
         if kv_bits is not None:
             maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size, kv_bits)
-    if _compiled_decode:
+    if compiled_decode:
         model = _compiled_model(model, prompt_cache)
     if made:
         mark_private(prompt_cache)
@@ -338,7 +258,7 @@ def _compiled_model(model, prompt_cache):
     if isinstance(model, CompiledModel):
         return model
     for i, c in enumerate(prompt_cache):
-        ours = _as_mlxq(c)
+        ours = as_mlxq(c)
         if ours is not None:
             prompt_cache[i] = ours
     return CompiledModel(model)
@@ -490,19 +410,22 @@ def enable(
     import mlx_lm
 
     check_mlx_lm_version(mlx_lm.__version__)
-    global _patches, _kv_rotate, _kv_values, _kv_keep_recent, _compiled_decode
+    global _patches
+    changes = {}
     if compiled_decode is not None:
         if not isinstance(compiled_decode, bool):
             raise ValueError(
                 f"[mlxq.mlx_lm.enable] compiled_decode must be a bool, got {compiled_decode!r}."
             )
-        _compiled_decode = compiled_decode
+        changes["compiled_decode"] = compiled_decode
     if kv_keep_recent is not None:
-        _kv_keep_recent = as_int(kv_keep_recent, "kv_keep_recent", "mlxq.mlx_lm.enable", minimum=0)
+        changes["kv_keep_recent"] = as_int(
+            kv_keep_recent, "kv_keep_recent", "mlxq.mlx_lm.enable", minimum=0
+        )
     if kv_rotate is not None:
         if not isinstance(kv_rotate, bool):
             raise ValueError(f"[mlxq.mlx_lm.enable] kv_rotate must be a bool, got {kv_rotate!r}.")
-        _kv_rotate = kv_rotate
+        changes["kv_rotate"] = kv_rotate
     if v_bits is not None or v_group_size is not None:
         if v_bits is not None and v_bits not in BITS:
             raise ValueError(f"[mlxq.mlx_lm.enable] v_bits must be one of {BITS}, got {v_bits!r}.")
@@ -511,7 +434,8 @@ def enable(
                 f"[mlxq.mlx_lm.enable] v_group_size must be one of {GROUP_SIZES}, "
                 f"got {v_group_size!r}."
             )
-        _kv_values = (v_group_size, v_bits)
+        changes.update(v_group_size=v_group_size, v_bits=v_bits)
+    install_settings(dataclasses.replace(settings(), **changes))
     with _lock:
         if _patches is not None:
             return _Handle(owns=False)
@@ -547,12 +471,9 @@ def disable() -> None:
     Names that modules imported while mlxq was enabled (bound to mlxq's
     replacements) are pointed back at mlx-lm's originals too. Idempotent.
     """
-    global _patches, _kv_rotate, _kv_values, _kv_keep_recent, _compiled_decode
+    global _patches
     with _lock:
-        _kv_rotate = False
-        _compiled_decode = False
-        _kv_values = (None, None)
-        _kv_keep_recent = 0
+        install_settings(DEFAULT)
         if _patches is None:
             return
         for obj, name, had, old in reversed(_patches):

@@ -230,7 +230,7 @@ def test_a_window_over_everything_generates_as_unquantized(arch):
         got = generate(model, prompt, 24, kv_bits=4, kv_group_size=32, quantized_kv_start=0)
         assert mlxq_lm.counters()["mlxq"] > 0
     assert got == want
-    assert mlxq_lm._kv_keep_recent == 0  # disable() resets it
+    assert mlxq_lm.settings().kv_keep_recent == 0  # disable() resets it
 
 
 def test_a_short_window_still_generates_and_stays_near_unquantized():
@@ -247,7 +247,7 @@ def test_cli_kv_keep_recent(capsys):
     args = ["--random-model", "llama", "--max-tokens", "4", "--prompt-tokens", "40"]
     main(args + ["--kv-bits", "4", "--kv-keep-recent", "16"])
     out, _ = capsys.readouterr()
-    assert "Generation: 4 tokens" in out and mlxq_lm._kv_keep_recent == 0
+    assert "Generation: 4 tokens" in out and mlxq_lm.settings().kv_keep_recent == 0
     with pytest.raises(SystemExit):
         main(args + ["--kv-keep-recent", "16"])  # without --kv-bits
 

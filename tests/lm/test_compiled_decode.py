@@ -233,7 +233,7 @@ def test_switching_the_mode_off_restores_eager_decode(rng):
     assert dec.steps == steps
     mlxq_lm.enable(compiled_decode=True)
     mlxq_lm.disable()
-    assert not mlxq_lm._compiled_decode
+    assert not mlxq_lm.settings().compiled_decode
     mlxq_lm.enable()
     _generate(model, prompt, 20, False, kv_bits=4)
     assert dec.steps == steps

@@ -149,7 +149,7 @@ def test_rotated_kv8_logits_stay_close_to_unquantized(arch):
         mlxq_lm.reset_counters()
         ours, cache = teacher_forced(model, prompt, cont, BITS)
         counts = mlxq_lm.counters()
-    assert not mlxq_lm._kv_rotate  # disable() resets it
+    assert not mlxq_lm.settings().kv_rotate  # disable() resets it
     quantized = [c for c in cache if hasattr(c, "bits")]
     assert quantized and all(c.kv_rotate for c in quantized)
     assert counts["mlxq"] > 0 and counts.get("mlx_lm", 0) == r["counts"].get("mlx_lm", 0)
@@ -514,7 +514,7 @@ def test_cli_kv_rotate(capsys):
     args = ["--random-model", "llama", "--max-tokens", "4", "--prompt-tokens", "40"]
     main(args + ["--kv-bits", "4", "--kv-rotate"])
     out, _ = capsys.readouterr()
-    assert "Generation: 4 tokens" in out and not mlxq_lm._kv_rotate
+    assert "Generation: 4 tokens" in out and not mlxq_lm.settings().kv_rotate
     with pytest.raises(SystemExit):
         main(args + ["--kv-rotate"])  # without --kv-bits
 
