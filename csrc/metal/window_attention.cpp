@@ -1,5 +1,6 @@
-// Metal WindowAttention: not yet. Its op refuses Metal streams (as
-// quantized_sdpa_with_lse does, whose log-sum-exp it merges with), so no
+// Metal has no WindowAttention kernel: its op refuses Metal streams with a
+// ValueError, and mlxq.sdpa attends a recent window there with MLX ops (the
+// quantized part through quantized_sdpa_with_lse, which Metal serves). So no
 // node reaches this.
 #include <stdexcept>
 
