@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.models import cache as lm_cache
+from support.helpers import stock_or_skip
 
 import mlxq
 import mlxq.mlx_lm as mlxq_lm
@@ -55,12 +56,16 @@ def test_a_plain_fetch_reads_as_mlx_lm_reads_its_own():
     """Same-width unrotated rows stay a plain tuple: mlx-lm's own attention
     reads mlxq's cache exactly as it reads mlx-lm's QuantizedKVCache."""
     model, _ = random_model("llama", seed=1)
+    one = mlxq.QuantizedKVCache(group_size=64, bits=4)
+    keys, values = one.update_and_fetch(*[mx.zeros((1, 2, 1, 64), mx.bfloat16)] * 2)
+    assert type(keys) is tuple and type(values) is tuple
     ours = [mlxq.QuantizedKVCache(group_size=64, bits=4) for _ in model.layers]
     theirs = [lm_cache.QuantizedKVCache(group_size=64, bits=4) for _ in model.layers]
-    a, b = model(prompt(), cache=ours), model(prompt(), cache=theirs)
+    # mlx-lm's attention is its quantized_matmul composition, which MLX's CUDA
+    # backend cannot run for these shapes: there the comparison skips.
+    a = stock_or_skip(model, prompt(), cache=theirs)
+    b = stock_or_skip(model, prompt(), cache=ours)
     assert mx.array_equal(a, b).item()
-    keys, values = ours[0].update_and_fetch(*[mx.zeros((1, 2, 1, 64), mx.bfloat16)] * 2)
-    assert type(keys) is tuple and type(values) is tuple
 
 
 def test_parts_reads_any_fetch():
