@@ -300,6 +300,13 @@ NB_MODULE(_ext, m) {
       "split_tasks_per_thread; 0 leaves the choice to the plan).");
 
   m.def(
+      "_scheduled",
+      [](const mx::array& a) { return a.status() != mx::array::Status::unscheduled; },
+      "a"_a,
+      "Whether an evaluation (eval or async_eval) has taken the array: its graph is then "
+      "ordered before anything built after it on the same stream.");
+
+  m.def(
       "_device_memory",
       [] { return nb::make_tuple(mlxq::device_bytes_active(), mlxq::take_device_bytes_peak()); },
       "(active, peak) bytes of mlxq's own GPU pool (CUDA outputs and scratch; MLX's "

@@ -80,6 +80,11 @@ def _set_tuning(name: str, value: int) -> None:
     Test hook: override one of the plans' measured block shapes or thresholds (cuda_tiled_warps, cuda_tiled_keys, cuda_gemm_min_keys, cuda_gemm_block_elements, split_tasks_per_thread; 0 leaves the choice to the plan).
     """
 
+def _scheduled(a: mlx.core.array) -> bool:
+    """
+    Whether an evaluation (eval or async_eval) has taken the array: its graph is then ordered before anything built after it on the same stream.
+    """
+
 def _device_memory() -> tuple:
     """
     (active, peak) bytes of mlxq's own GPU pool (CUDA outputs and scratch; MLX's get_peak_memory does not see them); the peak then restarts from active.

@@ -186,3 +186,36 @@ def test_private_cache_state_reads_keep_writes_in_place(device):
     private, copies = after_state_read(True)
     assert copies == 0
     assert not copy.deepcopy(private)._private and not private._private
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_a_lazy_loop_past_the_wrap_reads_what_each_step_saw(device, rng, quantized):
+    """One-token steps built without any evaluation between them: each
+    step's attention must read the ring as it was at that step, although the
+    next step overwrites a slot it read. Eager steps are the reference."""
+    D, ring = 64, 16
+
+    def make():
+        if quantized:
+            return mlxq.RotatingQuantizedKVCache(max_size=ring, group_size=64, bits=8)
+        return mlxq.RotatingKVCache(max_size=ring)
+
+    prefill = [mx.array(rng.standard_normal((1, 2, 20, D)).astype(np.float32)) for _ in "kv"]
+    steps = [
+        [mx.array(rng.standard_normal((1, 2, 1, D)).astype(np.float32)) for _ in "kv"]
+        for _ in range(24)
+    ]
+    q = mx.array(rng.standard_normal((1, 2, 1, D)).astype(np.float32))
+    outs = {}
+    for lazy in (False, True):
+        cache = make()
+        mx.eval(cache.update_and_fetch(*prefill))
+        outs[lazy] = []
+        for k, v in steps:
+            keys, values = cache.update_and_fetch(k, v)
+            outs[lazy].append(mlxq.sdpa(q, keys, values, scale=D**-0.5))
+            if not lazy:
+                mx.eval(outs[lazy][-1])
+        mx.eval(outs[lazy])
+    for t, (a, b) in enumerate(zip(outs[False], outs[True])):
+        assert mx.array_equal(a, b).item(), f"step {t}: the lazy loop read overwritten slots"

@@ -76,6 +76,10 @@ class Plain:
         k, v = self.write_kv(keys, values, new_keys, new_values, pos, True)
         return k, v, self.rows(k, stop=stop), self.rows(v, stop=stop)
 
+    def scheduled(self, t: mx.array) -> bool:
+        """Whether an evaluation has taken ``t`` (see overwrite_in_place)."""
+        return _ext._scheduled(t)
+
     def head_dim(self, t: mx.array, values: bool = False) -> int:
         return t.shape[3]
 
@@ -204,6 +208,9 @@ class Quantized:
             v_bits=self.v_bits,
         )
 
+    def scheduled(self, t: Triple) -> bool:
+        return _ext._scheduled(t[0])
+
     def head_dim(self, t: Triple, values: bool = False) -> int:
         return t[0].shape[3] * 32 // self.format(values)[1]
 
@@ -271,3 +278,16 @@ def check_quantization(group_size, bits, where: str, prefix: str = "") -> None:
         raise ValueError(
             f"[{where}] {prefix}group_size must be one of {GROUP_SIZES}, got {group_size!r}."
         )
+
+
+def overwrite_in_place(cache, prev: int) -> bool:
+    """Whether a ring's one-token write may go in place without MLX's
+    donation check. While the ring fills, the slot is fresh. Once it is full,
+    the slot holds a token the previous fetch exposed: in place is safe only
+    if an evaluation has taken the previous step's graph (generate_step's
+    pipeline: it then runs first on the stream). In a lazily evaluated loop
+    the previous step still reads the slot, and the write goes by MLX's
+    donation rule (a copy while the buffer is shared)."""
+    if not cache._owned:
+        return False
+    return prev < cache.max_size or cache._store.scheduled(cache.keys)

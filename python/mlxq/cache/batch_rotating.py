@@ -22,6 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..masks import left_padded
+from ._store import overwrite_in_place
 from .base import BaseCache, QuantizedStorage, as_int
 from .batch import BatchRows, _host_ints, tokens_held
 from .decode_step import DecodePlan
@@ -119,7 +120,7 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         self._grow_ring(keys, values, prev)
         lp = self._settle_ring()
         self.keys, self.values = store.write_kv(
-            self.keys, self.values, keys, values, self._idx, self._owned
+            self.keys, self.values, keys, values, self._idx, overwrite_in_place(self, prev)
         )
         self._owned = True
         self._set_rows(lp, self._off + 1)

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..masks import create_causal_mask
 from ..split import RecentSplit
+from ._store import overwrite_in_place
 from .base import BaseCache, QuantizedStorage, as_int
 from .decode_step import DecodePlan
 from .recent import KeepsRecent
@@ -120,7 +121,7 @@ class _RingCache(BaseCache):
         self._grow_ring(keys, values, prev)
         self._settle_ring()
         self.keys, self.values = store.write_kv(
-            self.keys, self.values, keys, values, self._idx, self._owned
+            self.keys, self.values, keys, values, self._idx, overwrite_in_place(self, prev)
         )
         self._owned = True
         self.offset += 1
