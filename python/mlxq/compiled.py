@@ -34,7 +34,7 @@ from .cache.decode_step import DecodeView
 log = logging.getLogger("mlxq.compiled")
 
 # mlx-lm model modules whose decode step is checked bit-identical to eager
-# (tests/test_compiled_decode.py): they read a cache's offset only as RoPE's
+# (tests/lm/test_compiled_decode.py): they read a cache's offset only as RoPE's
 # offset and its mask only through make_mask.
 MODEL_MODULES = frozenset(
     "mlx_lm.models." + m

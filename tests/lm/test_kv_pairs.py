@@ -2,7 +2,7 @@
 prompt-cache files, SharedKV, mlx-lm's generation and the CLI.
 
 The kernels' own checks against the float64 oracle for every (K, V) pair
-live in test_quantized_sdpa.py (and tests/metal/ for the Metal kernels)."""
+live in tests/ops/test_quantized_sdpa.py (and tests/metal/ for the Metal kernels)."""
 
 import mlx.core as mx
 import numpy as np

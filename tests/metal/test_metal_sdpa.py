@@ -3,7 +3,7 @@
 The same equivalence checks as the CPU tests: fresh random inputs, every
 bits / group size / head-dim pairing / GQA ratio / mask kind / sinks /
 dtype, strided K/V cache views and query views, against the float64 oracle
-(tests/reference64.py) with tests/helpers.py's tolerances (TOL); outputs and partial
+(tests/support/reference64.py) with tests/support/helpers.py's tolerances (TOL); outputs and partial
 buffers are poisoned first; rows that see no key must be exactly 0. Every
 dispatch -- kernel choice, key blocks, grid, threadgroup, argument block --
 comes from mlxq._ext._metal_plan_sdpa, the C++ arithmetic the Metal host code

@@ -4,7 +4,7 @@ The CPU kernel serves every query length L with one loop: a task is (batch, KV
 head, row tile of up to 64 (query, head) rows, key split), keys go in chunks of
 32 with an online softmax, and only the current chunk is dequantized into
 per-thread scratch. These tests cover what prefill (and chunked prefill /
-speculative decoding) needs on top of tests/test_quantized_sdpa.py:
+speculative decoding) needs on top of tests/ops/test_quantized_sdpa.py:
 
 * equivalence with the float64 oracle for L in {2, 7, 32, 33, 300, 2048},
   without a mask, with "causal", and with bool masks built here (causal,
@@ -273,7 +273,7 @@ def additive_mask(rng, L, N, dtype):
 @pytest.fixture(autouse=True)
 def kernels_only():
     """These tests check mlxq's own kernels: on a GPU, many-row attention would
-    otherwise go to MLX's fused attention (tests/test_routing.py checks that)."""
+    otherwise go to MLX's fused attention (tests/ops/test_routing.py checks that)."""
     old = routing.set_dequantized_prefill(False)
     yield
     routing.set_dequantized_prefill(old)

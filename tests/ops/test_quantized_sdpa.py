@@ -1,7 +1,7 @@
 """QuantizedSDPA (mlxq.sdpa / mlxq.quantized_sdpa) on the CPU.
 
 Every kernel output is checked against the float64 oracle in reference64.py
-with tests/helpers.py's tolerances (TOL); outputs are NaN-poisoned first (conftest.py), so
+with tests/support/helpers.py's tolerances (TOL); outputs are NaN-poisoned first (conftest.py), so
 an element the kernel never writes fails. Shapes are a deliberate sample:
 each bits value, group size, head dim pairing, GQA ratio, batch, query length,
 mask kind, dtype and the split-K path appear, without a Cartesian product.

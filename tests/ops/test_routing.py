@@ -119,7 +119,7 @@ def test_routed_inputs_are_still_validated(rng):
 def test_wide_prefill_stays_on_mlxq_and_matches_the_oracle(rng, device, mask):
     # Gemma 4's global-layer shape: MLX has no fused kernel for head dim 512,
     # so nothing is routed; on CUDA mlxq's primitive runs it as GEMMs over key
-    # blocks (tests/test_prefill.py checks that family in depth).
+    # blocks (tests/ops/test_prefill.py checks that family in depth).
     q, k, v = random_inputs(
         rng, Hq=8, Hkv=1, L=64, N=4100, Dk=512, bits=4, group_size=64, q_dtype=BF16, kv_dtype=BF16
     )
