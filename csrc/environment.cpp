@@ -43,17 +43,21 @@ bool apply(Environment& e, const std::string& name, const std::string& value) {
   return false;
 }
 
+// Every variable apply() parses.
+std::vector<const char*> names() {
+  std::vector<const char*> out = {"MLXQ_NUM_THREADS", "MLXQ_CPU_INT"};
+  for (const auto& s : kSwitches) {
+    out.push_back(s.name);
+  }
+  return out;
+}
+
 Environment& mutable_environment() {
   static Environment e = [] {
     Environment e;
-    for (const char* name : {"MLXQ_NUM_THREADS", "MLXQ_CPU_INT"}) {
+    for (const char* name : names()) {
       if (const char* v = std::getenv(name)) {
         apply(e, name, v);
-      }
-    }
-    for (const auto& s : kSwitches) {
-      if (const char* v = std::getenv(s.name)) {
-        apply(e, s.name, v);
       }
     }
     return e;

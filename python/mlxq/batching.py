@@ -31,7 +31,7 @@ from .cache import (
 from .cache.batch import BatchRows
 from .lm_caches import quantize_caches
 from .quantization import BITS, GROUP_SIZES
-from .settings import settings
+from .settings import Settings, settings
 
 # The module (the mlx_lm package's `generate` attribute is the function).
 lm_generate = importlib.import_module("mlx_lm.generate")
@@ -46,13 +46,19 @@ def _batch_kind(cache):
     return BatchRotatingQuantizedKVCache if hasattr(cache, "max_size") else BatchQuantizedKVCache
 
 
+def quantize_batch(cache, group_size: int, bits: int, options: Settings):
+    """An (unquantized) batch cache in mlxq's quantized batch cache, stored as
+    ``options`` say (rotation, value quantization)."""
+    return _batch_kind(cache).quantize(
+        cache, group_size=group_size, bits=bits, **options.cache_options()
+    )
+
+
 def batch_to_quantized(self, group_size: int = 64, bits: int = 4):
     """``to_quantized`` for mlx-lm's ``BatchKVCache`` / ``BatchRotatingKVCache``:
-    the same batch in mlxq's quantized batch cache (rotation and value
-    quantization as set by :func:`mlxq.mlx_lm.enable`)."""
-    return _batch_kind(self).quantize(
-        self, group_size=group_size, bits=bits, **settings().cache_options()
-    )
+    the same batch in mlxq's quantized batch cache, with the settings in force
+    (:func:`mlxq.mlx_lm.enable`)."""
+    return quantize_batch(self, group_size, bits, settings())
 
 
 def _quantize_like(cache, like):
@@ -163,12 +169,7 @@ class BatchGenerator(lm_generate.BatchGenerator):
                     and not c.empty()
                     and c.size() >= self.quantized_kv_start
                 ):
-                    layers[i] = _batch_kind(c).quantize(
-                        c,
-                        group_size=self.kv_group_size,
-                        bits=self.kv_bits,
-                        **self.settings.cache_options(),
-                    )
+                    layers[i] = quantize_batch(c, self.kv_group_size, self.kv_bits, self.settings)
 
     def _next(self):
         responses = super()._next()

@@ -327,9 +327,8 @@ def _warn_early_bindings(table) -> None:
             continue
         for attr, value in items:
             origin = originals.get(id(value))
+            # The originals stay alive in _originals, so an equal id is the object.
             if origin is None or (mod_name, attr) in _warned_bindings:
-                continue
-            if value is not _originals[origin[1]]:
                 continue
             _warned_bindings.add((mod_name, attr))
             warnings.warn(

@@ -1,6 +1,7 @@
 """mlxq's one environment reader (csrc/environment.cpp): what it parses, its
 test hooks, and that nothing else in the package reads MLXQ_* variables."""
 
+import json
 import os
 import pathlib
 import re
@@ -26,8 +27,6 @@ def read_in_child(env):
         text=True,
         check=True,
     )
-    import json
-
     return json.loads(out.stdout)
 
 

@@ -77,7 +77,7 @@ class Plain:
         return k, v, self.rows(k, stop=stop), self.rows(v, stop=stop)
 
     def scheduled(self, t: mx.array) -> bool:
-        """Whether an evaluation has taken ``t`` (see overwrite_in_place)."""
+        """Whether an evaluation has taken ``t`` (see rotating.overwrite_in_place)."""
         return _ext._scheduled(t)
 
     def head_dim(self, t: mx.array, values: bool = False) -> int:
@@ -278,16 +278,3 @@ def check_quantization(group_size, bits, where: str, prefix: str = "") -> None:
         raise ValueError(
             f"[{where}] {prefix}group_size must be one of {GROUP_SIZES}, got {group_size!r}."
         )
-
-
-def overwrite_in_place(cache, prev: int) -> bool:
-    """Whether a ring's one-token write may go in place without MLX's
-    donation check. While the ring fills, the slot is fresh. Once it is full,
-    the slot holds a token the previous fetch exposed: in place is safe only
-    if an evaluation has taken the previous step's graph (generate_step's
-    pipeline: it then runs first on the stream). In a lazily evaluated loop
-    the previous step still reads the slot, and the write goes by MLX's
-    donation rule (a copy while the buffer is shared)."""
-    if not cache._owned:
-        return False
-    return prev < cache.max_size or cache._store.scheduled(cache.keys)

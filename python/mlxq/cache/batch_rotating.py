@@ -22,12 +22,11 @@ import mlx.core as mx
 import numpy as np
 
 from ..masks import left_padded
-from ._store import overwrite_in_place
 from .base import BaseCache, QuantizedStorage, as_int
 from .batch import BatchRows, _host_ints, tokens_held
 from .decode_step import DecodePlan
 from .decode_step import remember_mask as _remember_mask
-from .rotating import RotatingQuantizedKVCache
+from .rotating import RotatingQuantizedKVCache, overwrite_in_place
 
 
 class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):

@@ -25,10 +25,22 @@ import numpy as np
 
 from ..masks import create_causal_mask
 from ..split import RecentSplit
-from ._store import overwrite_in_place
 from .base import BaseCache, QuantizedStorage, as_int
 from .decode_step import DecodePlan
 from .recent import KeepsRecent
+
+
+def overwrite_in_place(cache, prev: int) -> bool:
+    """Whether a ring's one-token write may go in place without MLX's
+    donation check. While the ring fills, the slot is fresh. Once it is full,
+    the slot holds a token the previous fetch exposed: in place is safe only
+    if an evaluation has taken the previous step's graph (generate_step's
+    pipeline: it then runs first on the stream). In a lazily evaluated loop
+    the previous step still reads the slot, and the write goes by MLX's
+    donation rule (a copy while the buffer is shared)."""
+    if not cache._owned:
+        return False
+    return prev < cache.max_size or cache._store.scheduled(cache.keys)
 
 
 class _RingCache(BaseCache):
