@@ -86,13 +86,13 @@ void check_triple(const Triple& t) {
   }
 }
 
-// Infers (bits, group_size) of a triple whose rows hold `dim` elements, or
-// checks the given ones (named `prefix`bits / `prefix`group_size in errors).
+// Infers (group_size, bits) of a triple whose rows hold `dim` elements, or
+// checks the given ones (named `prefix`group_size / `prefix`bits in errors).
 std::pair<int, int> infer_quantization(
     const Triple& t,
     int dim,
-    std::optional<int> bits,
     std::optional<int> group_size,
+    std::optional<int> bits,
     const char* prefix) {
   int words = t.packed.shape(3);
   int groups = t.scales.shape(3);
@@ -154,7 +154,7 @@ std::pair<int, int> infer_quantization(
         g,
         ".");
   }
-  return {b, g};
+  return {g, b};
 }
 
 } // namespace
@@ -223,13 +223,13 @@ mx::array quantized_sdpa(
   if (Dk > kMaxHeadDim) {
     fail(kOp, "query head dimension ", Dk, " exceeds the maximum ", kMaxHeadDim, ".");
   }
-  auto [kb, kg] = infer_quantization(kt, Dk, bits, group_size, "");
+  auto [kg, kb] = infer_quantization(kt, Dk, group_size, bits, "");
   const int vbits = v_bits.value_or(kb);
   if (!is_supported_bits(vbits)) {
     fail(kOp, "v_bits must be ", supported_bits_text(), ", got ", vbits, ".");
   }
   int Dv = (v_packed.shape(3) * 32) / vbits;
-  auto [vb, vg] = infer_quantization(vt, Dv, vbits, v_group_size.value_or(kg), "v_");
+  auto [vg, vb] = infer_quantization(vt, Dv, v_group_size.value_or(kg), vbits, "v_");
   if (Dv > kMaxHeadDim) {
     fail(kOp, "value head dimension ", Dv, " exceeds the maximum ", kMaxHeadDim, ".");
   }
@@ -237,7 +237,7 @@ mx::array quantized_sdpa(
     fail(kOp, "scale must be finite, got ", scale, ".");
   }
 
-  QuantizedSDPAParams params{scale, kb, kg, vb, vg, kMaskNone, false};
+  QuantizedSDPAParams params{scale, kg, kb, vg, vb, kMaskNone, false};
   std::vector<mx::array> inputs = {q, k_packed, k_scales, k_biases, v_packed, v_scales, v_biases};
 
   if (!mask_mode.empty() && mask_mode != "causal") {

@@ -18,10 +18,10 @@ struct QuantizedSDPAParams {
   float scale;
   // Keys and values are quantized independently (e.g. 8-bit keys with
   // 4-bit values).
-  int k_bits;
   int k_group_size;
-  int v_bits;
+  int k_bits;
   int v_group_size;
+  int v_bits;
   MaskCode mask; // sdpa_codes.h
   bool has_sinks;
   // A second output: each row's log-sum-exp of its scaled scores (natural

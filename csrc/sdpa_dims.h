@@ -20,8 +20,8 @@ void copy_dims(const From& from, To& to) {
   to.Dv = from.Dv;
   to.k_bits = from.k_bits;
   to.v_bits = from.v_bits;
-  to.k_group = from.k_group;
-  to.v_group = from.v_group;
+  to.k_group_size = from.k_group_size;
+  to.v_group_size = from.v_group_size;
   to.scale_dtype = from.scale_dtype;
   to.scale = from.scale;
 }

@@ -40,9 +40,9 @@ SdpaProblem SdpaProblem::from(
   p.Dv = out.shape(3);
   p.rep = p.Hq / p.Hkv;
   p.k_bits = params.k_bits;
-  p.k_group = params.k_group_size;
+  p.k_group_size = params.k_group_size;
   p.v_bits = params.v_bits;
-  p.v_group = params.v_group_size;
+  p.v_group_size = params.v_group_size;
   p.scale = params.scale;
   p.q_dtype = dtype_code(q.dtype());
   p.scale_dtype = dtype_code(in[kInKScales].dtype());

@@ -32,10 +32,10 @@ DtypeCode dtype_code(mx::Dtype dtype);
 struct SdpaProblem {
   int B = 0, Hq = 0, Hkv = 1, L = 0, N = 0, Dk = 0, Dv = 0;
   int rep = 1; // query heads per KV head
-  int k_bits = 4, k_group = 64; // keys' quantization
-  int v_bits = 4, v_group = 64; // values'
+  int k_group_size = 64, k_bits = 4; // keys' quantization
+  int v_group_size = 64, v_bits = 4; // values'
   bool same_quantization() const {
-    return k_bits == v_bits && k_group == v_group;
+    return k_bits == v_bits && k_group_size == v_group_size;
   }
   float scale = 1.0f;
   DtypeCode q_dtype = kF32; // also the output's

@@ -56,7 +56,7 @@ struct MlxqSdpaParams {
   mlxq_i64 m_strides[4];
   mlxq_i64 sinks_stride;
   int B, Hq, Hkv, L, N, Dk, Dv, rep;
-  int k_group, v_group; // group sizes of K and V
+  int k_group_size, v_group_size; // group sizes of K and V
   int k_bits, v_bits;   // code widths (the kernels read them when built for
                         // run-time widths, MQ_STAGE_BITS)
   int rows;        // rep * L

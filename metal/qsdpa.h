@@ -152,11 +152,11 @@ METAL_FUNC void mlxq_attend(
   const int dkc = p.Dk >> 5;
   const int dvc = p.Dv >> 5;
   // Chunks per group (1, 2 or 4) as a shift, groups and words per row.
-  const int kshift = mlxq_group_shift(p.k_group);
-  const int vshift = mlxq_group_shift(p.v_group);
+  const int kshift = mlxq_group_shift(p.k_group_size);
+  const int vshift = mlxq_group_shift(p.v_group_size);
   const int kcpg = 1 << kshift;
-  const int Gk = p.Dk / p.k_group;
-  const int Gv = p.Dv / p.v_group;
+  const int Gk = p.Dk / p.k_group_size;
+  const int Gv = p.Dv / p.v_group_size;
   const int kbits = KBITS ? KBITS : p.k_bits;
   const int vbits = VBITS ? VBITS : p.v_bits;
   const int Wk = p.Dk * kbits / 32;

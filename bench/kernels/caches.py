@@ -11,6 +11,15 @@ time and memory in proportion to N.
   rot      mlxq.RotatingKVCache(N)       vs mlx_lm RotatingKVCache(N) (full ring: wrapped writes)
   rotq     mlxq.RotatingQuantizedKVCache vs -  (mlx-lm has none: its
                                               RotatingKVCache.to_quantized raises)
+  recent   mlxq.QuantizedKVCache(keep_recent=128) vs -  (the exact window's ring)
+
+Steps are timed two ways. Evaluated (the columns without "lazy"): each step
+is evaluated before the next, as mlx-lm's generate_step runs them; writes go
+in place. Lazy (``--lazy K``): K steps are built and then evaluated together,
+so each write meets a buffer the previous step's unevaluated fetch still
+reads, and the donation rule copies it first; the "lazy" columns are the
+time per token of such a chain, and their gap to the evaluated ones is the
+price of that copy.
 
     python bench/kernels/caches.py            # N = 1k, 16k, 128k
     python bench/kernels/caches.py --quick    # N = 1k, 4k, few steps
@@ -20,6 +29,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,6 +38,7 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.models import cache as lm  # noqa: E402
 
 import mlxq  # noqa: E402
+from mlxq.guard import parts  # noqa: E402
 
 B, H, D = 1, 8, 128
 DTYPE = mx.bfloat16
@@ -43,7 +54,10 @@ CACHES = {
     ),
     "rot": (lambda n: mlxq.RotatingKVCache(n), lambda n: lm.RotatingKVCache(n)),
     "rotq": (lambda n: mlxq.RotatingQuantizedKVCache(n, 0, GROUP_SIZE, BITS), None),
+    "recent": (lambda n: mlxq.QuantizedKVCache(GROUP_SIZE, BITS, keep_recent=RECENT), None),
 }
+RECENT = 128
+LAZY_ROUNDS = 6  # one warm-up chain and five timed ones
 
 COLUMNS = [
     ("cache", "cache", "{}"),
@@ -52,6 +66,8 @@ COLUMNS = [
     ("mlx-lm us/tok", "mlx_lm_us", "{:.1f}"),
     ("mlxq min", "mlxq_min_us", "{:.1f}"),
     ("mlx-lm min", "mlx_lm_min_us", "{:.1f}"),
+    ("mlxq lazy", "mlxq_lazy_us", "{:.1f}"),
+    ("mlx-lm lazy", "mlx_lm_lazy_us", "{:.1f}"),
     ("mlxq peak KiB", "mlxq_peak_kib", "{:.1f}"),
     ("mlx-lm peak KiB", "mlx_lm_peak_kib", "{:.1f}"),
     ("row KiB", "row_kib", "{:.1f}"),
@@ -66,13 +82,22 @@ def rows(n):
     return k, v
 
 
+def arrays(fetched):
+    """The arrays of a fetch (mlxq's own formats read through mlxq.guard.parts)."""
+    if isinstance(fetched, mx.array):
+        return [fetched]
+    if isinstance(fetched, (tuple, list)):
+        return [a for part in parts(fetched) for a in arrays(part)]
+    return []
+
+
 def filled(cache, n, rotating):
     """``cache`` holding ``n`` tokens (a full ring for rotating caches)."""
     fill = n if rotating else n - HEADROOM
     chunk = 8192
     for start in range(0, fill, chunk):
         fetched = cache.update_and_fetch(*rows(min(chunk, fill - start)))
-        mx.eval(fetched)
+        mx.eval(arrays(fetched))
         del fetched
     return cache
 
@@ -81,9 +106,21 @@ def step_fn(cache):
     k1, v1 = rows(1)
 
     def step():
-        return cache.update_and_fetch(k1, v1)  # dropped after eval, as a model drops it
+        return arrays(cache.update_and_fetch(k1, v1))  # dropped after eval, as a model drops it
 
     return step
+
+
+def lazy_us(step, k):
+    """Median microseconds per token of ``k`` steps built, then evaluated together."""
+    times = []
+    for i in range(LAZY_ROUNDS):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        mx.eval([step() for _ in range(k)])
+        if i:
+            times.append((time.perf_counter() - t0) / k * 1e6)
+    return statistics.median(times)
 
 
 def peak_of_one_step(step):
@@ -114,6 +151,8 @@ def bench_row(name, n, args):
         row[f"{who}_min_us"] = min(times[who]) * 1e3
         row[f"{who}_times_ms"] = times[who]
         row[f"{who}_peak_kib"] = peak_of_one_step(steps[who]) / 1024
+        if args.lazy:
+            row[f"{who}_lazy_us"] = lazy_us(steps[who], args.lazy)
         row["cache_mib"] = cache.nbytes / 2**20
     del caches, steps
     mx.clear_cache()
@@ -132,15 +171,18 @@ def main():
     )
     p.add_argument("--repeats", type=int, default=20, help="timed steps a round (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps a round (default 3)")
+    p.add_argument(
+        "--lazy", type=int, default=4, help="steps per lazily evaluated chain (0: none; default 4)"
+    )
     p.add_argument("--seed", type=int, default=0)
     common.add_output_args(p)
     args = p.parse_args()
 
     if args.quick:
         args.rounds, args.repeats = min(args.rounds, 2), min(args.repeats, 10)
-    if args.rounds * (args.warmup + args.repeats) + 1 > HEADROOM:
+    if args.rounds * (args.warmup + args.repeats) + 1 + LAZY_ROUNDS * args.lazy > HEADROOM:
         p.error(
-            f"rounds * (warmup + repeats) must stay below {HEADROOM} "
+            f"rounds * (warmup + repeats) + {LAZY_ROUNDS} * lazy must stay below {HEADROOM} "
             "(the free rows of the growing caches)"
         )
     ns = args.n or ([1024, 4096] if args.quick else NS)
@@ -159,6 +201,11 @@ def main():
         "(max_size = N), growing ones have free rows"
     )
     print("peak    : peak-memory delta of one step (a copy of the buffer would be ~cache MiB)")
+    if args.lazy:
+        print(
+            f"lazy    : per token over chains of {args.lazy} steps evaluated together "
+            "(each write meets a buffer an unevaluated step still reads)"
+        )
     print()
 
     table = common.Table(COLUMNS)
@@ -189,6 +236,8 @@ def main():
                 "repeats": args.repeats,
                 "warmup": args.warmup,
                 "seed": args.seed,
+                "lazy": args.lazy,
+                "recent": RECENT,
                 "quick": args.quick,
             },
             "rows": out_rows,

@@ -144,7 +144,7 @@ struct Scratch {
   uint32_t words[kMaxHeadDim * 8 / 32 + 1];
 
   void prepare(const Problem& P) {
-    const size_t RT = P.row_tile, Gk = P.Dk / P.k_group, Gv = P.Dv / P.v_group;
+    const size_t RT = P.row_tile, Gk = P.Dk / P.k_group_size, Gv = P.Dv / P.v_group_size;
     const size_t sizes[] = {
         RT * P.Dk,
         RT * Gk,
@@ -277,7 +277,7 @@ class TileKernel {
     const int R = r1 - r0;
     load_queries(b, kvh, r0, R);
     std::fill(S_.o, S_.o + R * Dv_, 0.0f);
-    std::fill(S_.obias, S_.obias + R * (Dv_ / P_.v_group) * bias_lanes(), 0.0f);
+    std::fill(S_.obias, S_.obias + R * (Dv_ / P_.v_group_size) * bias_lanes(), 0.0f);
     std::fill(S_.m, S_.m + R, kNegInf);
     std::fill(S_.l, S_.l + R, 0.0f);
     if (P_.mask == kMaskCausal) {
@@ -293,7 +293,7 @@ class TileKernel {
         std::fill(S_.s + rr * kChunk + cn, S_.s + (rr + 1) * kChunk, kNegInf);
       }
       if (P_.ints && P_.ints->softmax) {
-        P_.ints->softmax(R, S_.s, S_.m, S_.l, S_.peak, S_.o, Dv_, S_.obias, Dv_ / P_.v_group);
+        P_.ints->softmax(R, S_.s, S_.m, S_.l, S_.peak, S_.o, Dv_, S_.obias, Dv_ / P_.v_group_size);
       } else {
         softmax_update(R, kChunk);
       }
@@ -304,11 +304,11 @@ class TileKernel {
   // Natural-order unnormalised output of tile row rr (valid after run()).
   const float* natural_output(int rr) {
     const float* o = S_.o + size_t(rr) * Dv_;
-    const float* ob = S_.obias + size_t(rr) * (Dv_ / P_.v_group) * bias_lanes();
+    const float* ob = S_.obias + size_t(rr) * (Dv_ / P_.v_group_size) * bias_lanes();
     if (P_.ints) {
       const int lanes = bias_lanes();
       float bias[kMaxHeadDim];
-      for (int g = 0; g < Dv_ / P_.v_group; ++g) {
+      for (int g = 0; g < Dv_ / P_.v_group_size; ++g) {
         bias[g] = 0.0f;
         for (int t = 0; t < lanes; ++t) {
           bias[g] += ob[g * lanes + t];
@@ -316,12 +316,12 @@ class TileKernel {
       }
       for (int lane = 0; lane < Dv_; ++lane) {
         const int i = P_.ints->element(VBITS, lane);
-        S_.onat[i] = o[lane] + bias[i / P_.v_group];
+        S_.onat[i] = o[lane] + bias[i / P_.v_group_size];
       }
       return S_.onat;
     }
     for (int i = 0; i < Dv_; ++i) {
-      S_.onat[i] = o[CV::slot(i, Dv_)] + ob[i / P_.v_group];
+      S_.onat[i] = o[CV::slot(i, Dv_)] + ob[i / P_.v_group_size];
     }
     return S_.onat;
   }
@@ -333,7 +333,7 @@ class TileKernel {
   }
 
   void load_queries(int b, int kvh, int r0, int R) {
-    const int gs = P_.k_group, Gk = Dk_ / gs;
+    const int gs = P_.k_group_size, Gk = Dk_ / gs;
     const int64_t qstep = P_.q.stride[3] * P_.q.itemsize;
     for (int rr = 0; rr < R; ++rr) {
       const int r = r0 + rr, l = P_.position(r), h = P_.query_head(kvh, r);
@@ -361,7 +361,7 @@ class TileKernel {
   // The integer path's query: row rr's scaled query quantized per K group
   // to int16 (qscale: the step), laid out as int_dot's key pairs.
   void quantize_query(const char* qrow, int64_t qstep, int rr) {
-    const int gs = P_.k_group, Gk = Dk_ / gs;
+    const int gs = P_.k_group_size, Gk = Dk_ / gs;
     int16_t qi[kMaxHeadDim];
     for (int g = 0; g < Gk; ++g) {
       float peak = 0.0f;
@@ -385,11 +385,11 @@ class TileKernel {
 
   // s[rr][j] = q_rr . (codes_j * scale_j) + sum_g bias_j,g * qsum_rr,g
   void scores(int b, int kvh, int R, int c0, int cn) {
-    const int Dk = Dk_, Gk = Dk / P_.k_group;
+    const int Dk = Dk_, Gk = Dk / P_.k_group_size;
     if (P_.ints) {
       const cpu::IntRows rows{R, reinterpret_cast<const int32_t*>(S_.qpair), S_.qscale, S_.qsum};
       P_.ints->scores(
-          int_keys(P_.kw, P_.ks, P_.kb, b, kvh, c0, cn, KBITS, Dk, P_.k_group), rows, S_.s);
+          int_keys(P_.kw, P_.ks, P_.kb, b, kvh, c0, cn, KBITS, Dk, P_.k_group_size), rows, S_.s);
       return;
     }
     for (int j = 0; j < cn; ++j) {
@@ -399,7 +399,7 @@ class TileKernel {
           P_.kw.row<uint32_t>(b, kvh, c0 + j, Dk * KBITS / 32, S_.words),
           S_.gscale,
           Dk,
-          P_.k_group,
+          P_.k_group_size,
           S_.kbuf + size_t(j) * Dk,
           S_.wscale);
     }
@@ -415,7 +415,7 @@ class TileKernel {
 
   // s[rr][j] += sum_g bias_j,g * qsum_rr,g (the scaled query's group sums).
   void add_key_bias(int R) {
-    const int Gk = Dk_ / P_.k_group;
+    const int Gk = Dk_ / P_.k_group_size;
     for (int rr = 0; rr < R; ++rr) {
       const float* qs = S_.qsum + size_t(rr) * Gk;
       for (int g = 0; g < Gk; ++g) {
@@ -461,7 +461,7 @@ class TileKernel {
   // Online softmax: turns the chunk's scores into weights relative to each
   // row's running max, rescaling what was accumulated under the old max.
   void softmax_update(int R, int cn) {
-    const int Dv = Dv_, Gv = Dv / P_.v_group;
+    const int Dv = Dv_, Gv = Dv / P_.v_group_size;
     for (int rr = 0; rr < R; ++rr) {
       float* s = S_.s + rr * kChunk;
       float chunk_max = kNegInf;
@@ -493,10 +493,10 @@ class TileKernel {
   // o_rr += sum_j p_rr,j * codes_j * scale_j ; obias_rr,g += sum_j p_rr,j * bias_j,g
   // Only keys some row gives weight to are unpacked (masked keys are skipped).
   void values(int b, int kvh, int R, int c0, int cn) {
-    const int Dv = Dv_, Gv = Dv / P_.v_group;
+    const int Dv = Dv_, Gv = Dv / P_.v_group_size;
     if (P_.ints) {
       P_.ints->values(
-          int_keys(P_.vw, P_.vs, P_.vb, b, kvh, c0, cn, VBITS, Dv, P_.v_group),
+          int_keys(P_.vw, P_.vs, P_.vb, b, kvh, c0, cn, VBITS, Dv, P_.v_group_size),
           R,
           S_.s,
           S_.peak,
@@ -519,7 +519,7 @@ class TileKernel {
           P_.vw.row<uint32_t>(b, kvh, c0 + j, Dv * VBITS / 32, S_.words),
           S_.gscale,
           Dv,
-          P_.v_group,
+          P_.v_group_size,
           S_.vbuf + size_t(na) * Dv,
           S_.wscale);
       S_.act[na++] = j;
@@ -768,8 +768,8 @@ const cpu::IntDot* integer_products(const Problem& P) {
   };
   const cpu::IntDot* k = cpu::int_dot();
   const bool fits = k && (P.q_dtype == kF16 || P.q_dtype == kBF16) &&
-      cpu::int_dot_covers(P.k_bits, P.Dk, P.k_group) &&
-      cpu::int_dot_covers(P.v_bits, P.Dv, P.v_group) && rows_fit(P.kw) && rows_fit(P.vw) &&
+      cpu::int_dot_covers(P.k_bits, P.Dk, P.k_group_size) &&
+      cpu::int_dot_covers(P.v_bits, P.Dv, P.v_group_size) && rows_fit(P.kw) && rows_fit(P.vw) &&
       params_fit(P.ks, P.kb) && params_fit(P.vs, P.vb);
   return fits ? k : nullptr;
 }

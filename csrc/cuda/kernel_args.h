@@ -43,7 +43,7 @@ struct SdpaArgs {
   // Strides in elements of the 4-D inputs (mask: broadcast to [B, Hq, L, N]).
   int64_t q_st[4], kw_st[4], ks_st[4], kb_st[4], vw_st[4], vs_st[4], vb_st[4], m_st[4];
   int B, Hq, Hkv, L, N, Dk, Dv, rep;
-  int k_group, k_bits, v_group, v_bits; // K's and V's quantization
+  int k_group_size, k_bits, v_group_size, v_bits; // K's and V's quantization
   int q_dtype, scale_dtype, mask_dtype;
   int mask_kind; // MaskCode
   float scale;
@@ -211,11 +211,11 @@ struct DecodeKernel {
   int merge_smem = 0; // shared bytes the fused split merge may use
 };
 DecodeKernel decode_kernel(
-    int k_bits,
-    int v_bits,
     int D,
-    int k_group,
-    int v_group,
+    int k_group_size,
+    int k_bits,
+    int v_group_size,
+    int v_bits,
     int scale_dtype,
     int q_dtype);
 

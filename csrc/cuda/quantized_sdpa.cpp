@@ -147,11 +147,11 @@ Layout layout_of(const std::vector<mx::array>& in, const SdpaProblem& p) {
   // Words and groups per row of K (i < 3) and V.
   const int64_t row[6] = {
       int64_t(p.Dk) * p.k_bits / 32,
-      p.Dk / p.k_group,
-      p.Dk / p.k_group,
+      p.Dk / p.k_group_size,
+      p.Dk / p.k_group_size,
       int64_t(p.Dv) * p.v_bits / 32,
-      p.Dv / p.v_group,
-      p.Dv / p.v_group};
+      p.Dv / p.v_group_size,
+      p.Dv / p.v_group_size};
   l.dense_kv = true;
   for (int i = 0; i < 6; ++i) {
     l.dense_kv = l.dense_kv && dense_rows(in[kInKPacked + i], row[i]);
@@ -195,8 +195,8 @@ struct Candidates {
 Candidates candidates_for(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
   Candidates c;
   if (decode_candidate(p, layout, limits)) {
-    c.decode =
-        decode_kernel(p.k_bits, p.v_bits, p.Dk, p.k_group, p.v_group, p.scale_dtype, p.q_dtype);
+    c.decode = decode_kernel(
+        p.Dk, p.k_group_size, p.k_bits, p.v_group_size, p.v_bits, p.scale_dtype, p.q_dtype);
     DecodeShape& d = c.decode_shape;
     d.available = c.decode.fn != nullptr;
     d.smem = c.decode.smem;
@@ -215,11 +215,12 @@ Candidates candidates_for(const SdpaProblem& p, const Layout& layout, const Limi
     }
   }
   if (!c.tiled.fn && tiled_candidate(p, layout, limits) && p.same_quantization()) {
-    c.tiled = tiled_kernel(p.q_dtype, p.Dk, p.k_group, tiled_warps(p.rows(), p.Dk), tiled_keys());
+    c.tiled =
+        tiled_kernel(p.q_dtype, p.Dk, p.k_group_size, tiled_warps(p.rows(), p.Dk), tiled_keys());
     if (c.tiled.fn && c.tiled.smem > limits.max_smem) {
       // A GPU with less shared memory (99 KB on sm_86) may still fit the
       // 2-row-warp block (head dim 256).
-      const TiledKernel small = tiled_kernel(p.q_dtype, p.Dk, p.k_group, 2, tiled_keys());
+      const TiledKernel small = tiled_kernel(p.q_dtype, p.Dk, p.k_group_size, 2, tiled_keys());
       if (small.fn && small.smem <= limits.max_smem) {
         c.tiled = small;
       }
@@ -330,7 +331,7 @@ mx::array dense_copy(
     const int w = side == 0 ? kInKPacked : kInVPacked;
     void* dst = base + side * per * q.itemsize();
     const int bits = side == 0 ? p.k_bits : p.v_bits;
-    const int group = side == 0 ? p.k_group : p.v_group;
+    const int group = side == 0 ? p.k_group_size : p.v_group_size;
     DequantLaunch l =
         dequantize_launch(in[w], in[w + 1], in[w + 2], dst, p.q_dtype, p.Dk, group, bits);
     launch(

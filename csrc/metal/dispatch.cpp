@@ -52,7 +52,7 @@ std::string sdpa_widths_tag(int k_bits, int v_bits) {
 
 SdpaPlan plan_sdpa(const SdpaProblem& pr) {
   if (pr.Hkv < 1 || pr.Hq % pr.Hkv != 0 || pr.Dk % 32 != 0 || pr.Dv % 32 != 0 || pr.Dk > 512 ||
-      pr.Dv > 512 || pr.k_group < 32 || pr.v_group < 32) {
+      pr.Dv > 512 || pr.k_group_size < 32 || pr.v_group_size < 32) {
     throw std::invalid_argument("[mlxq.metal] unsupported QuantizedSDPA shape");
   }
   SdpaPlan plan;

@@ -57,8 +57,8 @@ constexpr int kMergeSimdGroups = 4; // rows per merge threadgroup
 
 struct SdpaProblem {
   int B = 1, Hq = 1, Hkv = 1, L = 1, N = 0, Dk = 0, Dv = 0;
-  int k_bits = 4, k_group = 64;
-  int v_bits = 4, v_group = 64;
+  int k_group_size = 64, k_bits = 4;
+  int v_group_size = 64, v_bits = 4;
   int q_dtype = MQ_DT_F32; // also the output dtype
   int scale_dtype = MQ_DT_F32; // scales and biases of K and V
   int mask_kind = MQ_MASK_NONE;

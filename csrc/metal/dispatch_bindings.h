@@ -56,9 +56,9 @@ inline nb::dict sdpa(const nb::dict& d) {
   pr.Dk = get<int>(d, "Dk", 0);
   pr.Dv = get<int>(d, "Dv", pr.Dk);
   pr.k_bits = get<int>(d, "bits", 4);
-  pr.k_group = get<int>(d, "group_size", 64);
+  pr.k_group_size = get<int>(d, "group_size", 64);
   pr.v_bits = get<int>(d, "v_bits", pr.k_bits);
-  pr.v_group = get<int>(d, "v_group_size", pr.k_group);
+  pr.v_group_size = get<int>(d, "v_group_size", pr.k_group_size);
   pr.q_dtype = get<int>(d, "q_dtype", MQ_DT_F32);
   pr.scale_dtype = get<int>(d, "scale_dtype", MQ_DT_F32);
   pr.mask_kind = get<int>(d, "mask_kind", MQ_MASK_NONE);

@@ -52,7 +52,7 @@ def test_bits_and_scale_dtypes(emu, rng, bits, kv_dtype):
 # Separate K and V quantization: the k8v4 instance, the run-time-widths
 # instance for every other pair, own group sizes, both modes.
 MIXED = [
-    # k_bits, k_group, v_bits, v_group, Dk, Dv, mode, mask, kernel widths
+    # k_bits, k_group_size, v_bits, v_group_size, Dk, Dv, mode, mask, kernel widths
     (8, 64, 4, 64, 128, 128, "decode", "causal", "k8v4"),
     (8, 32, 4, 128, 256, 256, "prefill", "bool_BHLN", "k8v4"),
     (8, 64, 4, 64, 512, 512, "decode", "none", "k8v4"),

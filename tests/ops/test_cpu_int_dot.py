@@ -92,11 +92,14 @@ def both_paths(set_env, flag, q, k, v, **kw):
 
 
 def check(
-    set_env, flag, q, k, v, *, bits, group_size, v_bits=None, v_group=None, int_path=True, **kw
+    set_env, flag, q, k, v, *, bits, group_size, v_bits=None, v_group_size=None, int_path=True, **kw
 ):
     kw.setdefault("scale", q.shape[-1] ** -0.5)
     fmt = dict(
-        group_size=group_size, bits=bits, v_group_size=v_group or group_size, v_bits=v_bits or bits
+        group_size=group_size,
+        bits=bits,
+        v_group_size=v_group_size or group_size,
+        v_bits=v_bits or bits,
     )
     set_env("MLXQ_CPU_INT", flag)
     kernels = mlxq._ext._cpu_int_kernels()

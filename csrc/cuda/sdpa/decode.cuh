@@ -1133,6 +1133,7 @@ DecodeKernel pair_instance_of(int D, int kgs, int vgs, int scale_dtype, int q_dt
 
 DecodeKernel decode_kernel_4bit(int D, int gs, int scale_dtype, int q_dtype);
 DecodeKernel decode_kernel_8bit(int D, int gs, int scale_dtype, int q_dtype);
-DecodeKernel decode_kernel_k8v4(int D, int k_gs, int v_gs, int scale_dtype, int q_dtype);
+DecodeKernel
+decode_kernel_k8v4(int D, int k_group_size, int v_group_size, int scale_dtype, int q_dtype);
 
 } // namespace mlxq::cuda

@@ -8,22 +8,28 @@ DecodeKernel decode_kernel_4bit(int D, int gs, int scale_dtype, int q_dtype) {
   return instance_of<4, 64, 128, 256, 512>(D, gs, scale_dtype, q_dtype);
 }
 
-DecodeKernel
-decode_kernel(int k_bits, int v_bits, int D, int k_gs, int v_gs, int scale_dtype, int q_dtype) {
+DecodeKernel decode_kernel(
+    int D,
+    int k_group_size,
+    int k_bits,
+    int v_group_size,
+    int v_bits,
+    int scale_dtype,
+    int q_dtype) {
   if (q_dtype != kF16 && q_dtype != kBF16) {
     return {};
   }
   if (k_bits == 8 && v_bits == 4) {
-    return decode_kernel_k8v4(D, k_gs, v_gs, scale_dtype, q_dtype);
+    return decode_kernel_k8v4(D, k_group_size, v_group_size, scale_dtype, q_dtype);
   }
-  if (k_bits != v_bits || k_gs != v_gs) {
+  if (k_bits != v_bits || k_group_size != v_group_size) {
     return {};
   }
   switch (k_bits) {
     case 4:
-      return decode_kernel_4bit(D, k_gs, scale_dtype, q_dtype);
+      return decode_kernel_4bit(D, k_group_size, scale_dtype, q_dtype);
     case 8:
-      return decode_kernel_8bit(D, k_gs, scale_dtype, q_dtype);
+      return decode_kernel_8bit(D, k_group_size, scale_dtype, q_dtype);
     default:
       return {};
   }

@@ -5,8 +5,9 @@
 
 namespace mlxq::cuda {
 
-DecodeKernel decode_kernel_k8v4(int D, int k_gs, int v_gs, int scale_dtype, int q_dtype) {
-  return pair_instance_of<8, 4, 64, 128, 256>(D, k_gs, v_gs, scale_dtype, q_dtype);
+DecodeKernel
+decode_kernel_k8v4(int D, int k_group_size, int v_group_size, int scale_dtype, int q_dtype) {
+  return pair_instance_of<8, 4, 64, 128, 256>(D, k_group_size, v_group_size, scale_dtype, q_dtype);
 }
 
 } // namespace mlxq::cuda

@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
   const int R = min(a.row_tile, a.rows - r0);
   const int Dk = a.Dk, Dv = a.Dv;
   const int Wk = Dk * KBITS / 32, Wv = Dv * VBITS / 32;
-  const int Gk = Dk / a.k_group, Gv = Dv / a.v_group;
+  const int Gk = Dk / a.k_group_size, Gv = Dv / a.v_group_size;
   const int n0 = split * a.split_keys;
   int n1 = min(n0 + a.split_keys, a.N);
   if (a.mask_kind == kMaskCausal) {
@@ -265,8 +265,8 @@ __global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
         sm.vraw,
         sm.vsb);
     __syncthreads();
-    dequant_tile<KBITS>(sm.kraw, sm.ksb, Dk, Wk, Gk, a.k_group, sm.k, Dk + 4);
-    dequant_tile<VBITS>(sm.vraw, sm.vsb, Dv, Wv, Gv, a.v_group, sm.v, Dv);
+    dequant_tile<KBITS>(sm.kraw, sm.ksb, Dk, Wk, Gk, a.k_group_size, sm.k, Dk + 4);
+    dequant_tile<VBITS>(sm.vraw, sm.vsb, Dv, Wv, Gv, a.v_group_size, sm.v, Dv);
     __syncthreads();
 
     // Scores with masks.

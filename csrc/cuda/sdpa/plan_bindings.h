@@ -30,9 +30,9 @@ inline SdpaProblem problem(const nb::dict& d) {
   p.Dv = get<int>(d, "Dv", p.Dk);
   p.rep = p.Hq / std::max(1, p.Hkv);
   p.k_bits = get<int>(d, "bits", 4);
-  p.k_group = get<int>(d, "group_size", 64);
+  p.k_group_size = get<int>(d, "group_size", 64);
   p.v_bits = get<int>(d, "v_bits", p.k_bits);
-  p.v_group = get<int>(d, "v_group_size", p.k_group);
+  p.v_group_size = get<int>(d, "v_group_size", p.k_group_size);
   p.q_dtype = static_cast<DtypeCode>(get<int>(d, "q_dtype", kBF16));
   p.scale_dtype = static_cast<DtypeCode>(get<int>(d, "scale_dtype", p.q_dtype));
   p.mask = static_cast<MaskCode>(get<int>(d, "mask", kMaskNone));
