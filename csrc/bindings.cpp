@@ -16,8 +16,8 @@
 #include "metal/dispatch_bindings.h"
 #include "quantization.h"
 #include "quantized_sdpa.h"
+#include "recent_attention.h"
 #include "ring_update.h"
-#include "window_attention.h"
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
@@ -98,8 +98,8 @@ NB_MODULE(_ext, m) {
       "quantized_sdpa plus each row's log-sum-exp (see mlxq.quantized_sdpa).");
 
   m.def(
-      "window_attention",
-      guarded(&mlxq::window_attention),
+      "recent_attention",
+      guarded(&mlxq::recent_attention),
       "q"_a,
       "keys"_a,
       "values"_a,
@@ -110,7 +110,7 @@ NB_MODULE(_ext, m) {
       "causal"_a = false,
       "stream"_a = nb::none(),
       "Attention over an exact window (all of it, or causally), merged with attention over other "
-      "keys from its output and log-sum-exp (see mlxq.attention.window_attention).");
+      "keys from its output and log-sum-exp (see mlxq.attention.recent_attention).");
 
   m.def(
       "ring_update",

@@ -5,8 +5,8 @@
 
 #include "dequantize_into.h"
 #include "quantized_sdpa.h"
+#include "recent_attention.h"
 #include "ring_update.h"
-#include "window_attention.h"
 
 namespace mlxq {
 
@@ -40,8 +40,8 @@ void DequantizeInto::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   no_gpu_kernels("mlxq.dequantize_into");
 }
 
-void WindowAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  no_gpu_kernels("mlxq.window_attention");
+void RecentAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  no_gpu_kernels("mlxq.recent_attention");
 }
 
 } // namespace mlxq

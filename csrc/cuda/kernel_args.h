@@ -164,7 +164,7 @@ struct GemmFinishArgs {
   int Hq, Hkv, L, Dv, rep, rows, out_dtype;
 };
 
-// WindowAttention (window_attention.cu): one block per query row.
+// RecentAttention (recent_attention.cu): one block per query row.
 constexpr int kWindowWarps = 4;
 struct WindowArgs {
   const void* q; // [B, Hq, L, Dk] (strided), dtype

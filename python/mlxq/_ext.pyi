@@ -19,9 +19,9 @@ def quantized_sdpa(q: mlx.core.array, k_packed: mlx.core.array, k_scales: mlx.co
 def quantized_sdpa_with_lse(q: mlx.core.array, k_packed: mlx.core.array, k_scales: mlx.core.array, k_biases: mlx.core.array, v_packed: mlx.core.array, v_scales: mlx.core.array, v_biases: mlx.core.array, *, scale: float, mask_mode: str = '', mask: mlx.core.array | None = None, sinks: mlx.core.array | None = None, bits: int | None = None, group_size: int | None = None, v_bits: int | None = None, v_group_size: int | None = None, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> tuple[mlx.core.array, mlx.core.array]:
     """quantized_sdpa plus each row's log-sum-exp (see mlxq.quantized_sdpa)."""
 
-def window_attention(q: mlx.core.array, keys: mlx.core.array, values: mlx.core.array, out_q: mlx.core.array, lse_q: mlx.core.array, *, scale: float, causal: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:
+def recent_attention(q: mlx.core.array, keys: mlx.core.array, values: mlx.core.array, out_q: mlx.core.array, lse_q: mlx.core.array, *, scale: float, causal: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:
     """
-    Attention over an exact window (all of it, or causally), merged with attention over other keys from its output and log-sum-exp (see mlxq.attention.window_attention).
+    Attention over an exact window (all of it, or causally), merged with attention over other keys from its output and log-sum-exp (see mlxq.attention.recent_attention).
     """
 
 def ring_update(buffer: mlx.core.array, update: mlx.core.array, pos: int | mlx.core.array, *, owned: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:

@@ -296,7 +296,7 @@ def _dequantized_route(
     return out
 
 
-def window_attention(
+def recent_attention(
     q: mx.array,
     keys: mx.array,
     values: mx.array,
@@ -315,7 +315,7 @@ def window_attention(
     window's step; CPU and CUDA, head dims up to 512). Every query row sees
     every key, or with ``causal`` (``T >= L``, the queries being the last
     ``L`` of the ``T`` positions) query ``l`` sees keys ``j <= l + T - L``."""
-    return _ext.window_attention(
+    return _ext.recent_attention(
         q, keys, values, out_q, lse_q, scale=scale, causal=causal, stream=stream
     )
 
@@ -395,7 +395,7 @@ def recent_split_sdpa(
             f"got {T} exact rows."
         )
     mask_q, mask_e = _part_masks(keys, mask, L)
-    # window_attention: any step on the CPU (MLX's CPU matmuls are slow); on
+    # recent_attention: any step on the CPU (MLX's CPU matmuls are slow); on
     # a GPU, steps of a few rows (a prefill chunk's matmuls are faster there).
     fused = mask_e is None or isinstance(mask_e, str)  # "causal" by now
     fused = fused and max(q.shape[3], values.exact.shape[3]) <= 512
@@ -432,7 +432,7 @@ def recent_split_sdpa(
             return_lse=True,
         )
     if fused:
-        return window_attention(
+        return recent_attention(
             q,
             keys.exact,
             values.exact,

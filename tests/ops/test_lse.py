@@ -8,7 +8,7 @@ from support.helpers import assert_close, random_inputs, random_sinks, to_f64
 from support.reference64 import sdpa64
 
 import mlxq
-from mlxq.attention import merge_attention, window_attention
+from mlxq.attention import merge_attention, recent_attention
 from mlxq.guard import parts
 
 
@@ -136,11 +136,11 @@ def test_merge_weighs_an_empty_side_zero():
     assert np.isclose(lse[0, 0, 0].item(), 0.5) and lse[0, 0, 1].item() == -inf
 
 
-def test_window_attention_on_metal_is_refused(rng):
+def test_recent_attention_on_metal_is_refused(rng):
     # mlxq.sdpa attends a recent window with MLX ops there instead.
     if not mx.metal.is_available():
         pytest.skip("not a Metal build of MLX")
     q = mx.zeros((1, 2, 1, 64))
     k = mx.zeros((1, 1, 4, 64))
     with pytest.raises(ValueError, match="not yet on Metal"):
-        window_attention(q, k, k, q, mx.zeros((1, 2, 1)), scale=0.1, stream=mx.gpu)
+        recent_attention(q, k, k, q, mx.zeros((1, 2, 1)), scale=0.1, stream=mx.gpu)

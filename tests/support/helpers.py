@@ -109,10 +109,10 @@ def on_cuda_gpu() -> bool:
 
 
 def skip_without_window_kernel():
-    """Skips where mlxq.attention.window_attention has no kernel (Metal, for
+    """Skips where mlxq.attention.recent_attention has no kernel (Metal, for
     now: mlxq.sdpa attends a recent window there with MLX ops)."""
     if mx.default_device() != mx.cpu and mx.metal.is_available():
-        pytest.skip("window_attention runs on the CPU and CUDA, not yet on Metal")
+        pytest.skip("recent_attention runs on the CPU and CUDA, not yet on Metal")
 
 
 def random_sinks(rng, Hq, dtype=mx.float32):

@@ -5,7 +5,7 @@ accuracy loss comes from the last ~100 tokens: the keys a query attends
 most. A quantized cache with ``keep_recent=R`` therefore also keeps the last
 ``R`` tokens' keys and values as they came (a ring of ``R + 1`` rows in the
 input dtype) and attends in two exact parts whose softmax states merge by
-log-sum-exp (:func:`mlxq.attention.window_attention` at decode,
+log-sum-exp (:func:`mlxq.attention.recent_attention` at decode,
 :func:`mlxq.attention.merge_attention` otherwise):
 
 * the quantized rows of every token before the window, through the fused

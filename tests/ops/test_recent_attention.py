@@ -1,4 +1,4 @@
-"""mlxq.attention.window_attention: a decode step's exact window attended and
+"""mlxq.attention.recent_attention: a decode step's exact window attended and
 merged with the quantized part's output and log-sum-exp in one primitive,
 against float64 over the union of both key sets."""
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from support.helpers import DTYPES, assert_close, skip_without_window_kernel, to_f64
 
-from mlxq.attention import window_attention
+from mlxq.attention import recent_attention
 
 
 def union64(q, kq, vq, ke, ve, scale, causal=False):
@@ -69,7 +69,7 @@ def test_matches_float64_over_the_union(rng, dtype, B, Hq, Hkv, L, N, T, Dk, Dv,
         out_q, lse_q = part64(q, kq, vq, scale)
     else:  # the other part saw no key: output 0, log-sum-exp -inf
         out_q, lse_q = np.zeros((B, Hq, L, Dv)), np.full((B, Hq, L), -np.inf)
-    out = window_attention(
+    out = recent_attention(
         q,
         ke,
         ve,
@@ -93,7 +93,7 @@ def test_strided_views(rng):
     vq = mx.array(rng.standard_normal((B, Hkv, 20, D)).astype(np.float32))
     out_q, lse_q = part64(q, kq, vq, 0.125)
     oq = mx.array(out_q.astype(np.float32).swapaxes(1, 2)).swapaxes(1, 2)
-    out = window_attention(q, ke, ve, oq, mx.array(lse_q.astype(np.float32)), scale=0.125)
+    out = recent_attention(q, ke, ve, oq, mx.array(lse_q.astype(np.float32)), scale=0.125)
     assert_close(out, union64(q, kq, vq, ke, ve, 0.125), dtype=mx.float32)
 
 
@@ -102,13 +102,13 @@ def test_bad_inputs_are_refused():
     k = mx.zeros((1, 2, 8, 64))
     o, lse = mx.zeros((1, 4, 1, 64)), mx.zeros((1, 4, 1))
     with pytest.raises(ValueError, match="q's dtype"):
-        window_attention(q, k.astype(mx.float16), k, o, lse, scale=1.0)
+        recent_attention(q, k.astype(mx.float16), k, o, lse, scale=1.0)
     with pytest.raises(ValueError, match="do not fit q"):
-        window_attention(q, k, k[:, :, :4], o, lse, scale=1.0)
+        recent_attention(q, k, k[:, :, :4], o, lse, scale=1.0)
     with pytest.raises(ValueError, match="not a multiple"):
-        window_attention(q, mx.zeros((1, 3, 8, 64)), mx.zeros((1, 3, 8, 64)), o, lse, scale=1.0)
+        recent_attention(q, mx.zeros((1, 3, 8, 64)), mx.zeros((1, 3, 8, 64)), o, lse, scale=1.0)
     with pytest.raises(ValueError, match="causal window must hold"):
-        window_attention(
+        recent_attention(
             mx.zeros((1, 4, 9, 64)),
             k,
             k,
@@ -118,15 +118,15 @@ def test_bad_inputs_are_refused():
             causal=True,
         )
     with pytest.raises(ValueError, match="at least one key"):
-        window_attention(q, k[:, :, :0], k[:, :, :0], o, lse, scale=1.0)
+        recent_attention(q, k[:, :, :0], k[:, :, :0], o, lse, scale=1.0)
     with pytest.raises(ValueError, match="out_q must be"):
-        window_attention(q, k, k, o[..., :32], lse, scale=1.0)
+        recent_attention(q, k, k, o[..., :32], lse, scale=1.0)
     with pytest.raises(ValueError, match="lse_q must be float32"):
-        window_attention(q, k, k, o, lse.astype(mx.float16), scale=1.0)
+        recent_attention(q, k, k, o, lse.astype(mx.float16), scale=1.0)
     with pytest.raises(ValueError, match="head dims"):
         big = mx.zeros((1, 2, 8, 640))
-        window_attention(
+        recent_attention(
             mx.zeros((1, 4, 1, 640)), big, big, mx.zeros((1, 4, 1, 640)), lse, scale=1.0
         )
     with pytest.raises(ValueError, match="must be 4-D"):
-        window_attention(q[0], k, k, o, lse, scale=1.0)
+        recent_attention(q[0], k, k, o, lse, scale=1.0)

@@ -1,4 +1,4 @@
-// WindowAttention on the CPU: query rows spread over mlxq's worker pool, each
+// RecentAttention on the CPU: query rows spread over mlxq's worker pool, each
 // row in float32 (its scaled query, the window's scores, the softmax-weighted
 // values), the window's rows converted to float32 once per task group so the
 // inner loops run over contiguous floats (vectorised; see CMakeLists.txt).
@@ -12,7 +12,7 @@
 
 #include "cpu/parallel.h"
 #include "debug.h"
-#include "window_attention.h"
+#include "recent_attention.h"
 
 namespace mlxq {
 
@@ -120,7 +120,7 @@ void attend_window(
 
 } // namespace
 
-void WindowAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+void RecentAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) {

@@ -1,4 +1,4 @@
-#include "window_attention.h"
+#include "recent_attention.h"
 
 #include "mlx/backend/metal/metal.h"
 
@@ -8,7 +8,7 @@ namespace mlxq {
 
 namespace {
 
-constexpr const char* kOp = "mlxq.window_attention";
+constexpr const char* kOp = "mlxq.recent_attention";
 
 void check_4d(const mx::array& a, const char* name) {
   if (a.ndim() != 4) {
@@ -18,7 +18,7 @@ void check_4d(const mx::array& a, const char* name) {
 
 } // namespace
 
-mx::array window_attention(
+mx::array recent_attention(
     const mx::array& q,
     const mx::array& keys,
     const mx::array& values,
@@ -103,7 +103,7 @@ mx::array window_attention(
   return mx::array(
       out_shape,
       q.dtype(),
-      std::make_shared<WindowAttention>(stream, scale, causal),
+      std::make_shared<RecentAttention>(stream, scale, causal),
       {q, keys, values, out_q, lse_q});
 }
 

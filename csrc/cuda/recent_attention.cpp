@@ -1,12 +1,12 @@
-// eval_gpu of WindowAttention on CUDA (kernel in window_attention.cu).
-#include "window_attention.h"
+// eval_gpu of RecentAttention on CUDA (kernel in recent_attention.cu).
+#include "recent_attention.h"
 #include "cuda/launch.h"
 
 namespace mlxq {
 
 using namespace mlxq::cuda;
 
-void WindowAttention::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+void RecentAttention::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto& enc = mx::cu::get_command_encoder(stream());
   const auto& q = inputs[0];
   const auto& k = inputs[1];

@@ -1,4 +1,4 @@
-// CUDA WindowAttention: one block of kWindowWarps warps per query row. Each
+// CUDA RecentAttention: one block of kWindowWarps warps per query row. Each
 // warp runs an online softmax over every kWindowWarps-th window key (a
 // warp-wide dot product per key; each lane owns head dims lane + 32 i of the
 // output), then the warps' states fold in shared memory and the row is

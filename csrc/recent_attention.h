@@ -21,19 +21,19 @@ namespace mx = mlx::core;
  *  with out_q by log-sum-exp. Every query row sees every window row, or with
  *  `causal` (T >= L, the queries being the window's last L positions) query
  *  l sees rows j <= l + T - L. */
-class WindowAttention : public mx::UnaryPrimitive {
+class RecentAttention : public mx::UnaryPrimitive {
  public:
-  WindowAttention(mx::Stream stream, float scale, bool causal)
+  RecentAttention(mx::Stream stream, float scale, bool causal)
       : mx::UnaryPrimitive(stream), scale_(scale), causal_(causal) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
 
   const char* name() const override {
-    return "WindowAttention";
+    return "RecentAttention";
   }
   bool is_equivalent(const mx::Primitive& other) const override {
-    const auto& o = static_cast<const WindowAttention&>(other);
+    const auto& o = static_cast<const RecentAttention&>(other);
     return scale_ == o.scale_ && causal_ == o.causal_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -54,7 +54,7 @@ class WindowAttention : public mx::UnaryPrimitive {
 // The most head dims the window's kernels take (registers per lane on CUDA).
 constexpr int kWindowMaxHeadDim = 512;
 
-mx::array window_attention(
+mx::array recent_attention(
     const mx::array& q,
     const mx::array& keys,
     const mx::array& values,
