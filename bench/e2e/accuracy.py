@@ -10,11 +10,11 @@ with the KV cache:
   unquantized    mlx-lm's own caches (the reference run)
   mlxq kvB gG    mlxq's quantized caches from the first token (B bits, group G)
   mlxq-rot       the same with rows quantized in a Walsh-Hadamard basis
-                 (``--kinds mlxq-rot``; mlxq.rotation, ``kv_rotate=True``)
+                 (``--kinds mlxq-rot``; mlxq.hadamard, ``hadamard=True``)
   K/V pairs      ``--pairs 8:64/4:64``: keys at 8 bits group 64, values at
                  4 bits group 64 (mlxq's v_bits / v_group_size)
-  window R       ``--keep-recent 128``: the caches also keep the last R tokens
-                 exact (mlxq.cache.recent, ``kv_keep_recent``); their bits per
+  window R       ``--recent 128``: the caches also keep the last R tokens
+                 exact (mlxq.cache.recent, ``kv_recent``); their bits per
                  element count the window at this text's length
   stock kvB gG   mlx-lm's QuantizedKVCache from the first token (``--stock``;
                  llama-class models only: mlx-lm cannot quantize a rotating cache)
@@ -30,7 +30,7 @@ The JSON goes to bench/results/accuracy_<device>.json and a Pareto plot
     python bench/e2e/accuracy.py --tokens 1024 --bits 8 4 3 --groups 64
     python bench/e2e/accuracy.py --pairs 8:64 4:32 4:64 --stock --dtype bfloat16
     python bench/e2e/accuracy.py --pairs 8:64/4:64 8:64/4:32 --kinds mlxq mlxq-rot
-    python bench/e2e/accuracy.py --pairs 4:64 3:64 --kinds mlxq-rot --keep-recent 0 64 128
+    python bench/e2e/accuracy.py --pairs 4:64 3:64 --kinds mlxq-rot --recent 0 64 128
 """
 
 import argparse
@@ -62,27 +62,27 @@ def caches_for(model, run, bits, group):
     return mlxq_lm.make_prompt_cache(model, kv_bits=bits, kv_group_size=group)
 
 
-def mlxq_for(run, values, keep_recent=0):
+def mlxq_for(run, values, recent=0):
     """mlxq enabled for a run of its caches (rotated for mlxq-rot; values at
-    their own (bits, group) when given; an exact window of keep_recent)."""
+    their own (bits, group) when given; an exact window of recent)."""
     if run.startswith("mlxq"):
         v_bits, v_group = values or (None, None)
         return mlxq_lm.enable(
-            kv_rotate=run == "mlxq-rot",
+            kv_hadamard=run == "mlxq-rot",
             v_bits=v_bits,
             v_group_size=v_group,
-            kv_keep_recent=keep_recent,
+            kv_recent=recent,
         )
     return contextlib.nullcontext()
 
 
-def bits_per_element(bits, group, values=None, scale_bytes=2, keep_recent=0, tokens=1):
+def bits_per_element(bits, group, values=None, scale_bytes=2, recent=0, tokens=1):
     """Stored bits per element, scales and biases included (K and V's mean);
-    an exact window of keep_recent tokens (16-bit) counted over ``tokens``."""
+    an exact window of recent tokens (16-bit) counted over ``tokens``."""
     own = bits + 2 * 8 * scale_bytes / group
     if values is not None:
         own = (own + values[0] + 2 * 8 * scale_bytes / values[1]) / 2
-    return own + 16 * min(keep_recent, tokens) / tokens
+    return own + 16 * min(recent, tokens) / tokens
 
 
 def parse_pair(text):
@@ -99,9 +99,7 @@ def runs(args, arch):
         if args.pairs
         else [(b, g, None) for b in args.bits for g in args.groups]
     )
-    out += [
-        (kind, b, g, v, r) for kind in args.kinds for b, g, v in pairs for r in args.keep_recent
-    ]
+    out += [(kind, b, g, v, r) for kind in args.kinds for b, g, v in pairs for r in args.recent]
     if args.stock and arch == "llama":
         out += [("stock", b, g, None, 0) for b in args.stock_bits for g in args.groups]
     return out
@@ -109,7 +107,7 @@ def runs(args, arch):
 
 def _label(r):
     """A point's label: g<group>, or K<b>/V<b> for a pair (+w<R> for a window)."""
-    window = f"+w{r['keep_recent']}" if r.get("keep_recent") else ""
+    window = f"+w{r['recent']}" if r.get("recent") else ""
     if r.get("values"):
         return f"K{r['bits']}g{r['group']}/V{r['values'].replace(':', 'g')}{window}"
     return f"g{r['group']}{window}"
@@ -164,14 +162,15 @@ def main():
         nargs="+",
         choices=["mlxq", "mlxq-rot"],
         default=["mlxq"],
-        help="mlxq's caches, plain and/or rotated (kv_rotate)",
+        help="mlxq's caches, plain and/or rotated (hadamard)",
     )
     p.add_argument(
-        "--keep-recent",
+        "--recent",
+        "--keep-recent",  # the name in recorded commands
         type=int,
         nargs="+",
         default=[0],
-        help="exact recent-window sizes of mlxq's caches (kv_keep_recent), e.g. 0 128",
+        help="exact recent-window sizes of mlxq's caches (kv_recent), e.g. 0 128",
     )
     p.add_argument("--stock", action="store_true", help="also stock mlx-lm's QuantizedKVCache")
     p.add_argument("--stock-bits", type=int, nargs="+", default=[8, 4])
@@ -199,7 +198,7 @@ def main():
         ("bits", "bits", "{}"),
         ("group", "group", "{}"),
         ("V bits:group", "values", "{}"),
-        ("window", "keep_recent", "{}"),
+        ("window", "recent", "{}"),
         ("bits/el", "bits_per_element", "{:.2f}"),
         ("ppl", "ppl", "{:.3f}"),
         ("change %", "ppl_change_pct", "{:+.2f}"),
@@ -214,12 +213,12 @@ def main():
         ids = tok.encode(text)[: args.tokens + 1]
         ref_ppl = ref_top = None
         head_dim = model.layers[0].self_attn.head_dim
-        for run, bits, group, values, keep_recent in runs(args, arch):
+        for run, bits, group, values, recent in runs(args, arch):
             if group and (head_dim % group or (values and head_dim % values[1])):
                 print(f"  skipped {run} {bits}:{group}: head dim {head_dim} is not a multiple")
                 continue
             t0 = time.time()
-            with mlxq_for(run, values, keep_recent):
+            with mlxq_for(run, values, recent):
                 ppl, top = teacher_forced(
                     model, ids, caches_for(model, run, bits, group), args.chunk
                 )
@@ -233,11 +232,9 @@ def main():
                 values=f"{values[0]}:{values[1]}" if values else "",
                 v_bits=values[0] if values else bits,
                 v_group=values[1] if values else group,
-                keep_recent=keep_recent,
+                recent=recent,
                 bits_per_element=(
-                    bits_per_element(
-                        bits, group, values, keep_recent=keep_recent, tokens=len(ids) - 1
-                    )
+                    bits_per_element(bits, group, values, recent=recent, tokens=len(ids) - 1)
                     if bits
                     else 16.0
                 ),

@@ -14,11 +14,11 @@ random bf16 weights (``mlxq.random_models``), at long prompt lengths:
   mlxq-kv4     mlxq.mlx_lm enabled, kv_bits=4, cache quantized from the first
                token (make_prompt_cache(model, kv_bits=4)): prefill and decode
                on mlxq's fused kernel, updates in place
-  mlxq-kv4-rot the same with kv_rotate=True (rows in a Hadamard basis)
+  mlxq-kv4-rot the same with hadamard=True (rows in a Hadamard basis)
   mlxq-k8v4    mlxq with 8-bit keys and 4-bit values (kv_bits=8,
                enable(v_bits=4))
   mlxq-kv4-w128  mlxq kv4 that also keeps the last 128 tokens exact
-               (enable(kv_keep_recent=128), mlxq.cache.recent)
+               (enable(kv_recent=128), mlxq.cache.recent)
 
 ``--gguf smollm2-135m`` (or ``gemma3-270m``) runs a trained model from
 mlxq.gguf's packaged files in bf16 instead of the random llama;
@@ -117,9 +117,9 @@ def run(model, config, n_prompt, decode_tokens, seed):
     pair = config == "mlxq-k8v4"  # 8-bit keys, KV_BITS values
     handle = (
         mlxq_lm.enable(
-            kv_rotate=config.endswith("-rot"),
+            kv_hadamard=config.endswith("-rot"),
             v_bits=KV_BITS if pair else None,
-            kv_keep_recent=128 if config.endswith("-w128") else 0,
+            kv_recent=128 if config.endswith("-w128") else 0,
         )
         if ours
         else None

@@ -11,7 +11,7 @@ time and memory in proportion to N.
   rot      mlxq.RotatingKVCache(N)       vs mlx_lm RotatingKVCache(N) (full ring: wrapped writes)
   rotq     mlxq.RotatingQuantizedKVCache vs -  (mlx-lm has none: its
                                               RotatingKVCache.to_quantized raises)
-  recent   mlxq.QuantizedKVCache(keep_recent=128) vs -  (the exact window's ring)
+  recent   mlxq.QuantizedKVCache(recent=128) vs -  (the exact window's ring)
 
 Steps are timed two ways. Evaluated (the columns without "lazy"): each step
 is evaluated before the next, as mlx-lm's generate_step runs them; writes go
@@ -54,7 +54,7 @@ CACHES = {
     ),
     "rot": (lambda n: mlxq.RotatingKVCache(n), lambda n: lm.RotatingKVCache(n)),
     "rotq": (lambda n: mlxq.RotatingQuantizedKVCache(n, 0, GROUP_SIZE, BITS), None),
-    "recent": (lambda n: mlxq.QuantizedKVCache(GROUP_SIZE, BITS, keep_recent=RECENT), None),
+    "recent": (lambda n: mlxq.QuantizedKVCache(GROUP_SIZE, BITS, recent=RECENT), None),
 }
 RECENT = 128
 LAZY_ROUNDS = 6  # one warm-up chain and five timed ones

@@ -5,8 +5,8 @@ from typing import Optional, Sequence, Tuple, Union
 import mlx.core as mx
 
 from . import _ext, routing, workspace
-from .quantization import triple_format
-from .rotation import check_head_dim, is_rotated, rotate
+from .hadamard import check_head_dim, transform
+from .kv_format import FormattedTriple, is_hadamard
 from .split import is_split
 
 QuantizedTensor = Tuple[mx.array, mx.array, mx.array]
@@ -59,12 +59,11 @@ def quantized_sdpa(
           read in place.
         values (tuple(array, array, array)): The same for values
           ``[B, H_kv, N, D_v]``. Either may be a
-          :class:`~mlxq.rotation.RotatedTriple` (a ``kv_rotate`` cache's
-          fetch: rows quantized in the Hadamard basis); the queries, or the
-          output, are then rotated to match, so the result is the attention
-          over the unrotated keys and values. Values may also be a
-          :class:`~mlxq.quantization.FormattedTriple` that carries its own
-          ``bits`` / ``group_size`` (a cache with separate K/V quantization).
+          :class:`~mlxq.kv_format.FormattedTriple`, which carries its
+          format: its ``group_size`` / ``bits`` are used where not given (a
+          cache with separate K/V quantization), and rows in the Hadamard
+          basis (a ``hadamard`` cache's) are attended as the rows they
+          encode: the queries, or the output, are rotated to match.
         scale (float): Scale applied to ``q @ K.T``.
         mask (str or array, optional): ``None``, ``"causal"`` (bottom-right
           aligned, as :func:`mx.fast.scaled_dot_product_attention`), or an
@@ -105,14 +104,17 @@ def quantized_sdpa(
         )
     if isinstance(stream, mx.DeviceType):  # mx.cpu / mx.gpu, as MLX's ops take them
         stream = mx.Device(stream)
-    # Values that carry their own quantization (a cache's separate V widths).
-    carried_group, carried_bits = triple_format(values)
-    v_bits = carried_bits if v_bits is None else v_bits
-    v_group_size = carried_group if v_group_size is None else v_group_size
-    if is_rotated(keys) and isinstance(q, mx.array):
-        # Keys stored in the Hadamard basis (mlxq.rotation): scores need H q.
+    # Fetches that carry their format (a cache's separate V widths).
+    if isinstance(keys, FormattedTriple):
+        group_size = keys.group_size if group_size is None else group_size
+        bits = keys.bits if bits is None else bits
+    if isinstance(values, FormattedTriple):
+        v_group_size = values.group_size if v_group_size is None else v_group_size
+        v_bits = values.bits if v_bits is None else v_bits
+    if is_hadamard(keys) and isinstance(q, mx.array):
+        # Keys stored in the Hadamard basis (mlxq.hadamard): scores need H q.
         check_head_dim(q.shape[-1], "mlxq.quantized_sdpa")
-        q = rotate(q, stream=stream)
+        q = transform(q, stream=stream)
     mask_mode, mask_arr = _split_mask(mask)
     op = _ext.quantized_sdpa_with_lse if return_lse else _ext.quantized_sdpa
     out = op(  # validates every input, even when routed below
@@ -150,11 +152,11 @@ def quantized_sdpa(
             out = routed
     else:  # decoding: this stream's prefill dense K/V buffers are no longer needed
         workspace.release(stream)
-    if is_rotated(values):
-        # Rotated values: the output comes back as H^T (P H V) = P V (H is
-        # its own inverse).
+    if is_hadamard(values):
+        # Values in the Hadamard basis: the output comes back as
+        # H^T (P H V) = P V (H is its own inverse).
         check_head_dim(out.shape[-1], "mlxq.quantized_sdpa")
-        out = rotate(out, stream=stream)
+        out = transform(out, stream=stream)
     return (out, lse) if return_lse else out
 
 
@@ -370,7 +372,7 @@ def recent_split_sdpa(
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array:
     """Attention over a :class:`~mlxq.split.RecentSplit` of keys and one of
-    values (a ``keep_recent`` cache's fetch): the quantized rows through the
+    values (a ``recent`` cache's fetch): the quantized rows through the
     fused kernel, the exact window densely, merged by log-sum-exp. ``mask``
     covers the fetch's columns as usual (``RecentSplit``): a ``"causal"``
     mask hides no quantized row (each precedes every query) and is causal

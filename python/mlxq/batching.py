@@ -29,8 +29,8 @@ from .cache import (
     BatchRotatingQuantizedKVCache,
 )
 from .cache.batch import BatchRows
+from .kv_format import BITS, GROUP_SIZES
 from .lm_caches import quantize_caches
-from .quantization import BITS, GROUP_SIZES
 from .settings import Settings, settings
 
 # The module (the mlx_lm package's `generate` attribute is the function).

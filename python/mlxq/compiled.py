@@ -17,7 +17,7 @@ graphs are kept, older ones released.
 Anything it cannot compile falls back to eager decode, with a one-line reason
 in the ``mlxq.compiled`` debug log: model classes it has not been checked
 against (and gemma4 on CUDA), unquantized caches, caches without the
-protocol (mlx-lm's own, ``keep_recent`` windows), Metal;
+protocol (mlx-lm's own, ``recent`` windows), Metal;
 prefill chunks and input embeddings always run eagerly.
 """
 

@@ -22,7 +22,7 @@ import time
 import mlx.core as mx
 
 from . import mlx_lm as mlxq_lm
-from .quantization import BITS, GROUP_SIZES
+from .kv_format import BITS, GROUP_SIZES
 from .random_models import ARCHITECTURES, random_model
 
 DEFAULT_PREFILL_STEP_SIZE = 2048
@@ -123,13 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="With --kv-bits: the values' own group size. Default: --kv-group-size.",
     )
     p.add_argument(
-        "--kv-rotate",
+        "--kv-hadamard",
+        "--kv-rotate",  # the deprecated name
+        dest="kv_hadamard",
         action="store_true",
-        help="With --kv-bits: quantize K/V in a Walsh-Hadamard basis (mlxq.rotation; "
+        help="With --kv-bits: quantize K/V in a Walsh-Hadamard basis (mlxq.hadamard; "
         "measured per model in docs/results/accuracy.md).",
     )
     p.add_argument(
-        "--kv-keep-recent",
+        "--kv-recent",
+        "--kv-keep-recent",  # the deprecated name
+        dest="kv_recent",
         type=int,
         default=None,
         help="With --kv-bits: also keep the last N tokens' K/V exact (mlxq.cache.recent; "
@@ -239,13 +243,13 @@ def describe_cache(cache) -> str:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.kv_rotate and (args.kv_bits is None or args.no_mlxq):
-        parser.error("--kv-rotate needs --kv-bits, and mlxq (not --no-mlxq)")
+    if args.kv_hadamard and (args.kv_bits is None or args.no_mlxq):
+        parser.error("--kv-hadamard needs --kv-bits, and mlxq (not --no-mlxq)")
     separate = args.v_bits is not None or args.v_group_size is not None
     if separate and (args.kv_bits is None or args.no_mlxq):
         parser.error("--v-bits / --v-group-size need --kv-bits, and mlxq (not --no-mlxq)")
-    if args.kv_keep_recent is not None and (args.kv_bits is None or args.no_mlxq):
-        parser.error("--kv-keep-recent needs --kv-bits, and mlxq (not --no-mlxq)")
+    if args.kv_recent is not None and (args.kv_bits is None or args.no_mlxq):
+        parser.error("--kv-recent needs --kv-bits, and mlxq (not --no-mlxq)")
     if args.seed is not None:
         mx.random.seed(args.seed)
     lm_generate = importlib.import_module("mlx_lm.generate")
@@ -256,10 +260,10 @@ def main(argv=None) -> int:
         None
         if args.no_mlxq
         else mlxq_lm.enable(
-            kv_rotate=args.kv_rotate,
+            kv_hadamard=args.kv_hadamard,
             v_bits=args.v_bits,
             v_group_size=args.v_group_size,
-            kv_keep_recent=args.kv_keep_recent,
+            kv_recent=args.kv_recent,
         )
     )
     try:

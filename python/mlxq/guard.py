@@ -3,8 +3,8 @@
 A quantized cache hands out its K/V for attention. Plain same-width rows are
 a plain ``(packed, scales, biases)`` tuple, which mlx-lm's own attention reads
 as well as mlxq's. Three kinds are not: rows in the Hadamard basis
-(``kv_rotate``), values quantized apart from the keys (``v_bits``), and the
-exact recent window beside the quantized rows (``keep_recent``). mlx-lm's
+(``hadamard``), values quantized apart from the keys (``v_bits``), and the
+exact recent window beside the quantized rows (``recent``). mlx-lm's
 attention would read the first two as plain rows and return plausible,
 wrong numbers. So these fetches are tuples that refuse to be unpacked or
 indexed by code outside the ``mlxq`` package: such a read raises a

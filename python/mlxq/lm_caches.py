@@ -8,7 +8,7 @@ import mlx.core as mx
 
 from .attention import quantized_sdpa
 from .cache import KVCache, RotatingKVCache, RotatingQuantizedKVCache
-from .quantization import BITS, GROUP_SIZES
+from .kv_format import BITS, GROUP_SIZES
 from .settings import Settings
 
 _device_support: Dict[Any, bool] = {}
@@ -55,11 +55,11 @@ def to_mlxq_quantized(cache, group_size: int, bits: int, options: Settings):
         ours = as_mlxq(cache)
         if ours is None:
             return None
-        recent = options.kv_keep_recent
+        recent = options.kv_recent
         if isinstance(ours, RotatingKVCache):  # a sliding window's ring holds at most this
             recent = min(recent, ours.max_size - ours.keep - 1)
         return ours.to_quantized(
-            keep_recent=recent,
+            recent=recent,
             group_size=group_size,
             bits=bits,
             **options.cache_options(),

@@ -48,12 +48,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import mlx.core as mx
 
+from .arguments import as_int, renamed
 from .attention import is_quantized, quantized_sdpa, recent_split_sdpa
 from .cache import RotatingQuantizedKVCache
-from .cache.base import BaseCache, as_int
+from .cache.base import BaseCache
+from .kv_format import BITS, GROUP_SIZES, FormattedTriple
 from .lm_caches import as_mlxq, device_supported, quantize_caches
-from .quantization import BITS, GROUP_SIZES, triple_format
-from .rotation import is_rotated
 from .settings import DEFAULT, settings
 from .settings import install as install_settings
 from .split import is_split
@@ -75,9 +75,9 @@ def _mlxq_attention(queries, keys, values, scale, mask, sinks, group_size, bits)
     """mlxq's kernel, or None when it does not take these inputs."""
     if not (is_quantized(keys) and is_quantized(values)):
         return None
-    # Only mlxq can attend rotated K/V or values of their own width
-    # (mlx-lm would silently read them wrong): those never fall back.
-    rotated = is_rotated(keys) or is_rotated(values) or triple_format(values)[1] is not None
+    # Only mlxq can attend K/V in a format of its own (mlx-lm would
+    # silently read them wrong): those never fall back.
+    rotated = isinstance(keys, FormattedTriple) or isinstance(values, FormattedTriple)
     if mask is not None and not isinstance(mask, (str, mx.array)):
         return _declined(rotated, f"a mask of type {type(mask).__name__}")
     if not device_supported():
@@ -101,12 +101,12 @@ def _mlxq_attention(queries, keys, values, scale, mask, sinks, group_size, bits)
 
 def _declined(only_mlxq: bool, why: str):
     """None (mlx-lm's function takes the call), except for K/V that only
-    mlxq can attend (rotated, or values quantized apart from the keys):
-    mlx-lm would silently read them wrong."""
+    mlxq can attend (in the Hadamard basis, or values quantized apart from
+    the keys): mlx-lm would silently read them wrong."""
     if only_mlxq:
         raise ValueError(
-            f"[mlxq.mlx_lm] rotated (kv_rotate) K/V and values quantized apart from the keys "
-            f"(v_bits) need mlxq's kernel: {why}"
+            f"[mlxq.mlx_lm] K/V in the Hadamard basis (hadamard) and values quantized apart "
+            f"from the keys (v_bits) need mlxq's kernel: {why}"
         )
     return None
 
@@ -120,7 +120,7 @@ def scaled_dot_product_attention(queries, keys, values, cache, scale: float, mas
     cache, as in Gemma's KV-shared layers). Anything else goes to mlx-lm's
     original function.
     """
-    if is_split(keys):  # a keep_recent cache's fetch: only mlxq can attend it
+    if is_split(keys):  # a recent-window cache's fetch: only mlxq can attend it
         _counts["mlxq"] += 1
         return recent_split_sdpa(
             queries,
@@ -370,42 +370,50 @@ class _Handle:
 
 
 def enable(
-    kv_rotate: Optional[bool] = None,
+    kv_hadamard: Optional[bool] = None,
     v_bits: Optional[int] = None,
     v_group_size: Optional[int] = None,
-    kv_keep_recent: Optional[int] = None,
+    kv_recent: Optional[int] = None,
     compiled_decode: Optional[bool] = None,
+    *,
+    kv_rotate: Optional[bool] = None,
+    kv_keep_recent: Optional[int] = None,
 ) -> _Handle:
     """Make mlx-lm use mlxq (see the module docstring). Idempotent.
 
+    Every option is set when given, even when mlxq is already enabled, and
+    reset by :func:`disable`.
+
     Args:
-        kv_rotate (bool, optional): Whether the caches mlxq quantizes for
+        kv_hadamard (bool, optional): Whether the caches mlxq quantizes for
           mlx-lm (``kv_bits``) store their rows in the Hadamard basis
-          (mlxq.rotation): opt-in, measured per model in docs/results/accuracy.md. Given,
-          it is set even when mlxq is already enabled; :func:`disable`
-          resets it to False.
+          (mlxq.hadamard): opt-in, measured per model in
+          docs/results/accuracy.md. Default False.
         v_bits (int, optional): The values' bits in those caches, apart from
           the keys' ``kv_bits`` (``kv_bits=8`` with ``v_bits=4``: 8-bit keys,
-          4-bit values). Default: ``kv_bits``. Like ``kv_rotate``, set when
-          given and reset by :func:`disable`.
+          4-bit values). Default: ``kv_bits``.
         v_group_size (int, optional): The values' group size. Default:
           ``kv_group_size``.
-        kv_keep_recent (int, optional): How many of the most recent tokens
+        kv_recent (int, optional): How many of the most recent tokens
           those caches also keep exact (mlxq.cache.recent; the quantized
           rows before them and the exact window merge by log-sum-exp); a
           sliding-window layer keeps at most its ring's ``max_size - keep -
-          1``. Default 0. Set when given, reset by :func:`disable`.
+          1``. Default 0.
         compiled_decode (bool, optional): Whether ``generate_step`` (so
           ``generate`` / ``stream_generate``) runs its one-token steps
           through one ``mx.compile``d graph per model (mlxq.compiled):
           bit-identical tokens and logits, a fraction of the host time.
           Steps it cannot compile decode eagerly (the reason goes to the
-          ``mlxq.compiled`` debug log). Default False. Set when given, reset
-          by :func:`disable`.
+          ``mlxq.compiled`` debug log). Default False.
+        kv_rotate, kv_keep_recent: Deprecated names of ``kv_hadamard`` and
+          ``kv_recent``.
 
     Returns a context manager: ``with mlxq.mlx_lm.enable(): ...`` disables
     again on exit.
     """
+    where = "mlxq.mlx_lm.enable"
+    kv_hadamard = renamed(kv_hadamard, kv_rotate, "kv_hadamard", "kv_rotate", where)
+    kv_recent = renamed(kv_recent, kv_keep_recent, "kv_recent", "kv_keep_recent", where)
     import mlx_lm
 
     check_mlx_lm_version(mlx_lm.__version__)
@@ -417,14 +425,12 @@ def enable(
                 f"[mlxq.mlx_lm.enable] compiled_decode must be a bool, got {compiled_decode!r}."
             )
         changes["compiled_decode"] = compiled_decode
-    if kv_keep_recent is not None:
-        changes["kv_keep_recent"] = as_int(
-            kv_keep_recent, "kv_keep_recent", "mlxq.mlx_lm.enable", minimum=0
-        )
-    if kv_rotate is not None:
-        if not isinstance(kv_rotate, bool):
-            raise ValueError(f"[mlxq.mlx_lm.enable] kv_rotate must be a bool, got {kv_rotate!r}.")
-        changes["kv_rotate"] = kv_rotate
+    if kv_recent is not None:
+        changes["kv_recent"] = as_int(kv_recent, "kv_recent", where, minimum=0)
+    if kv_hadamard is not None:
+        if not isinstance(kv_hadamard, bool):
+            raise ValueError(f"[{where}] kv_hadamard must be a bool, got {kv_hadamard!r}.")
+        changes["kv_hadamard"] = kv_hadamard
     if v_bits is not None or v_group_size is not None:
         if v_bits is not None and v_bits not in BITS:
             raise ValueError(f"[mlxq.mlx_lm.enable] v_bits must be one of {BITS}, got {v_bits!r}.")

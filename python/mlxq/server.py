@@ -81,7 +81,7 @@ def _kv_options(argv: List[str]):
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Run mlx-lm's server (``mlx_lm.server.main``) with mlxq enabled."""
-    from .quantization import BITS, GROUP_SIZES
+    from .kv_format import BITS, GROUP_SIZES
 
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, kv_bits, kv_group_size, start = _kv_options(argv)

@@ -16,15 +16,15 @@ class Settings:
     """How the caches mlxq quantizes for mlx-lm's ``kv_bits`` store rows, and
     how decode runs."""
 
-    kv_rotate: bool = False  # rows quantized in the Hadamard basis
+    kv_hadamard: bool = False  # rows quantized in the Hadamard basis
     v_group_size: Optional[int] = None  # the values' own quantization; None: the keys'
     v_bits: Optional[int] = None
-    kv_keep_recent: int = 0  # recent tokens also kept exact
+    kv_recent: int = 0  # recent tokens also kept exact
     compiled_decode: bool = False  # one-token steps through one mx.compile'd graph
 
     def cache_options(self) -> dict:
         """The quantized caches' keyword arguments these settings give."""
-        return dict(kv_rotate=self.kv_rotate, v_group_size=self.v_group_size, v_bits=self.v_bits)
+        return dict(hadamard=self.kv_hadamard, v_group_size=self.v_group_size, v_bits=self.v_bits)
 
 
 DEFAULT = Settings()

@@ -38,7 +38,7 @@ from typing import List, Optional, Tuple
 import mlx.core as mx
 
 from . import mlx_lm as mlxq_lm
-from .quantization import BITS, GROUP_SIZES
+from .kv_format import BITS, GROUP_SIZES
 from .random_models import ARCHITECTURES, model_args, random_model
 
 SHARDINGS = ("tensor", "pipeline")

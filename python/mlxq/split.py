@@ -37,7 +37,7 @@ class RecentSplit(MlxqOnly, _RecentSplitFields):
     """
 
     __slots__ = ()
-    WHAT = "an exact window of recent tokens beside quantized rows (keep_recent)"
+    WHAT = "an exact window of recent tokens beside quantized rows (recent)"
 
     @property
     def quantized_length(self) -> int:

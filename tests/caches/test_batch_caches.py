@@ -31,11 +31,11 @@ FORMATS = [(64, 4), (32, 8), (64, 3), (128, 2)]
 class Script:
     """Random calls on a pair (mlxq's cache, mlx-lm's), checked after each."""
 
-    def __init__(self, seed, group_size, bits, dtype, rotating, max_size=11, kv_rotate=False):
+    def __init__(self, seed, group_size, bits, dtype, rotating, max_size=11, hadamard=False):
         self.rng = np.random.default_rng(seed)
         self.q = dict(group_size=group_size, bits=bits)
         # mlxq's caches quantize rows in the Hadamard basis (mlx-lm's stay plain).
-        self.kv_rotate = kv_rotate
+        self.hadamard = hadamard
         self.pending = []  # extracted caches whose check waits for a later step
         self.dtype = dtype
         self.rotating = rotating
@@ -50,7 +50,7 @@ class Script:
 
     @property
     def ours_q(self):
-        return dict(self.q, kv_rotate=self.kv_rotate)
+        return dict(self.q, hadamard=self.hadamard)
 
     def empty_pair(self, left_padding):
         if self.rotating:
@@ -67,7 +67,7 @@ class Script:
         if self.rotating:
             ours = mlxq.RotatingQuantizedKVCache(self.max_size, 0, **self.ours_q)
             theirs = lm.RotatingKVCache(self.max_size)
-        elif not self.kv_rotate and self.rng.random() < 0.3:
+        elif not self.hadamard and self.rng.random() < 0.3:
             ours = lm.QuantizedKVCache(**self.q)  # mlx-lm's own quantized cache batches too
             theirs = lm.KVCache()
         else:
@@ -167,8 +167,8 @@ class Script:
         return cache.keys[..., : cache.offset, :], cache.values[..., : cache.offset, :]
 
     def assert_quantized(self, ours, theirs):
-        if self.kv_rotate:
-            theirs = mlxq.rotation.rotate(theirs)
+        if self.hadamard:
+            theirs = mlxq.hadamard.transform(theirs)
         want = mx.quantize(theirs, **self.q)
         assert len(ours) == 3
         for o, w in zip(parts(ours), want):
@@ -239,8 +239,8 @@ def test_lockstep_with_mlx_lm(seed, group_size, bits, rotating):
 @pytest.mark.parametrize("rotating", [False, True], ids=["growing", "rotating"])
 @pytest.mark.parametrize("seed", range(2))
 def test_lockstep_with_rotated_rows(seed, rotating):
-    """kv_rotate: mlxq's rows equal mx.quantize of mlx-lm's rows rotated."""
-    Script(20 + seed, 64, 4, mx.bfloat16, rotating, kv_rotate=True).run()
+    """hadamard: mlxq's rows equal mx.quantize of mlx-lm's rows rotated."""
+    Script(20 + seed, 64, 4, mx.bfloat16, rotating, hadamard=True).run()
 
 
 @pytest.mark.parametrize("rotating", [False, True], ids=["growing", "rotating"])
@@ -260,7 +260,7 @@ def filled(cache, T=5, D=D, H=H, dtype=mx.bfloat16):
         ([mlxq.QuantizedKVCache(64, 8)], "different quantization"),
         ([mlxq.QuantizedKVCache(32, 4)], "different quantization"),
         ([mlxq.QuantizedKVCache(64, 4, v_bits=8)], "different quantization"),
-        ([mlxq.QuantizedKVCache(64, 4, kv_rotate=True)], "different quantization"),
+        ([mlxq.QuantizedKVCache(64, 4, hadamard=True)], "different quantization"),
     ],
 )
 def test_merge_refuses_caches_of_different_quantization(others, match):
@@ -328,7 +328,7 @@ def test_state_round_trip_and_copies(tmp_path):
         (mlxq.BatchRotatingQuantizedKVCache, Script(4, 64, 4, mx.bfloat16, True).new_batch(2)[0]),
     ):
         back = kind.from_state(cache.state)  # alone, as mlx-lm restores caches
-        assert back._quantization() == cache._quantization()
+        assert back.format == cache.format
         path = str(tmp_path / f"{kind.__name__}.safetensors")
         mlxq.save_prompt_cache(path, [cache])
         (loaded,) = mlxq.load_prompt_cache(path)

@@ -1,7 +1,7 @@
-"""Quantized caches that keep their most recent tokens exact (``keep_recent``,
+"""Quantized caches that keep their most recent tokens exact (``recent``,
 mlxq.cache.recent): the window's bookkeeping through growth, trims, states
 and copies, the two-part attention against float64, and mlx-lm's generation
-with ``enable(kv_keep_recent=...)``."""
+with ``enable(kv_recent=...)``."""
 
 import copy
 
@@ -76,10 +76,8 @@ def in_order(split):
 )
 def test_attention_reads_the_window_exactly(rng, gs, bits, v_fmt, rotate, R):
     vg, vb = v_fmt or (None, None)
-    cache = mlxq.QuantizedKVCache(
-        gs, bits, kv_rotate=rotate, v_group_size=vg, v_bits=vb, keep_recent=R
-    )
-    plain = mlxq.QuantizedKVCache(gs, bits, kv_rotate=rotate, v_group_size=vg, v_bits=vb)
+    cache = mlxq.QuantizedKVCache(gs, bits, hadamard=rotate, v_group_size=vg, v_bits=vb, recent=R)
+    plain = mlxq.QuantizedKVCache(gs, bits, hadamard=rotate, v_group_size=vg, v_bits=vb)
     ks, vs = [], []
     sinks = mx.array(rng.normal(0.5, 1.5, 4).astype(np.float32))
     for T in STEPS:
@@ -117,7 +115,7 @@ def test_attention_reads_the_window_exactly(rng, gs, bits, v_fmt, rotate, R):
 @pytest.mark.parametrize("L", [5, 1])
 def test_an_array_mask_is_cut_at_the_window(rng, L):
     # L = 1: a decode step with a full window, whose exact rows come in ring order.
-    cache = mlxq.QuantizedKVCache(64, 4, keep_recent=6)
+    cache = mlxq.QuantizedKVCache(64, 4, recent=6)
     ks, vs = [], []
     for T in [10, 1, L]:
         k, v = kv(rng, T, D=64)
@@ -137,10 +135,10 @@ def test_an_array_mask_is_cut_at_the_window(rng, L):
 
 
 def test_restored_and_trimmed_caches_read_what_they_no_longer_hold_quantized(rng):
-    cache = mlxq.QuantizedKVCache(64, 4, keep_recent=8)
+    cache = mlxq.QuantizedKVCache(64, 4, recent=8)
     cache.update_and_fetch(*kv(rng, 30, D=64))
     restored = mlxq.QuantizedKVCache.from_state(cache.state)
-    restored.keep_recent = 8
+    restored.recent = 8
     restored._configure()
     K, _ = restored.update_and_fetch(*kv(rng, 1, D=64))
     assert K.quantized_length == 30 and K.exact.shape[2] == 1
@@ -155,7 +153,7 @@ def test_restored_and_trimmed_caches_read_what_they_no_longer_hold_quantized(rng
 
 
 def test_copies_keep_their_own_window(rng):
-    a = mlxq.QuantizedKVCache(64, 4, keep_recent=4)
+    a = mlxq.QuantizedKVCache(64, 4, recent=4)
     a.update_and_fetch(*kv(rng, 6, D=64))
     b = copy.copy(a)
     mine = kv(rng, 1, D=64)
@@ -181,21 +179,21 @@ def test_to_quantized_starts_with_an_exact_window(rng):
     plain = mlxq.KVCache()
     k, v = kv(rng, 40, D=64)
     plain.update_and_fetch(k, v)
-    cache = plain.to_quantized(64, 4, keep_recent=16)
+    cache = plain.to_quantized(64, 4, recent=16)
     K, V = cache.update_and_fetch(*kv(rng, 1, D=64))
     assert K.quantized_length == 24
     assert_same(in_order(K)[..., :16, :], k[..., 24:, :])
 
 
 def test_bad_window_sizes_are_refused():
-    with pytest.raises(ValueError, match="keep_recent must be >= 0"):
-        mlxq.QuantizedKVCache(64, 4, keep_recent=-1)
-    with pytest.raises(ValueError, match="kv_keep_recent"):
-        mlxq_lm.enable(kv_keep_recent=-3)
+    with pytest.raises(ValueError, match="recent must be >= 0"):
+        mlxq.QuantizedKVCache(64, 4, recent=-1)
+    with pytest.raises(ValueError, match="kv_recent"):
+        mlxq_lm.enable(kv_recent=-3)
 
 
 def test_mismatched_splits_are_refused(rng):
-    cache = mlxq.QuantizedKVCache(64, 4, keep_recent=4)
+    cache = mlxq.QuantizedKVCache(64, 4, recent=4)
     cache.update_and_fetch(*kv(rng, 10, D=64))
     K, V = cache.update_and_fetch(*kv(rng, 1, D=64))
     q = mx.zeros((1, 2, 1, 64))
@@ -225,31 +223,31 @@ def test_a_window_over_everything_generates_as_unquantized(arch):
     model, _ = random_model(arch, seed=3, dtype=mx.float32)
     prompt = list(range(3, 60))
     want = generate(model, prompt, 24)
-    with mlxq_lm.enable(kv_keep_recent=128):
+    with mlxq_lm.enable(kv_recent=128):
         mlxq_lm.reset_counters()
         got = generate(model, prompt, 24, kv_bits=4, kv_group_size=32, quantized_kv_start=0)
         assert mlxq_lm.counters()["mlxq"] > 0
     assert got == want
-    assert mlxq_lm.settings().kv_keep_recent == 0  # disable() resets it
+    assert mlxq_lm.settings().kv_recent == 0  # disable() resets it
 
 
 def test_a_short_window_still_generates_and_stays_near_unquantized():
     model, _ = random_model("llama", seed=5, dtype=mx.float32)
     prompt = list(range(3, 90))
-    with mlxq_lm.enable(kv_keep_recent=16):
+    with mlxq_lm.enable(kv_recent=16):
         got = generate(model, prompt, 32, kv_bits=4, kv_group_size=32, quantized_kv_start=0)
     assert len(got) == 32
 
 
-def test_cli_kv_keep_recent(capsys):
+def test_cli_kv_recent(capsys):
     from mlxq.generate import main
 
     args = ["--random-model", "llama", "--max-tokens", "4", "--prompt-tokens", "40"]
-    main(args + ["--kv-bits", "4", "--kv-keep-recent", "16"])
+    main(args + ["--kv-bits", "4", "--kv-recent", "16"])
     out, _ = capsys.readouterr()
-    assert "Generation: 4 tokens" in out and mlxq_lm.settings().kv_keep_recent == 0
+    assert "Generation: 4 tokens" in out and mlxq_lm.settings().kv_recent == 0
     with pytest.raises(SystemExit):
-        main(args + ["--kv-keep-recent", "16"])  # without --kv-bits
+        main(args + ["--kv-recent", "16"])  # without --kv-bits
 
 
 ROTATING_STEPS = [5, 1, 1, 7] + [1] * 40 + [20] + [1] * 12 + [3] + [1] * 6
@@ -280,11 +278,11 @@ def attend64(q, K, V, vis, scale):
 def test_a_sliding_window_cache_reads_its_window_exactly(
     rng, max_size, keep, R, gs, bits, rotate, window
 ):
-    # RotatingQuantizedKVCache(keep_recent=R) against float64 over the columns
+    # RotatingQuantizedKVCache(recent=R) against float64 over the columns
     # the same ring fetches without a window: its window's tokens exact, the
     # rest as quantized. Three plain rings in lockstep give each column's
     # exact K/V, stored codes and position (mlxq's rings follow mlx-lm's).
-    cache = mlxq.RotatingQuantizedKVCache(max_size, keep, gs, bits, rotate, keep_recent=R)
+    cache = mlxq.RotatingQuantizedKVCache(max_size, keep, gs, bits, rotate, recent=R)
     plain = mlxq.RotatingQuantizedKVCache(max_size, keep, gs, bits, rotate)
     exact, where = mlxq.RotatingKVCache(max_size, keep), mlxq.RotatingKVCache(max_size, keep)
     H = hadamard64(64) if rotate else np.eye(64)
@@ -314,11 +312,11 @@ def test_a_sliding_window_cache_reads_its_window_exactly(
 
 
 def test_a_sliding_window_cache_refuses_a_window_that_does_not_fit():
-    with pytest.raises(ValueError, match="keep_recent"):
-        mlxq.RotatingQuantizedKVCache(32, 4, 64, 4, keep_recent=28)
+    with pytest.raises(ValueError, match="recent"):
+        mlxq.RotatingQuantizedKVCache(32, 4, 64, 4, recent=28)
     plain = mlxq.RotatingKVCache(64)
     plain.update_and_fetch(*kv(np.random.default_rng(0), 70, D=64))
-    cache = plain.to_quantized(64, 4, keep_recent=16)
+    cache = plain.to_quantized(64, 4, recent=16)
     K, _ = cache.update_and_fetch(*kv(np.random.default_rng(1), 1, D=64))
     assert K.exact.shape[2] == 17 and np.array(K.hidden).sum() == 17
 
@@ -327,7 +325,7 @@ def test_a_lazily_evaluated_loop_of_steps_reads_what_each_step_saw(rng):
     # One-token steps built back to back and evaluated once at the end (a
     # teacher-forced loop): each step overwrites the ring slot the step before
     # it read, so that read must still see its own token, not the next one.
-    cache = mlxq.QuantizedKVCache(64, 8, keep_recent=3)
+    cache = mlxq.QuantizedKVCache(64, 8, recent=3)
     k, v = kv(rng, 6, D=64)
     cache.update_and_fetch(k, v)
     tokens = [k]

@@ -109,11 +109,11 @@ def test_batch_generate_equals_one_by_one(enabled, arch):
 
 
 def test_rotated_and_pair_quantization_batch_too():
-    """enable(kv_rotate=True, v_bits=...) reaches the batch caches: the batch
+    """enable(kv_hadamard=True, v_bits=...) reaches the batch caches: the batch
     equals one-by-one generation with the same settings."""
     model, tok = random_model("llama", seed=6, dtype=mx.float32)
     ps = prompts(6, (7, 30, 19))
-    with mlxq_lm.enable(kv_rotate=True, v_bits=4):
+    with mlxq_lm.enable(kv_hadamard=True, v_bits=4):
         got = lm_generate.batch_generate(
             model,
             tok,
@@ -124,7 +124,7 @@ def test_rotated_and_pair_quantization_batch_too():
             return_prompt_caches=True,
         )
         cache = got.caches[0][0]
-        assert cache.kv_rotate and (cache.bits, cache.v_bits) == (8, 4)
+        assert cache.hadamard and (cache.bits, cache.v_bits) == (8, 4)
         assert_same_tokens(model, ps, got.token_ids, 8, max_tokens=12)
 
 
@@ -254,7 +254,7 @@ def test_a_request_joining_mid_prefill_with_rotated_rows(arch):
     (an empty batch cache extends a filled one, rows rotated)."""
     model, tok = random_model(arch, seed=7, dtype=mx.float32)
     first, later = prompts(7, (60,)), prompts(8, (9,))
-    with mlxq_lm.enable(kv_rotate=True):
+    with mlxq_lm.enable(kv_hadamard=True):
         gen = lm_generate.BatchGenerator(model, kv_bits=4, prefill_step_size=16)
         out = {u: [] for u in gen.insert(first, [10])}
         gen.next()  # the first 16-token chunk of the 60-token prompt

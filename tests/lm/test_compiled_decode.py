@@ -11,7 +11,7 @@ models of mlx-lm's llama, qwen3, gemma3 (sliding window), gpt-oss (sinks)
 and gemma4 (KV sharing) classes, with and without ``kv_bits``; the trace
 counter must equal the number of step signatures (one per 256 tokens of
 growth, none once rings are full); turning the mode off must restore eager
-decode; anything it cannot compile (unquantized caches, keep_recent
+decode; anything it cannot compile (unquantized caches, recent
 windows, unknown model classes) must decode eagerly with a logged reason;
 the cache protocol's misuse must raise ``ValueError``.
 
@@ -240,17 +240,17 @@ def test_switching_the_mode_off_restores_eager_decode(rng):
 
 
 def test_what_it_cannot_compile_decodes_eagerly_with_a_reason(rng, caplog):
-    """A keep_recent cache and a model class it does not know fall back to
+    """A recent cache and a model class it does not know fall back to
     eager decode, give the same tokens, and log why."""
     model, _ = random_model("llama")
     prompt = mx.array(rng.integers(0, 256, (PROMPT,)))
-    mlxq_lm.enable(kv_keep_recent=8)
+    mlxq_lm.enable(kv_recent=8)
     eager = _generate(model, prompt, 30, False, kv_bits=4)
-    mlxq_lm.enable(kv_keep_recent=8)
+    mlxq_lm.enable(kv_recent=8)
     with caplog.at_level(logging.DEBUG, logger="mlxq.compiled"):
         compiled = _generate(model, prompt, 30, True, kv_bits=4)
     _assert_identical(eager, compiled)
-    assert "keep_recent" in caplog.text
+    assert "recent" in caplog.text
     mlxq_lm.disable()
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="mlxq.compiled"):
@@ -291,9 +291,9 @@ def test_cache_protocol_rejects_misuse(rng):
     assert cache.offset == 6
     with pytest.raises(ValueError, match="plan"):
         cache.adopt_decode(plan, cache.keys, cache.values)  # adopted already
-    recent = mlxq.QuantizedKVCache(64, 4, keep_recent=4)
+    recent = mlxq.QuantizedKVCache(64, 4, recent=4)
     recent.update_and_fetch(*kv(rng, 5))
-    with pytest.raises(ValueError, match="keep_recent"):
+    with pytest.raises(ValueError, match="recent"):
         recent.prepare_decode()
     with pytest.raises(ValueError, match="compiled_decode must be a bool"):
         mlxq_lm.enable(compiled_decode="yes")

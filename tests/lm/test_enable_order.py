@@ -82,13 +82,13 @@ def test_settings_are_one_frozen_value_replaced_whole():
 
     mlxq_lm.disable()
     assert mlxq_lm.settings() is DEFAULT
-    with mlxq_lm.enable(kv_rotate=True, kv_keep_recent=16):
+    with mlxq_lm.enable(kv_hadamard=True, kv_recent=16):
         first = mlxq_lm.settings()
-        assert first == Settings(kv_rotate=True, kv_keep_recent=16)
+        assert first == Settings(kv_hadamard=True, kv_recent=16)
         with pytest.raises(dataclasses.FrozenInstanceError):
-            first.kv_rotate = False
+            first.kv_hadamard = False
         mlxq_lm.enable(v_bits=4)  # already enabled: the options still apply
-        assert mlxq_lm.settings() == Settings(kv_rotate=True, kv_keep_recent=16, v_bits=4)
+        assert mlxq_lm.settings() == Settings(kv_hadamard=True, kv_recent=16, v_bits=4)
         assert first.v_bits is None  # the earlier value is unchanged
     assert mlxq_lm.settings() is DEFAULT
 
@@ -97,7 +97,7 @@ def test_a_batch_generator_keeps_the_settings_it_was_built_with():
     from mlxq.random_models import random_model
 
     model, _ = random_model("llama", seed=1)
-    with mlxq_lm.enable(kv_rotate=True):
+    with mlxq_lm.enable(kv_hadamard=True):
         gen = lm_generate.BatchGenerator(model, kv_bits=4)
-        mlxq_lm.enable(kv_rotate=False)
-        assert gen.settings.kv_rotate and not mlxq_lm.settings().kv_rotate
+        mlxq_lm.enable(kv_hadamard=False)
+        assert gen.settings.kv_hadamard and not mlxq_lm.settings().kv_hadamard

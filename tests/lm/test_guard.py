@@ -17,9 +17,9 @@ from mlxq.guard import parts
 from mlxq.random_models import random_model
 
 MLXQ_ONLY = {
-    "kv_rotate": dict(bits=4, kv_rotate=True),
+    "hadamard": dict(bits=4, hadamard=True),
     "k8v4": dict(bits=8, v_bits=4),
-    "keep_recent": dict(bits=4, keep_recent=32),
+    "recent": dict(bits=4, recent=32),
 }
 
 
@@ -69,9 +69,9 @@ def test_a_plain_fetch_reads_as_mlx_lm_reads_its_own():
 
 
 def test_parts_reads_any_fetch():
-    cache = mlxq.QuantizedKVCache(group_size=64, bits=4, kv_rotate=True)
+    cache = mlxq.QuantizedKVCache(group_size=64, bits=4, hadamard=True)
     keys, _ = cache.update_and_fetch(mx.ones((1, 2, 3, 64)), mx.ones((1, 2, 3, 64)))
-    with pytest.raises(ValueError, match="kv_rotate"):
+    with pytest.raises(ValueError, match="hadamard"):
         keys[0]
     packed, scales, biases = parts(keys)
     assert packed.shape == (1, 2, 3, 8) and scales.shape == biases.shape == (1, 2, 3, 1)

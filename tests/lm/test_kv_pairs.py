@@ -26,8 +26,8 @@ from support.reference64 import sdpa64
 import mlxq
 import mlxq.mlx_lm as mlxq_lm
 from mlxq.guard import parts
+from mlxq.kv_format import FormattedTriple, KVFormat
 from mlxq.prompt_cache import load_prompt_cache, save_prompt_cache
-from mlxq.quantization import FormattedTriple, triple_format
 from mlxq.random_models import random_model
 
 # (keys' group, bits), (values' group, bits)
@@ -55,8 +55,8 @@ def test_caches_hold_quantize_of_each_side(rng, k_fmt, v_fmt, kind):
         got = quant.update_and_fetch(k, v)
         assert_same(got[0], quantize(want[0], *k_fmt), f"keys after T={T}")
         assert_same(got[1], quantize(want[1], *v_fmt), f"values after T={T}")
-        assert isinstance(got[1], FormattedTriple) and triple_format(got[1]) == v_fmt
-        assert not isinstance(got[0], FormattedTriple)
+        assert isinstance(got[1], FormattedTriple) and (got[1].group_size, got[1].bits) == v_fmt
+        assert isinstance(got[0], FormattedTriple) and not got[0].values
     q = mx.array(rng.standard_normal((2, 4, 1, 128), dtype=np.float32)).astype(mx.bfloat16)
     out = mlxq.sdpa(q, *got, scale=0.1)  # the values' width from the triple
     ref = sdpa64(
@@ -80,28 +80,28 @@ def test_decode_writes_stay_in_place(rng):
     mlxq._ext._take_ring_copies()
     for _ in range(10):
         keys, values = cache.update_and_fetch(*kv(rng, 1))
-        mx.eval(keys, parts(values))
+        mx.eval(parts(keys), parts(values))
     assert mlxq._ext._take_ring_copies() == 0
 
 
 @pytest.mark.parametrize("rotate", [False, True])
 def test_state_and_prompt_cache_files_record_the_values_quantization(rng, tmp_path, rotate):
-    pair = mlxq.QuantizedKVCache(64, 8, kv_rotate=rotate, v_group_size=32, v_bits=4)
-    ring = mlxq.RotatingQuantizedKVCache(16, 0, 64, 4, kv_rotate=rotate, v_bits=2)
-    same = mlxq.QuantizedKVCache(64, 4, kv_rotate=rotate)
+    pair = mlxq.QuantizedKVCache(64, 8, hadamard=rotate, v_group_size=32, v_bits=4)
+    ring = mlxq.RotatingQuantizedKVCache(16, 0, 64, 4, hadamard=rotate, v_bits=2)
+    same = mlxq.QuantizedKVCache(64, 4, hadamard=rotate)
     for c in (pair, ring, same):
         for T in (9, 1, 1):
             c.update_and_fetch(*kv(rng, T))
     assert pair.state[-3:] == (int(rotate), 32, 4)
     assert pair.meta_state[-3:] == (str(int(rotate)), "32", "4")
     assert ring.state[-3:] == (int(rotate), 64, 2)
-    assert len(same.state) == 5 + rotate  # mlx-lm's own state (+ kv_rotate=1)
+    assert len(same.state) == 5 + rotate  # mlx-lm's own state (+ hadamard=1)
     again = mlxq.QuantizedKVCache.from_state(pair.state)
-    assert (again.v_group_size, again.v_bits, again.kv_rotate) == (32, 4, rotate)
+    assert (again.v_group_size, again.v_bits, again.hadamard) == (32, 4, rotate)
     path = str(tmp_path / "c.safetensors")
     save_prompt_cache(path, [pair, ring, same])
     loaded = load_prompt_cache(path)
-    assert [c._v_format() for c in loaded] == [(32, 4), (64, 2), (64, 4)]
+    assert [c.format.side(values=True) for c in loaded] == [(32, 4), (64, 2), (64, 4)]
     q = mx.random.normal((1, 8, 1, 128)).astype(mx.bfloat16)
     for a, b in zip(loaded, (pair, ring, same)):
         assert mx.array_equal(
@@ -138,7 +138,7 @@ def test_bad_value_quantization_raises(rng):
     cache.update_and_fetch(*kv(rng, 3))
     with pytest.raises(ValueError, match="extra entries"):
         mlxq.QuantizedKVCache.from_state(cache.state[:-1])
-    with pytest.raises(ValueError, match="kv_rotate must be 0 or 1"):
+    with pytest.raises(ValueError, match=r"hadamard entry must be one of \(0, 1\)"):
         mlxq.QuantizedKVCache.from_state(cache.state[:-3] + (2, 64, 4))
     with pytest.raises(ValueError, match="values is not a triple of bits=8"):
         mlxq.QuantizedKVCache(64, 8).restore(*cache.state[:2], cache.offset)
@@ -160,7 +160,9 @@ def test_k8v4_generation_stays_close_to_unquantized(arch):
         counts = mlxq_lm.counters()
     assert mlxq_lm.settings() == mlxq.settings.DEFAULT  # disable() resets it
     quantized = [c for c in cache if hasattr(c, "bits")]
-    assert quantized and all(c._v_format() == (64, 4) and c.bits == 8 for c in quantized)
+    assert quantized and all(
+        c.format.side(values=True) == (64, 4) and c.bits == 8 for c in quantized
+    )
     assert counts["mlxq"] > 0 and counts.get("mlx_lm", 0) == runs(arch)["counts"].get("mlx_lm", 0)
     fp = runs(arch)["fp"]
     with mlxq_lm.enabled():
@@ -174,12 +176,14 @@ def test_k8v4_generation_stays_close_to_unquantized(arch):
 def test_values_of_their_own_width_never_fall_back_to_mlx_lm():
     q = mx.zeros((1, 2, 1, 64))
     k = tuple(mx.quantize(mx.ones((1, 2, 8, 64)), group_size=64, bits=8))
-    v = FormattedTriple(mx.quantize(mx.ones((1, 2, 8, 64)), group_size=64, bits=4), 64, 4)
+    v = FormattedTriple(
+        mx.quantize(mx.ones((1, 2, 8, 64)), group_size=64, bits=4), KVFormat(64, 8, 64, 4), True
+    )
     with mlxq_lm.enabled():
         with pytest.raises(ValueError, match="v_bits"):
             lm_base.scaled_dot_product_attention(q, k, v, None, scale=1.0, mask=object())
         cache = lm_cache.make_prompt_cache(random_model("llama")[0], kv_bits=8)
-        assert all(c._v_format() == (64, 8) for c in cache)
+        assert all(c.format.side(values=True) == (64, 8) for c in cache)
 
 
 def test_cli_separate_value_bits(capsys):

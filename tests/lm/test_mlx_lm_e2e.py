@@ -139,19 +139,19 @@ def test_kv8_logits_stay_close_to_unquantized(arch):
 # ------------------------------------------------------------- rotated KV
 @pytest.mark.parametrize("arch", STOCK_RUNS + STOCK_CRASHES)
 def test_rotated_kv8_logits_stay_close_to_unquantized(arch):
-    # enable(kv_rotate=True): every cache mlxq quantizes stores Hadamard-rotated
+    # enable(kv_hadamard=True): every cache mlxq quantizes stores Hadamard-rotated
     # rows, through sliding windows (gemma3, gpt-oss with sinks) and KV-shared
     # layers (gemma4, whose sharers get the donor's rotated triples).
     r = runs(arch)
     model, _ = random_model(arch, seed=1)
     prompt, cont = tokens(1, PROMPT_LEN), tokens(2, CONTINUATION)
-    with mlxq_lm.enable(kv_rotate=True):
+    with mlxq_lm.enable(kv_hadamard=True):
         mlxq_lm.reset_counters()
         ours, cache = teacher_forced(model, prompt, cont, BITS)
         counts = mlxq_lm.counters()
-    assert not mlxq_lm.settings().kv_rotate  # disable() resets it
+    assert not mlxq_lm.settings().kv_hadamard  # disable() resets it
     quantized = [c for c in cache if hasattr(c, "bits")]
-    assert quantized and all(c.kv_rotate for c in quantized)
+    assert quantized and all(c.hadamard for c in quantized)
     assert counts["mlxq"] > 0 and counts.get("mlx_lm", 0) == r["counts"].get("mlx_lm", 0)
     fp = r["fp"]
     assert np.isfinite(ours).all()
@@ -162,15 +162,15 @@ def test_rotated_kv8_logits_stay_close_to_unquantized(arch):
 
 
 def test_rotated_kv_never_falls_back_to_mlx_lm():
-    from mlxq.rotation import mark, rotate
+    from mlxq.hadamard import quantize
 
     q = mx.zeros((1, 2, 1, 64))
-    k = mark(tuple(mx.quantize(rotate(mx.ones((1, 2, 8, 64))), group_size=64, bits=4)))
+    k = quantize(mx.ones((1, 2, 8, 64)), group_size=64, bits=4)
     with mlxq_lm.enabled():
-        with pytest.raises(ValueError, match="rotated"):
+        with pytest.raises(ValueError, match="Hadamard basis"):
             lm_base.scaled_dot_product_attention(q, k, k, None, scale=1.0, mask=object())
-    with pytest.raises(ValueError, match="kv_rotate must be a bool"):
-        mlxq_lm.enable(kv_rotate="yes")
+    with pytest.raises(ValueError, match="kv_hadamard must be a bool"):
+        mlxq_lm.enable(kv_hadamard="yes")
 
 
 # ------------------------------------------------------------- generation
@@ -512,11 +512,11 @@ def test_cli_kv_rotate(capsys):
     from mlxq.generate import main
 
     args = ["--random-model", "llama", "--max-tokens", "4", "--prompt-tokens", "40"]
-    main(args + ["--kv-bits", "4", "--kv-rotate"])
+    main(args + ["--kv-bits", "4", "--kv-hadamard"])
     out, _ = capsys.readouterr()
-    assert "Generation: 4 tokens" in out and not mlxq_lm.settings().kv_rotate
+    assert "Generation: 4 tokens" in out and not mlxq_lm.settings().kv_hadamard
     with pytest.raises(SystemExit):
-        main(args + ["--kv-rotate"])  # without --kv-bits
+        main(args + ["--kv-hadamard"])  # without --kv-bits
 
 
 def test_cli_local_model_directory_and_prompt_cache(tmp_path, capsys):

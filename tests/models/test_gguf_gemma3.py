@@ -59,9 +59,9 @@ def test_gemma3_answers_and_its_kv_quantizes(gemma3):
         ppl8, top8 = teacher_forced(model, ids, caches)
         caches = mlxq_lm.make_prompt_cache(model, kv_bits=4, kv_group_size=64)
         ppl4, top4 = teacher_forced(model, ids, caches)
-    with mlxq_lm.enable(kv_keep_recent=64):
+    with mlxq_lm.enable(kv_recent=64):
         caches = mlxq_lm.make_prompt_cache(model, kv_bits=4, kv_group_size=64)
-        assert all(c.keep_recent == 64 for c in caches)  # the sliding layers too
+        assert all(c.recent == 64 for c in caches)  # the sliding layers too
         ppl4w, top4w = teacher_forced(model, ids, caches)
     # 8-bit g32 from the first token (f32, 256 tokens): measured +0.32%,
     # 99.2% agreement (g64: +0.30%, 97.7%; this model's grid prefers g32 at

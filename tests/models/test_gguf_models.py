@@ -99,7 +99,7 @@ def test_teacher_forced_refuses_too_few_tokens():
 def test_smollm2_4bit_kv_and_rotation(smollm2, unquantized):
     # 4-bit g64 KV from the first token over the same 256 tokens (f32):
     # measured +35.6% perplexity (75.8% agreement) plain and +1.5% (85.9%)
-    # with kv_rotate, whose Hadamard basis spreads the keys' outlier channels.
+    # with hadamard, whose Hadamard basis spreads the keys' outlier channels.
     # Over 256 tokens the rotated number depends on rounding elsewhere in the
     # model: on the H200 (TF32-like f32 matmuls in the projections) it was
     # +12.8% (84.4%) against +32.8% plain, while mlxq's attention and cache
@@ -111,7 +111,7 @@ def test_smollm2_4bit_kv_and_rotation(smollm2, unquantized):
     change, agreement = {}, {}
     with mlxq_lm.enabled():
         for rotate in (False, True):
-            caches = [mlxq.QuantizedKVCache(64, 4, kv_rotate=rotate) for _ in model.layers]
+            caches = [mlxq.QuantizedKVCache(64, 4, hadamard=rotate) for _ in model.layers]
             ppl4, top4 = teacher_forced(model, ids, caches)
             change[rotate], agreement[rotate] = ppl4 / ppl - 1, (top4 == top).mean()
     assert 0.20 < change[False] < 0.55, change
@@ -120,16 +120,14 @@ def test_smollm2_4bit_kv_and_rotation(smollm2, unquantized):
 
 
 def test_smollm2_4bit_kv_with_a_recent_window(smollm2, unquantized):
-    # The last 64 tokens kept exact (keep_recent) beside rotated 4-bit g64
+    # The last 64 tokens kept exact (recent) beside rotated 4-bit g64
     # KV, over the same 256 tokens (f32; chunks of 64, so the window holds
     # the chunk and the one before): measured +0.63% (98.0% agreement)
     # against +1.5% without the window here and +12.8% on the H200.
     model, _ = smollm2
     ids, ppl, top = unquantized
     with mlxq_lm.enabled():
-        caches = [
-            mlxq.QuantizedKVCache(64, 4, kv_rotate=True, keep_recent=64) for _ in model.layers
-        ]
+        caches = [mlxq.QuantizedKVCache(64, 4, hadamard=True, recent=64) for _ in model.layers]
         ppl4, top4 = teacher_forced(model, ids, caches)
     assert abs(ppl4 / ppl - 1) < 0.02, (ppl, ppl4)
     assert (top4 == top).mean() >= 0.92

@@ -90,11 +90,11 @@ def test_two_segments_merge_into_the_whole(rng, rotate):
     kq = mx.quantize(k[:, :, :n], group_size=64, bits=4)
     vq = mx.quantize(v[:, :, :n], group_size=64, bits=4)
     if rotate:
-        from mlxq.rotation import RotatedTriple
-        from mlxq.rotation import rotate as hrot
+        from mlxq.hadamard import quantize
+        from mlxq.hadamard import transform as hrot
 
-        kq = RotatedTriple(mx.quantize(hrot(k[:, :, :n]), group_size=64, bits=4))
-        vq = RotatedTriple(mx.quantize(hrot(v[:, :, :n]), group_size=64, bits=4))
+        kq = quantize(k[:, :, :n], group_size=64, bits=4)
+        vq = quantize(v[:, :, :n], group_size=64, bits=4)
     out_q, lse_q = mlxq.quantized_sdpa(q, kq, vq, scale=scale, sinks=sinks, return_lse=True)
     out_d, lse_d = mlxq.attention.dense_attention_with_lse(
         q, k[:, :, n:], v[:, :, n:], scale=scale, mask="causal"

@@ -14,14 +14,15 @@ from outside (``restore``, ``state``) are written in place only when MLX says
 they may be donated, else copied first.
 """
 
-from typing import Optional, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import mlx.core as mx
 
 from .. import _ext
-from ..quantization import BITS, GROUP_SIZES, FormattedTriple
+from ..hadamard import transform
+from ..kv_format import FormattedTriple, KVFormat
+from ..kv_format import fetch as handed_out
 from ..ring import quantized_ring_update
-from ..rotation import RotatedTriple, mark, rotate
 
 Triple = Tuple[mx.array, mx.array, mx.array]
 
@@ -97,51 +98,36 @@ class Plain:
 
 
 class Quantized:
-    """Keys/values stored quantized along the head dimension (a triple).
-
-    Keys take ``(group_size, bits)``; values take ``(v_group_size, v_bits)``
-    when given (for example 8-bit keys with 4-bit values), else the same.
-    With separate value quantization every value fetch is a
-    :class:`~mlxq.quantization.FormattedTriple`, which tells attention its
-    width. With ``rotate``, rows are quantized in the Hadamard basis
-    (mlxq.rotation): every write rotates its new rows first, and every fetch
-    is a :class:`~mlxq.rotation.RotatedTriple`, which attention undoes.
+    """Keys/values stored quantized along the head dimension (a triple), in
+    a :class:`~mlxq.kv_format.KVFormat`: keys take ``(group_size, bits)``,
+    values their own ``(v_group_size, v_bits)``. In the Hadamard basis
+    (``hadamard``; mlxq.hadamard) every write transforms its new rows
+    first. Fetches in a format only mlxq reads are
+    :class:`~mlxq.kv_format.FormattedTriple`, which tell attention.
 
     Methods that take one tensor take ``values=True`` for the values' side.
     """
 
     quantized = True
 
-    def __init__(
-        self,
-        group_size: int,
-        bits: int,
-        rotate: bool = False,
-        v_group_size: Optional[int] = None,
-        v_bits: Optional[int] = None,
-    ):
-        self.group_size = group_size
-        self.bits = bits
-        self.v_group_size = group_size if v_group_size is None else v_group_size
-        self.v_bits = bits if v_bits is None else v_bits
-        self.rotate = rotate
-        self.separate = (self.v_group_size, self.v_bits) != (group_size, bits)
-        self.key = ("quantized", group_size, bits, self.v_group_size, self.v_bits, rotate)
+    def __init__(self, format: KVFormat):
+        self.format = format
+        self.key = ("quantized", format)  # what compiled decode graphs depend on
 
-    def format(self, values: bool = False) -> Tuple[int, int]:
+    def side(self, values: bool = False) -> Tuple[int, int]:
         """``(group_size, bits)`` of one side."""
-        return (self.v_group_size, self.v_bits) if values else (self.group_size, self.bits)
+        return self.format.side(values)
 
     def _basis(self, x: mx.array) -> mx.array:
-        return rotate(x) if self.rotate else x
+        return transform(x) if self.format.hadamard else x
 
     def encode(self, x: mx.array, values: bool = False) -> Triple:
-        gs, bits = self.format(values)
+        gs, bits = self.side(values)
         return tuple(mx.quantize(self._basis(x), group_size=gs, bits=bits))
 
     def zeros(self, like: mx.array, n: int, values: bool = False) -> Triple:
         B, H, _, D = like.shape
-        gs, bits = self.format(values)
+        gs, bits = self.side(values)
         return (
             mx.zeros((B, H, n, D * bits // 32), mx.uint32),
             mx.zeros((B, H, n, D // gs), like.dtype),
@@ -155,11 +141,8 @@ class Quantized:
         return tuple(a[..., start:stop, :] for a in t)
 
     def fetched(self, t: Triple, values: bool = False) -> Triple:
-        """``t`` as a cache hands it out: values carry their format when it
-        differs from the keys'; marked when rotated."""
-        if values and self.separate:
-            t = FormattedTriple(t, self.v_group_size, self.v_bits)
-        return mark(t) if self.rotate else t
+        """``t`` as a cache hands it out (see mlxq.kv_format.fetch)."""
+        return handed_out(t, self.format, values)
 
     def concat(self, parts: Sequence[Triple]) -> Triple:
         return tuple(mx.concatenate([p[i] for p in parts], axis=2) for i in range(3))
@@ -182,8 +165,8 @@ class Quantized:
         if owned:
             return self._kv_update(keys, values, new_keys, new_values, pos, fetch=-1)
         new_keys, new_values = self._basis(new_keys), self._basis(new_values)
-        gs, bits = self.format()
-        vgs, vbits = self.format(values=True)
+        gs, bits = self.side()
+        vgs, vbits = self.side(values=True)
         return (
             quantized_ring_update(keys, new_keys, pos, group_size=gs, bits=bits),
             quantized_ring_update(values, new_values, pos, group_size=vgs, bits=vbits),
@@ -195,24 +178,25 @@ class Quantized:
         return self._kv_update(keys, values, new_keys, new_values, pos, fetch=stop)
 
     def _kv_update(self, keys, values, new_keys, new_values, pos: int, fetch: int):
+        f = self.format
         return _ext.quantized_kv_update(
             *keys,
             *values,
             self._basis(new_keys),
             self._basis(new_values),
             pos,
-            group_size=self.group_size,
-            bits=self.bits,
+            group_size=f.group_size,
+            bits=f.bits,
             fetch=fetch,
-            v_group_size=self.v_group_size,
-            v_bits=self.v_bits,
+            v_group_size=f.v_group_size,
+            v_bits=f.v_bits,
         )
 
     def scheduled(self, t: Triple) -> bool:
         return _ext._scheduled(t[0])
 
     def head_dim(self, t: Triple, values: bool = False) -> int:
-        return t[0].shape[3] * 32 // self.format(values)[1]
+        return t[0].shape[3] * 32 // self.side(values)[1]
 
     def dtype(self, t: Triple):
         return t[1].dtype
@@ -232,7 +216,7 @@ class Quantized:
                 f"arrays as mx.quantize returns, got {_describe(t)}."
             )
         packed, scales, biases = t
-        gs, bits = self.format(values=name == "values")
+        gs, bits = self.side(values=name == "values")
         groups = packed.shape[3] * 32 / (bits * gs)
         if (
             packed.dtype != mx.uint32
@@ -243,7 +227,7 @@ class Quantized:
             raise ValueError(
                 f"[{where}] {name} is not a triple of bits={bits}, group_size={gs}: {_describe(t)}."
             )
-        return t if isinstance(t, RotatedTriple) else tuple(t)
+        return t if isinstance(t, FormattedTriple) else tuple(t)
 
 
 def _pad_rows(store, t, before: int, after: int, values: bool):
@@ -267,14 +251,3 @@ def _describe(t) -> str:
     if isinstance(t, mx.array):
         return f"{str(t.dtype).rsplit('.', 1)[-1]} {tuple(t.shape)}"
     return type(t).__name__
-
-
-def check_quantization(group_size, bits, where: str, prefix: str = "") -> None:
-    """ValueError unless mlxq's kernels take (group_size, bits); ``prefix``
-    ("v_") names the values' own."""
-    if bits not in BITS:
-        raise ValueError(f"[{where}] {prefix}bits must be one of {BITS}, got {bits!r}.")
-    if group_size not in GROUP_SIZES:
-        raise ValueError(
-            f"[{where}] {prefix}group_size must be one of {GROUP_SIZES}, got {group_size!r}."
-        )

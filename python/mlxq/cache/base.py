@@ -6,32 +6,17 @@ example ``(keys, values, offset)`` for ``KVCache``), so mlx-lm's
 ``meta_state`` is the same scalars as strings.
 """
 
-import numbers
 from typing import Optional, Tuple
 
 import mlx.core as mx
 
-from ..rotation import check_head_dim
-from ._store import Plain, Quantized, check_quantization
+from ..arguments import as_int, dtype_name, renamed
+from ..hadamard import check_head_dim
+from ..kv_format import KVFormat
+from ._store import Plain, Quantized
 from .decode_step import DecodePlan, check_adopt, key_class
 
-
-def as_int(value, name: str, where: str, minimum: Optional[int] = None) -> int:
-    """``value`` as an int (also from a 0-d/1-element array), or ValueError."""
-    if isinstance(value, mx.array) and value.size == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"[{where}] {name} must be an int, got {value!r}.")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"[{where}] {name} must be >= {minimum}, got {value}.")
-    return int(value)
-
-
 _TRUE = mx.array(True)
-
-
-def dtype_name(dtype) -> str:
-    return str(dtype).rsplit(".", 1)[-1]
 
 
 class BaseCache:
@@ -79,7 +64,8 @@ class BaseCache:
         # (else it copies first), so a kept state never changes under its
         # holder. A private cache (see _private) keeps them.
         self._handing_out()
-        return (self.keys, self.values) + tuple(getattr(self, n) for n in self._SCALARS)
+        scalars = tuple(getattr(self, n) for n in self._SCALARS)
+        return (self.keys, self.values) + scalars + self._extras()
 
     def _handing_out(self) -> None:
         """The buffers (or lazy views of them) go out: the next write updates
@@ -91,30 +77,48 @@ class BaseCache:
     def state(self, v):
         names = ("keys", "values") + self._SCALARS
         v = tuple(v)
-        if len(v) != len(names):
+        if len(v) < len(names):
             raise ValueError(
                 f"[{self._where('state')}] state must be ({', '.join(names)}), "
                 f"got {len(v)} entries."
             )
-        for name, x in zip(self._SCALARS, v[2:]):
-            setattr(self, name, as_int(x, name, self._where("state")))
+        where = self._where("state")
+        scalars = {n: as_int(x, n, where) for n, x in zip(self._SCALARS, v[2 : len(names)])}
+        self._set_scalars(scalars, v[len(names) :], where)
         self._configure()
         self._adopt(v[0], v[1], "state")
 
+    def _set_scalars(self, scalars: dict, extras: tuple, where: str) -> None:
+        """Take ``state``'s scalars (by name) and its trailing entries
+        (none, but for a quantized cache's format)."""
+        if extras:
+            raise ValueError(
+                f"[{where}] state must be (keys, values, {', '.join(self._SCALARS)}), "
+                f"got {len(extras)} more entries."
+            )
+        for name, x in scalars.items():
+            setattr(self, name, x)
+
+    def _extras(self) -> tuple:
+        """The trailing entries of ``state`` and ``meta_state``."""
+        return ()
+
     @property
     def meta_state(self):
-        return tuple(str(getattr(self, n)) for n in self._SCALARS)
+        return tuple(str(getattr(self, n)) for n in self._SCALARS) + tuple(
+            str(x) for x in self._extras()
+        )
 
     @meta_state.setter
     def meta_state(self, v):
-        v = tuple(v)
-        if len(v) != len(self._SCALARS):
+        v, n = tuple(v), len(self._SCALARS)
+        where = self._where("meta_state")
+        if len(v) < n or not all(str(x).lstrip("-").isdigit() for x in v):
             raise ValueError(
-                f"[{self._where('meta_state')}] meta_state must be "
-                f"({', '.join(self._SCALARS)}) as strings, got {v!r}."
+                f"[{where}] meta_state must be ({', '.join(self._SCALARS)}) as strings, got {v!r}."
             )
-        for name, x in zip(self._SCALARS, v):
-            setattr(self, name, as_int(int(x), name, self._where("meta_state")))
+        scalars = {name: as_int(int(x), name, where) for name, x in zip(self._SCALARS, v)}
+        self._set_scalars(scalars, tuple(int(x) for x in v[n:]), where)
         self._configure()
 
     def __copy__(self):
@@ -194,7 +198,7 @@ class BaseCache:
         for name, x, buf in (("keys", keys, self.keys), ("values", values, self.values)):
             side = name == "values"
             if store.quantized and (
-                x.shape[3] % store.format(side)[0] or not mx.issubdtype(x.dtype, mx.floating)
+                x.shape[3] % store.side(side)[0] or not mx.issubdtype(x.dtype, mx.floating)
             ):
                 self._reject_quantization(name, x)
             if buf is not None:
@@ -230,7 +234,7 @@ class BaseCache:
             )
         raise ValueError(
             f"[{where}] {name} head dim {x.shape[3]} is not a multiple of "
-            f"group_size {self._store.format(name == 'values')[0]}."
+            f"group_size {self._store.side(name == 'values')[0]}."
         )
 
     def _reject_misfit(self, name, x, buf):
@@ -321,7 +325,7 @@ class BaseCache:
             return "the cache is empty: a compiled step continues a prefill."
         if getattr(self, "_recent", None) is not None:
             return (
-                "a keep_recent cache decodes eagerly (its exact window is not part "
+                "a cache with a recent window decodes eagerly (its exact window is not part "
                 "of the compiled step)."
             )
         return None
@@ -403,36 +407,58 @@ class BaseCache:
         return n
 
 
-def quantization_kwargs(q: tuple) -> dict:
-    """``(group_size, bits, kv_rotate, v_group_size, v_bits)`` as constructor keywords."""
-    return dict(zip(("group_size", "bits", "kv_rotate", "v_group_size", "v_bits"), q))
+def quantization_options(
+    where: str,
+    hadamard: Optional[bool],
+    recent: Optional[int] = None,
+    kv_rotate: Optional[bool] = None,
+    keep_recent: Optional[int] = None,
+) -> Tuple[bool, int]:
+    """``(hadamard, recent)`` of a constructor, taking the deprecated names
+    ``kv_rotate`` and ``keep_recent`` too."""
+    # The warnings point at the constructor's caller.
+    hadamard = renamed(hadamard, kv_rotate, "hadamard", "kv_rotate", where, False, stacklevel=4)
+    recent = renamed(recent, keep_recent, "recent", "keep_recent", where, 0, stacklevel=4)
+    return (False if hadamard is None else hadamard), (0 if recent is None else recent)
 
 
 class QuantizedStorage:
-    """Mixin for the caches that hold quantized triples: ``group_size`` and
-    ``bits`` (the keys', and the values' unless ``v_group_size`` / ``v_bits``
-    say otherwise: e.g. 8-bit keys with 4-bit values), and ``kv_rotate``
-    (rows quantized in the Hadamard basis, see mlxq.rotation).
+    """Mixin for the caches that hold quantized triples in one
+    :class:`~mlxq.kv_format.KVFormat` (``format``). mlx-lm's attention reads
+    ``group_size`` and ``bits`` (the keys') from the cache.
 
-    ``state`` and ``meta_state`` are mlx-lm's, plus trailing entries only
-    where mlx-lm has nothing to say: ``(kv_rotate=1,)`` for a rotated cache
-    with one quantization, ``(kv_rotate, v_group_size, v_bits)`` for
-    separate value quantization. A state without them is mlx-lm's (and
-    earlier mlxq files'). mlx-lm's own classes cannot load the extended ones.
+    ``state`` and ``meta_state`` are mlx-lm's, plus the format's trailing
+    entries only where mlx-lm has nothing to say (KVFormat.extras). A state
+    without them is mlx-lm's (and earlier mlxq files'); mlx-lm's own classes
+    cannot load the extended ones.
     """
 
-    kv_rotate = False
-    v_group_size = None
-    v_bits = None
+    format = KVFormat()
 
-    def _set_quantization(self, group_size, bits, kv_rotate, v_group_size, v_bits) -> None:
-        """The constructor's quantization arguments (checked by _configure)."""
-        self.group_size, self.bits, self.kv_rotate = group_size, bits, kv_rotate
-        self.v_group_size, self.v_bits = v_group_size, v_bits
+    @property
+    def group_size(self) -> int:
+        return self.format.group_size
 
-    def _quantization_kwargs(self) -> dict:
-        """This cache's quantization as constructor keywords."""
-        return quantization_kwargs(self._quantization())
+    @property
+    def bits(self) -> int:
+        return self.format.bits
+
+    @property
+    def v_group_size(self) -> int:
+        return self.format.v_group_size
+
+    @property
+    def v_bits(self) -> int:
+        return self.format.v_bits
+
+    @property
+    def hadamard(self) -> bool:
+        return self.format.hadamard
+
+    @property
+    def kv_rotate(self) -> bool:
+        """Deprecated name of :attr:`hadamard`."""
+        return self.format.hadamard
 
     def _encode_buffers(self, keys, values) -> None:
         """Take unquantized ``keys``/``values`` buffers, quantized whole
@@ -442,98 +468,39 @@ class QuantizedStorage:
         self.values = self._store.encode(values, values=True)
         self._owned = True
 
-    def _v_format(self):
-        """The values' (group_size, bits)."""
-        gs = self.group_size if self.v_group_size is None else self.v_group_size
-        return gs, self.bits if self.v_bits is None else self.v_bits
-
-    def _separate(self) -> bool:
-        return self._v_format() != (self.group_size, self.bits)
-
     def _use_quantized_store(self) -> None:
-        where = self._where("__init__")
-        check_quantization(self.group_size, self.bits, where)
-        vgs, vbits = self._v_format()
-        check_quantization(vgs, vbits, where, prefix="v_")
-        if not isinstance(self.kv_rotate, bool):
-            raise ValueError(f"[{where}] kv_rotate must be a bool, got {self.kv_rotate!r}.")
-        self._store = Quantized(
-            self.group_size, self.bits, rotate=self.kv_rotate, v_group_size=vgs, v_bits=vbits
-        )
+        self._store = Quantized(self.format.checked(self._where("__init__")))
 
     def _check_update(self, keys, values) -> int:
-        if self.kv_rotate and self._checked is None:
+        if self.format.hadamard and self._checked is None:
             for x in (keys, values):
                 check_head_dim(x.shape[-1], self._where("update_and_fetch"))
         return super()._check_update(keys, values)
 
     def _extras(self) -> tuple:
-        if self._separate():
-            return (int(self.kv_rotate),) + self._v_format()
-        return (1,) if self.kv_rotate else ()
+        return self.format.extras()
 
-    def _take_extras(self, extras: tuple, where: str) -> None:
-        """Sets kv_rotate / v_group_size / v_bits from a state's trailing entries."""
-        self.v_group_size = self.v_bits = None
-        self.kv_rotate = False
-        if len(extras) not in (0, 1, 3):
-            raise ValueError(
-                f"[{where}] a quantized state ends with (), (kv_rotate,) or "
-                f"(kv_rotate, v_group_size, v_bits); got {len(extras)} extra entries."
-            )
-        if len(extras) == 1 and as_int(extras[0], "kv_rotate", where) != 1:
-            raise ValueError(
-                f"[{where}] a state's trailing kv_rotate entry must be 1, got {extras[0]!r}."
-            )
-        if extras:
-            rotate = as_int(extras[0], "kv_rotate", where)
-            if rotate not in (0, 1):
-                raise ValueError(f"[{where}] kv_rotate must be 0 or 1, got {rotate}.")
-            self.kv_rotate = bool(rotate)
-        if len(extras) == 3:
-            self.v_group_size = as_int(extras[1], "v_group_size", where)
-            self.v_bits = as_int(extras[2], "v_bits", where)
-
-    @property
-    def state(self):
-        return BaseCache.state.fget(self) + self._extras()
-
-    @state.setter
-    def state(self, v):
-        v = tuple(v)
-        n = 2 + len(self._SCALARS)
-        self._take_extras(v[n:], self._where("state"))
-        BaseCache.state.fset(self, v[:n])
-
-    @property
-    def meta_state(self):
-        return BaseCache.meta_state.fget(self) + tuple(str(x) for x in self._extras())
-
-    @meta_state.setter
-    def meta_state(self, v):
-        v = tuple(v)
-        n = len(self._SCALARS)
-        extras = tuple(int(x) for x in v[n:]) if all(str(x).isdigit() for x in v[n:]) else v[n:]
-        self._take_extras(extras, self._where("meta_state"))
-        BaseCache.meta_state.fset(self, v[:n])
-
-    def _quantization(self) -> tuple:
-        return (self.group_size, self.bits, self.kv_rotate) + self._v_format()
+    def _set_scalars(self, scalars: dict, extras: tuple, where: str) -> None:
+        key = KVFormat(scalars.pop("group_size"), scalars.pop("bits"))
+        self.format = key.with_extras(extras, where)
+        BaseCache._set_scalars(self, scalars, (), where)
 
     def to_quantized(
         self,
         group_size: int = 64,
         bits: int = 4,
-        kv_rotate: bool = False,
+        hadamard: bool = False,
         v_group_size: Optional[int] = None,
         v_bits: Optional[int] = None,
+        *,
+        kv_rotate: Optional[bool] = None,
     ):
-        """Already quantized: ``self`` when the parameters match."""
-        want = (group_size, bits, kv_rotate, v_group_size or group_size, v_bits or bits)
-        if want != self._quantization():
+        """Already quantized: ``self`` when the format matches."""
+        where = self._where("to_quantized")
+        hadamard, _ = quantization_options(where, hadamard, kv_rotate=kv_rotate)
+        want = KVFormat(group_size, bits, v_group_size, v_bits, hadamard)
+        if want != self.format:
             raise ValueError(
-                f"[{self._where('to_quantized')}] the cache is quantized with "
-                f"(group_size, bits, kv_rotate, v_group_size, v_bits) = {self._quantization()}; "
-                f"cannot requantize to {want}."
+                f"[{where}] the cache is quantized as {self.format}; cannot requantize to {want}."
             )
         return self

@@ -30,8 +30,10 @@ from typing import Optional, Sequence
 import mlx.core as mx
 import numpy as np
 
+from ..arguments import as_int
+from ..kv_format import KVFormat
 from ..masks import create_causal_mask, left_padded
-from .base import QuantizedStorage, as_int, quantization_kwargs
+from .base import QuantizedStorage, quantization_options
 from .decode_step import DecodePlan
 from .kv import QuantizedKVCache, _GrowingCache
 
@@ -115,29 +117,25 @@ class BatchRows:
 
     # ------------------------------------------------------- quantization
     @classmethod
-    def _quantized_like(cls, caches: Sequence, where: str) -> dict:
-        """The quantization the quantized ones among ``caches`` share (a
+    def _quantized_like(cls, caches: Sequence, where: str) -> KVFormat:
+        """The format the quantized ones among ``caches`` share (a
         ValueError naming the first that differs)."""
         first = None
         for i, c in enumerate(caches):
             if not hasattr(c, "bits"):
                 continue
-            q = (
-                c._quantization()
-                if hasattr(c, "_quantization")
-                else (c.group_size, c.bits, False, c.group_size, c.bits)  # mlx-lm's
-            )
+            # mlx-lm's own quantized caches have no format: theirs is plain.
+            f = getattr(c, "format", None) or KVFormat(c.group_size, c.bits)
             if first is None:
-                first = (i, q)
-            elif q != first[1]:
-                names = "(group_size, bits, kv_rotate, v_group_size, v_bits)"
+                first = (i, f)
+            elif f != first[1]:
                 raise ValueError(
                     f"[{where}] cannot batch caches of different quantization: cache "
-                    f"{first[0]} has {names} = {first[1]}, cache {i} has {q}."
+                    f"{first[0]} is {first[1]}, cache {i} is {f}."
                 )
         if first is None:
             raise ValueError(f"[{where}] none of the caches is quantized.")
-        return quantization_kwargs(first[1])
+        return first[1]
 
     def _stored(self, t, values: bool = False):
         """``t`` (a triple of this quantization, or unquantized rows to encode)."""
@@ -261,11 +259,11 @@ class BatchRows:
     def _extend(self, other, where: str) -> None:
         """Both caches right-aligned at the longer's ``_idx``, then stacked."""
         if not isinstance(other, BatchRows):
-            other = type(self).quantize(other, **self._quantization_kwargs())
-        elif other._quantization() != self._quantization():
+            other = type(self).quantize(other, **self.format.kwargs())
+        elif other.format != self.format:
             raise ValueError(
-                f"[{where}] cannot extend a cache quantized as {self._quantization()} "
-                f"with one quantized as {other._quantization()}."
+                f"[{where}] cannot extend a cache quantized as {self.format} "
+                f"with one quantized as {other.format}."
             )
         if self.keys is None and other.keys is None:
             self._set_rows(
@@ -285,21 +283,20 @@ class BatchRows:
         self._idx = idx
 
     # ---------------------------------------------------------------- state
-    # ``state`` is mlx-lm's batch state followed by the quantization
-    # (group_size, bits, then QuantizedStorage's extras), so that
-    # ``from_state(state)`` alone, as mlx-lm restores caches, rebuilds it.
+    # ``state`` is mlx-lm's batch state followed by the format (group_size,
+    # bits, then KVFormat.extras), so that ``from_state(state)`` alone, as
+    # mlx-lm restores caches, rebuilds it.
     def _quantization_state(self) -> tuple:
-        return (self.group_size, self.bits) + self._extras()
+        return (self.group_size, self.bits) + self.format.extras()
 
     def _take_quantization(self, tail: tuple, where: str) -> None:
         if len(tail) < 2:
             raise ValueError(
-                f"[{where}] a quantized batch state ends with (group_size, bits[, kv_rotate"
+                f"[{where}] a quantized batch state ends with (group_size, bits[, hadamard"
                 f"[, v_group_size, v_bits]]); got {len(tail)} entries after the batch's."
             )
-        self.group_size = as_int(tail[0], "group_size", where)
-        self.bits = as_int(tail[1], "bits", where)
-        self._take_extras(tuple(tail[2:]), where)
+        key = KVFormat(as_int(tail[0], "group_size", where), as_int(tail[1], "bits", where))
+        self.format = key.with_extras(tuple(tail[2:]), where)
         self._configure()
 
     @property
@@ -350,12 +347,15 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
         left_padding: Sequence[int],
         group_size: int = 64,
         bits: int = 8,
-        kv_rotate: bool = False,
+        hadamard: bool = False,
         v_group_size: Optional[int] = None,
         v_bits: Optional[int] = None,
+        *,
+        kv_rotate: Optional[bool] = None,
     ):
         self.keys = self.values = None
-        self._set_quantization(group_size, bits, kv_rotate, v_group_size, v_bits)
+        hadamard, _ = quantization_options(self._where("__init__"), hadamard, kv_rotate=kv_rotate)
+        self.format = KVFormat(group_size, bits, v_group_size, v_bits, hadamard)
         self._idx = 0
         self._right_padding = None
         self._init_rows(left_padding)
@@ -462,7 +462,7 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
         """Sequence ``idx``'s tokens as a :class:`~mlxq.QuantizedKVCache`."""
         pad = int(self._lp[idx])
         rows = slice(idx, idx + 1)
-        cache = QuantizedKVCache(**self._quantization_kwargs())
+        cache = QuantizedKVCache(**self.format.kwargs())
         k, v = (
             self._store.map(t, lambda a: mx.contiguous(a[rows, :, pad : self._idx]))
             for t in (self.keys, self.values)
@@ -476,7 +476,7 @@ class BatchQuantizedKVCache(BatchRows, QuantizedStorage, _GrowingCache):
         ones; unquantized ones are quantized alike), left-padded to the
         longest."""
         where = f"mlxq.{cls.__name__}.merge"
-        params = cls._quantized_like(caches, where)
+        params = cls._quantized_like(caches, where).kwargs()
         lengths = [tokens_held(c) for c in caches]
         longest = max(lengths, default=0)
         cache = cls([longest - n for n in lengths], **params)

@@ -21,8 +21,10 @@ from typing import Optional, Sequence
 import mlx.core as mx
 import numpy as np
 
+from ..arguments import as_int
+from ..kv_format import KVFormat
 from ..masks import left_padded
-from .base import BaseCache, QuantizedStorage, as_int
+from .base import BaseCache, QuantizedStorage, quantization_options
 from .batch import BatchRows, _host_ints, tokens_held
 from .decode_step import DecodePlan
 from .decode_step import remember_mask as _remember_mask
@@ -40,14 +42,18 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         left_padding: Sequence[int],
         group_size: int = 64,
         bits: int = 8,
-        kv_rotate: bool = False,
+        hadamard: bool = False,
         v_group_size: Optional[int] = None,
         v_bits: Optional[int] = None,
+        *,
+        kv_rotate: Optional[bool] = None,
     ):
         self.keys = None
         self.values = None
-        self.max_size = as_int(max_size, "max_size", self._where("__init__"), minimum=1)
-        self._set_quantization(group_size, bits, kv_rotate, v_group_size, v_bits)
+        where = self._where("__init__")
+        self.max_size = as_int(max_size, "max_size", where, minimum=1)
+        hadamard, _ = quantization_options(where, hadamard, kv_rotate=kv_rotate)
+        self.format = KVFormat(group_size, bits, v_group_size, v_bits, hadamard)
         self._idx = 0
         self._offset = 0  # tokens written to the ring (the batch's longest)
         self.rotated = False
@@ -277,7 +283,7 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
                     f"{self.max_size} with one of {other.max_size}."
                 )
         if not isinstance(other, BatchRows):
-            other = type(self).quantize(other, **self._quantization_kwargs())
+            other = type(self).quantize(other, **self.format.kwargs())
         if (self.keys is not None or other.keys is not None) and (
             self.rotated != other.rotated or self._idx != other._idx
         ):
@@ -299,7 +305,7 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
             k, v = (self._store.map(t, lambda a: mx.roll(a, shift, axis=2)) for t in (k, v))
             end = self.max_size
         k, v = (self._store.map(t, lambda a: mx.contiguous(a[:, :, pad:end])) for t in (k, v))
-        cache = RotatingQuantizedKVCache(self.max_size, 0, **self._quantization_kwargs())
+        cache = RotatingQuantizedKVCache(self.max_size, 0, **self.format.kwargs())
         self._handing_out()  # the copy is lazy: no in-place write before it is made
         return cache.restore(k, v, int(self._off[idx]), self._store.length(k))
 
@@ -316,7 +322,7 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
             raise ValueError(
                 f"[{where}] cannot batch rings of different max_size: {sorted(sizes)}."
             )
-        params = cls._quantized_like(caches, where)
+        params = cls._quantized_like(caches, where).kwargs()
         lengths = [tokens_held(c) for c in caches]
         longest = max(lengths, default=0)
         cache = cls(caches[0].max_size, [longest - n for n in lengths], **params)

@@ -9,9 +9,11 @@ and saved states match mlx-lm's bit for bit.
 
 from typing import Optional
 
+from ..arguments import as_int
+from ..kv_format import KVFormat
 from ..masks import create_attention_mask
 from ..split import RecentSplit
-from .base import BaseCache, QuantizedStorage, as_int
+from .base import BaseCache, QuantizedStorage, quantization_options
 from .decode_step import DecodePlan
 from .recent import KeepsRecent
 
@@ -111,23 +113,22 @@ class KVCache(_GrowingCache):
         self,
         group_size: int = 64,
         bits: int = 4,
-        kv_rotate: bool = False,
+        hadamard: bool = False,
         v_group_size: Optional[int] = None,
         v_bits: Optional[int] = None,
-        keep_recent: int = 0,
+        recent: int = 0,
+        *,
+        kv_rotate: Optional[bool] = None,
+        keep_recent: Optional[int] = None,
     ) -> "QuantizedKVCache":
         """The same tokens in a :class:`QuantizedKVCache` (the whole buffer is
-        quantized; rotated first with ``kv_rotate``, see mlxq.rotation; values
-        with ``v_group_size`` / ``v_bits`` when given; the last
-        ``keep_recent`` tokens also kept exact)."""
-        cache = QuantizedKVCache(
-            group_size=group_size,
-            bits=bits,
-            kv_rotate=kv_rotate,
-            v_group_size=v_group_size,
-            v_bits=v_bits,
-            keep_recent=keep_recent,
-        )
+        quantized; in the Hadamard basis with ``hadamard``, see mlxq.hadamard;
+        values with ``v_group_size`` / ``v_bits`` when given; the last
+        ``recent`` tokens also kept exact). ``kv_rotate`` and
+        ``keep_recent`` are deprecated names of ``hadamard`` and ``recent``."""
+        where = self._where("to_quantized")
+        hadamard, recent = quantization_options(where, hadamard, recent, kv_rotate, keep_recent)
+        cache = QuantizedKVCache(group_size, bits, hadamard, v_group_size, v_bits, recent)
         cache.offset = self.offset
         if self.keys is not None:
             cache._encode_buffers(self.keys, self.values)
@@ -142,12 +143,14 @@ class QuantizedKVCache(KeepsRecent, QuantizedStorage, _GrowingCache):
     Each update is quantized by the ring primitive itself (bit-identical to
     :func:`mx.quantize`) straight into the ``(packed, scales, biases)``
     buffers; fetches are triples that :func:`mlxq.sdpa` sends to the fused
-    kernel. With ``kv_rotate=True`` rows are quantized in the Hadamard basis
-    and fetches are :class:`~mlxq.rotation.RotatedTriple` (see mlxq.rotation).
+    kernel. Its :class:`~mlxq.kv_format.KVFormat` (``format``):
+    ``hadamard=True`` quantizes rows in the Hadamard basis (mlxq.hadamard);
     ``v_group_size`` / ``v_bits`` quantize the values apart from the keys
-    (``bits=8, v_bits=4``: llama.cpp's q8_0-K / q4_0-V pairing).
+    (``bits=8, v_bits=4``: llama.cpp's q8_0-K / q4_0-V pairing). Either
+    makes fetches :class:`~mlxq.kv_format.FormattedTriple`, which only
+    mlxq's attention reads.
 
-    ``keep_recent=R`` also keeps the last ``R`` tokens exact (see
+    ``recent=R`` also keeps the last ``R`` tokens exact (see
     mlxq.cache.recent): fetches are then :class:`RecentSplit` pairs, which
     :func:`mlxq.sdpa` attends as the quantized rows before the window plus
     the exact window (every backend; Metal's checked on an emulator only).
@@ -162,14 +165,19 @@ class QuantizedKVCache(KeepsRecent, QuantizedStorage, _GrowingCache):
         self,
         group_size: int = 64,
         bits: int = 8,
-        kv_rotate: bool = False,
+        hadamard: bool = False,
         v_group_size: Optional[int] = None,
         v_bits: Optional[int] = None,
-        keep_recent: int = 0,
+        recent: int = 0,
+        *,
+        kv_rotate: Optional[bool] = None,
+        keep_recent: Optional[int] = None,
     ):
         super().__init__()
-        self._set_quantization(group_size, bits, kv_rotate, v_group_size, v_bits)
-        self.keep_recent = as_int(keep_recent, "keep_recent", self._where("__init__"), minimum=0)
+        where = self._where("__init__")
+        hadamard, recent = quantization_options(where, hadamard, recent, kv_rotate, keep_recent)
+        self.format = KVFormat(group_size, bits, v_group_size, v_bits, hadamard)
+        self.recent = as_int(recent, "recent", where, minimum=0)
         self._configure()
 
     def _configure(self) -> None:
@@ -186,7 +194,7 @@ class QuantizedKVCache(KeepsRecent, QuantizedStorage, _GrowingCache):
         return BatchQuantizedKVCache.merge(caches)
 
     def update_and_fetch(self, keys, values):
-        """Append and fetch (see _GrowingCache); with ``keep_recent``, the
+        """Append and fetch (see _GrowingCache); with ``recent``, the
         fetch is a :class:`RecentSplit` of keys and one of values."""
         if self._recent is None:
             return super().update_and_fetch(keys, values)

@@ -2,7 +2,7 @@
 
 Measured on trained models (docs/results/accuracy.md), most of 4-bit KV's
 accuracy loss comes from the last ~100 tokens: the keys a query attends
-most. A quantized cache with ``keep_recent=R`` therefore also keeps the last
+most. A quantized cache with ``recent=R`` therefore also keeps the last
 ``R`` tokens' keys and values as they came (a ring of ``R + 1`` rows in the
 input dtype) and attends in two exact parts whose softmax states merge by
 log-sum-exp (:func:`mlxq.attention.recent_attention` at decode,
@@ -13,7 +13,7 @@ log-sum-exp (:func:`mlxq.attention.recent_attention` at decode,
 * the window plus the step's own tokens, as plain attention.
 
 Every token is still written to the quantized buffers (so ``state``, files
-and a later ``keep_recent=0`` see the whole sequence); the window only
+and a later ``recent=0`` see the whole sequence); the window only
 changes which copy attention reads. Its bytes are ``2 * (R + 1) * D``
 elements per KV head, whatever the context length.
 """
@@ -123,17 +123,17 @@ class RecentWindow:
 
 
 class KeepsRecent:
-    """A quantized cache's ``keep_recent`` option: its window's life cycle
+    """A quantized cache's ``recent`` option: its window's life cycle
     next to the cache's (mixed in before the cache classes)."""
 
-    keep_recent = 0
+    recent = 0
     _recent: Optional[RecentWindow] = None
 
     def _configure_recent(self) -> None:
-        if not self.keep_recent:
+        if not self.recent:
             self._recent = None
-        elif self._recent is None or self._recent.size != self.keep_recent:
-            self._recent = RecentWindow(self.keep_recent)
+        elif self._recent is None or self._recent.size != self.recent:
+            self._recent = RecentWindow(self.recent)
             self._recent.reset(self.offset)
 
     def _adopt(self, keys, values, method: str) -> None:
@@ -147,7 +147,7 @@ class KeepsRecent:
         if self._recent is not None and n:
             # The ring holds at least [old - R, old): what of it lies below
             # the new offset stays readable; below that, only new writes will be.
-            start = max(self._recent.start, old - self.keep_recent)
+            start = max(self._recent.start, old - self.recent)
             self._recent.start = min(start, self.offset)
         return n
 

@@ -23,9 +23,11 @@ from typing import Optional
 import mlx.core as mx
 import numpy as np
 
+from ..arguments import as_int
+from ..kv_format import KVFormat
 from ..masks import create_causal_mask
 from ..split import RecentSplit
-from .base import BaseCache, QuantizedStorage, as_int
+from .base import BaseCache, QuantizedStorage, quantization_options
 from .decode_step import DecodePlan
 from .recent import KeepsRecent
 
@@ -263,24 +265,23 @@ class RotatingKVCache(_RingCache):
         self,
         group_size: int = 64,
         bits: int = 4,
-        kv_rotate: bool = False,
+        hadamard: bool = False,
         v_group_size: Optional[int] = None,
         v_bits: Optional[int] = None,
-        keep_recent: int = 0,
+        recent: int = 0,
+        *,
+        kv_rotate: Optional[bool] = None,
+        keep_recent: Optional[int] = None,
     ) -> "RotatingQuantizedKVCache":
         """The same ring, quantized as laid out (ring order and index kept;
-        rotated first with ``kv_rotate``, see mlxq.rotation; values with
-        ``v_group_size`` / ``v_bits`` when given; the last ``keep_recent``
-        tokens also kept exact)."""
+        in the Hadamard basis with ``hadamard``, see mlxq.hadamard; values
+        with ``v_group_size`` / ``v_bits`` when given; the last ``recent``
+        tokens also kept exact). ``kv_rotate`` and ``keep_recent`` are
+        deprecated names of ``hadamard`` and ``recent``."""
+        where = self._where("to_quantized")
+        hadamard, recent = quantization_options(where, hadamard, recent, kv_rotate, keep_recent)
         cache = RotatingQuantizedKVCache(
-            self.max_size,
-            self.keep,
-            group_size,
-            bits,
-            kv_rotate,
-            v_group_size,
-            v_bits,
-            keep_recent,
+            self.max_size, self.keep, group_size, bits, hadamard, v_group_size, v_bits, recent
         )
         cache.offset, cache._idx = self.offset, self._idx
         if self.keys is not None:
@@ -297,7 +298,7 @@ class RotatingQuantizedKVCache(KeepsRecent, QuantizedStorage, _RingCache):
     the same updates; one-token steps quantize and write in one in-place
     primitive.
 
-    ``keep_recent=R`` (``R < max_size - keep``) also keeps the last ``R``
+    ``recent=R`` (``R < max_size - keep``) also keeps the last ``R``
     tokens exact, as for :class:`~mlxq.QuantizedKVCache`: a one-token
     step's fetch is then the quantized ring with the window's slots hidden
     plus the exact window, both as laid out in their rings; a longer step's,
@@ -313,23 +314,28 @@ class RotatingQuantizedKVCache(KeepsRecent, QuantizedStorage, _RingCache):
         keep: int = 0,
         group_size: int = 64,
         bits: int = 8,
-        kv_rotate: bool = False,
+        hadamard: bool = False,
         v_group_size: Optional[int] = None,
         v_bits: Optional[int] = None,
-        keep_recent: int = 0,
+        recent: int = 0,
+        *,
+        kv_rotate: Optional[bool] = None,
+        keep_recent: Optional[int] = None,
     ):
-        self._set_quantization(group_size, bits, kv_rotate, v_group_size, v_bits)
-        self.keep_recent = keep_recent
+        where = self._where("__init__")
+        hadamard, recent = quantization_options(where, hadamard, recent, kv_rotate, keep_recent)
+        self.format = KVFormat(group_size, bits, v_group_size, v_bits, hadamard)
+        self.recent = recent
         super().__init__(max_size, keep)
 
     def _configure(self) -> None:
         super()._configure()
         self._use_quantized_store()
         where = self._where("__init__")
-        self.keep_recent = as_int(self.keep_recent, "keep_recent", where, minimum=0)
-        if self.keep_recent >= self.max_size - self.keep:
+        self.recent = as_int(self.recent, "recent", where, minimum=0)
+        if self.recent >= self.max_size - self.keep:
             raise ValueError(
-                f"[{where}] keep_recent ({self.keep_recent}) must be < max_size - keep "
+                f"[{where}] recent ({self.recent}) must be < max_size - keep "
                 f"({self.max_size - self.keep}): the window must fit in the ring's evictable part."
             )
         self._configure_recent()
@@ -344,7 +350,7 @@ class RotatingQuantizedKVCache(KeepsRecent, QuantizedStorage, _RingCache):
         return BatchRotatingQuantizedKVCache.merge(caches)
 
     def update_and_fetch(self, keys, values):
-        """See _RingCache; with ``keep_recent``, the fetch is a
+        """See _RingCache; with ``recent``, the fetch is a
         :class:`RecentSplit` of keys and one of values."""
         if self._recent is None:
             return super().update_and_fetch(keys, values)

@@ -14,8 +14,8 @@ from typing import Optional
 import mlx.core as mx
 
 from ..attention import is_quantized, sdpa
-from ..quantization import triple_format
-from ._store import Quantized, check_quantization
+from ..kv_format import KVFormat, check_quantization, format_of
+from ._store import Quantized
 
 
 @dataclass(frozen=True)
@@ -52,18 +52,21 @@ class SharedKV:
             if self.group_size is None or self.bits is None:
                 raise ValueError(f"[{where}] quantized keys/values need group_size and bits.")
             check_quantization(self.group_size, self.bits, where)
-            carried_group, carried_bits = triple_format(self.values)
-            for name, carried, own in (
-                ("v_group_size", carried_group, self.group_size),
-                ("v_bits", carried_bits, self.bits),
-            ):
-                if getattr(self, name) is None:
-                    object.__setattr__(self, name, own if carried is None else carried)
-            check_quantization(self.v_group_size, self.v_bits, where, prefix="v_")
-            store = Quantized(
-                self.group_size, self.bits, v_group_size=self.v_group_size, v_bits=self.v_bits
-            )
-            object.__setattr__(self, "keys", store.check(self.keys, "keys", where))
+            # A donor's fetch in a format only mlxq reads carries it.
+            carried = format_of(self.values) or format_of(self.keys)
+            if carried is not None:
+                group, bits = carried.side(values=True)
+                if self.v_group_size is None:
+                    object.__setattr__(self, "v_group_size", group)
+                if self.v_bits is None:
+                    object.__setattr__(self, "v_bits", bits)
+            hadamard = carried is not None and carried.hadamard
+            fmt = KVFormat(self.group_size, self.bits, self.v_group_size, self.v_bits, hadamard)
+            fmt.checked(where)
+            object.__setattr__(self, "v_group_size", fmt.v_group_size)
+            object.__setattr__(self, "v_bits", fmt.v_bits)
+            store = Quantized(fmt)
+            object.__setattr__(self, "keys", store.fetched(store.check(self.keys, "keys", where)))
             object.__setattr__(
                 self, "values", store.fetched(store.check(self.values, "values", where), True)
             )

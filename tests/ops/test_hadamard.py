@@ -1,4 +1,4 @@
-"""Rotated K/V (mlxq.rotation): quantized in a Walsh-Hadamard basis, attended
+"""Rotated K/V (mlxq.hadamard): quantized in a Walsh-Hadamard basis, attended
 as the unrotated keys and values.
 
 The oracle (reference64.sdpa64 with ``rotated``) dequantizes the stored rows
@@ -16,13 +16,10 @@ from support.reference64 import sdpa64
 import mlxq
 from mlxq.cache import QuantizedKVCache, RotatingQuantizedKVCache
 from mlxq.guard import parts
+from mlxq.hadamard import quantize as rotated_triple
+from mlxq.hadamard import transform as rotate
+from mlxq.kv_format import FormattedTriple, KVFormat, is_hadamard
 from mlxq.prompt_cache import load_prompt_cache, save_prompt_cache
-from mlxq.rotation import RotatedTriple, is_rotated, mark, rotate
-
-
-def rotated_triple(x, group_size, bits):
-    return mark(tuple(mx.quantize(rotate(x), group_size=group_size, bits=bits)))
-
 
 CASES = [
     # D, bits, group, q dtype, Hq, Hkv, L, N, mask, sinks, which (K, V) are rotated
@@ -94,24 +91,24 @@ def steps(rng, D=128, Hkv=2, lengths=(37, 1, 1, 5, 1)):
 @pytest.mark.parametrize("ring", [False, True])
 def test_rotated_cache_holds_quantize_of_the_rotated_rows(rng, ring):
     make = (
-        (lambda: RotatingQuantizedKVCache(32, 4, 64, 4, kv_rotate=True))
+        (lambda: RotatingQuantizedKVCache(32, 4, 64, 4, hadamard=True))
         if ring
-        else (lambda: QuantizedKVCache(64, 4, kv_rotate=True))
+        else (lambda: QuantizedKVCache(64, 4, hadamard=True))
     )
     cache, plain = make(), mlxq.RotatingKVCache(32, 4) if ring else mlxq.KVCache()
     for k, v in steps(rng):  # 45 tokens: the ring wraps
         got = cache.update_and_fetch(k, v)
         want = plain.update_and_fetch(rotate(k), rotate(v))
         for g, w in zip(got, want):
-            assert isinstance(g, RotatedTriple)
+            assert is_hadamard(g)
             expected = mx.quantize(w, group_size=64, bits=4)
             for a, b in zip(parts(g), expected):
                 assert mx.array_equal(a, b)
-    assert cache.kv_rotate and is_rotated(cache.temporal()[0]) if ring else True
+    assert cache.hadamard and is_hadamard(cache.temporal()[0]) if ring else True
 
 
 def test_rotated_state_round_trips_and_records_rotation(rng, tmp_path):
-    cache = QuantizedKVCache(64, 4, kv_rotate=True)
+    cache = QuantizedKVCache(64, 4, hadamard=True)
     plain = QuantizedKVCache(64, 4)
     for k, v in steps(rng):
         cache.update_and_fetch(k, v)
@@ -119,49 +116,66 @@ def test_rotated_state_round_trips_and_records_rotation(rng, tmp_path):
     assert len(cache.state) == len(plain.state) + 1 and cache.state[-1] == 1
     assert cache.meta_state == plain.meta_state + ("1",)
     again = QuantizedKVCache.from_state(cache.state)
-    assert again.kv_rotate and isinstance(again.keys_and_values()[0], RotatedTriple)
-    assert not QuantizedKVCache.from_state(plain.state).kv_rotate
+    assert again.hadamard and is_hadamard(again.keys_and_values()[0])
+    assert not QuantizedKVCache.from_state(plain.state).hadamard
     path = str(tmp_path / "c.safetensors")
     save_prompt_cache(path, [cache, plain])
     loaded = load_prompt_cache(path)
-    assert [c.kv_rotate for c in loaded] == [True, False]
+    assert [c.hadamard for c in loaded] == [True, False]
     q = mx.random.normal((1, 8, 1, 128)).astype(mx.bfloat16)
     for a, b in zip(loaded, (cache, plain)):
         assert mx.array_equal(
             mlxq.sdpa(q, *a.keys_and_values(), scale=0.1),
             mlxq.sdpa(q, *b.keys_and_values(), scale=0.1),
         )
-    ring = RotatingQuantizedKVCache(16, 0, 32, 8, kv_rotate=True)
+    ring = RotatingQuantizedKVCache(16, 0, 32, 8, hadamard=True)
     ring.update_and_fetch(*next(steps(rng)))
-    assert RotatingQuantizedKVCache.from_state(ring.state).kv_rotate
+    assert RotatingQuantizedKVCache.from_state(ring.state).hadamard
 
 
 def test_to_quantized_rotates_the_whole_buffer(rng):
     k, v = next(steps(rng))
     plain = mlxq.KVCache()
     plain.update_and_fetch(k, v)
-    cache = plain.to_quantized(group_size=64, bits=8, kv_rotate=True)
-    assert cache.kv_rotate
+    cache = plain.to_quantized(group_size=64, bits=8, hadamard=True)
+    assert cache.hadamard
     want = mx.quantize(rotate(k), group_size=64, bits=8)
     for a, b in zip(parts(cache.keys_and_values()[0]), want):
         assert mx.array_equal(a, b)
-    assert cache.to_quantized(64, 8, kv_rotate=True) is cache
-    with pytest.raises(ValueError, match="kv_rotate"):
+    assert cache.to_quantized(64, 8, hadamard=True) is cache
+    with pytest.raises(ValueError, match="hadamard"):
         cache.to_quantized(64, 8)
 
 
 def test_bad_rotation_inputs_raise_clear_errors(rng):
-    with pytest.raises(ValueError, match="kv_rotate must be a bool"):
-        QuantizedKVCache(64, 4, kv_rotate=1)
-    cache = QuantizedKVCache(32, 4, kv_rotate=True)
+    with pytest.raises(ValueError, match="hadamard must be a bool"):
+        QuantizedKVCache(64, 4, hadamard=1)
+    cache = QuantizedKVCache(32, 4, hadamard=True)
     x = mx.zeros((1, 1, 2, 96))
     with pytest.raises(ValueError, match="power of two, got 96"):
         cache.update_and_fetch(x, x)
-    state = list(QuantizedKVCache(64, 4, kv_rotate=True).state)
+    state = list(QuantizedKVCache(64, 4, hadamard=True).state)
     state[-1] = 2
-    with pytest.raises(ValueError, match="kv_rotate entry must be 1"):
+    with pytest.raises(ValueError, match=r"hadamard entry must be one of \(1,\)"):
         QuantizedKVCache.from_state(state)
     q = mx.zeros((1, 1, 1, 96))
-    k = mark(tuple(mx.quantize(mx.zeros((1, 1, 4, 96)), group_size=32, bits=4)))
+    k = FormattedTriple(
+        mx.quantize(mx.zeros((1, 1, 4, 96)), group_size=32, bits=4), KVFormat(32, 4, hadamard=True)
+    )
     with pytest.raises(ValueError, match="power of two"):
         mlxq.sdpa(q, k, k, scale=1.0)
+
+
+def test_the_old_names_still_work_and_warn(rng):
+    k, v = next(steps(rng))
+    with pytest.warns(DeprecationWarning, match="kv_rotate is deprecated"):
+        cache = QuantizedKVCache(64, 4, kv_rotate=True)
+    assert cache.hadamard and cache.kv_rotate
+    with pytest.warns(DeprecationWarning, match="keep_recent is deprecated"):
+        ring = RotatingQuantizedKVCache(32, 0, 64, 4, keep_recent=8)
+    assert ring.recent == 8
+    with pytest.warns(DeprecationWarning):
+        again = mlxq.KVCache().to_quantized(64, 4, kv_rotate=True, keep_recent=4)
+    assert again.hadamard and again.recent == 4
+    with pytest.raises(ValueError, match="not both"), pytest.warns(DeprecationWarning):
+        QuantizedKVCache(64, 4, hadamard=False, recent=3, keep_recent=5)
