@@ -171,7 +171,7 @@ def run(model, args, config, context, decode_tokens, seed, host_steps_n=16):
         if ours:
             cache = mlxq_lm.make_prompt_cache(model, kv_bits=bits, kv_group_size=KV_GROUP)
             if compiled:  # mlxq's plain caches (generate_step would swap them in too)
-                mlxq_lm._compiled_model(model, cache)
+                mlxq_lm.generation.compiled_model(model, cache)
         else:
             cache = lm_cache.make_prompt_cache(model)
         fill(cache, args, context, seed)

@@ -229,7 +229,9 @@ def describe_cache(cache) -> str:
     for c in cache:
         name = type(c).__name__
         if hasattr(c, "bits"):
-            vgs, vbits = c._v_format() if hasattr(c, "_v_format") else (c.group_size, c.bits)
+            vgs, vbits = (
+                c.format.side(values=True) if hasattr(c, "format") else (c.group_size, c.bits)
+            )
             if (vgs, vbits) == (c.group_size, c.bits):
                 name += f"({c.bits}-bit, group {c.group_size})"
             else:

@@ -264,3 +264,24 @@ def test_a_request_joining_mid_prefill_with_rotated_rows(arch):
                 out[r.uid].append(r.token)
         gen.close()
         assert_same_tokens(model, first + later, list(out.values()), 4, max_tokens=10)
+
+
+def test_an_unquantized_batch_joined_by_a_quantized_one_takes_its_format():
+    # mlx-lm's _extend_cache, replaced: where only the joining batch is
+    # quantized, the running one is quantized in its format (Hadamard basis
+    # and separate values included), and the whole batch attends as one.
+    from mlxq.mlx_lm.batching import extend_cache
+
+    rng = np.random.default_rng(5)
+    rows = lambda B, T: [  # noqa: E731
+        mx.array(rng.standard_normal((B, 2, T, 64)).astype(np.float32)) for _ in range(2)
+    ]
+    running = lm_cache.BatchKVCache([0, 2])
+    running.update_and_fetch(*rows(2, 6))
+    joining = mlxq.BatchQuantizedKVCache([1], 64, 8, hadamard=True, v_bits=4)
+    joining.update_and_fetch(*rows(1, 4))
+    (merged,) = extend_cache([running], [joining])
+    assert isinstance(merged, mlxq.BatchQuantizedKVCache)
+    assert merged.format == joining.format and merged.batch_size == 3
+    k, v = merged.update_and_fetch(*rows(3, 1))
+    assert k.format.hadamard and (v.group_size, v.bits) == (64, 4)

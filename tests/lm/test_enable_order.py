@@ -78,7 +78,7 @@ def test_enable_refuses_an_untested_mlx_lm(monkeypatch):
 def test_settings_are_one_frozen_value_replaced_whole():
     import dataclasses
 
-    from mlxq.settings import DEFAULT, Settings
+    from mlxq.mlx_lm.settings import DEFAULT, Settings
 
     mlxq_lm.disable()
     assert mlxq_lm.settings() is DEFAULT

@@ -158,7 +158,7 @@ def test_k8v4_generation_stays_close_to_unquantized(arch):
         mlxq_lm.reset_counters()
         ours, cache = teacher_forced(model, prompt, cont, 8)
         counts = mlxq_lm.counters()
-    assert mlxq_lm.settings() == mlxq.settings.DEFAULT  # disable() resets it
+    assert mlxq_lm.settings() == mlxq_lm.Settings()  # disable() resets it
     quantized = [c for c in cache if hasattr(c, "bits")]
     assert quantized and all(
         c.format.side(values=True) == (64, 4) and c.bits == 8 for c in quantized
@@ -192,7 +192,7 @@ def test_cli_separate_value_bits(capsys):
     args = ["--random-model", "llama", "--max-tokens", "4", "--prompt-tokens", "40"]
     main(args + ["--kv-bits", "8", "--v-bits", "4", "--v-group-size", "32"])
     out, err = capsys.readouterr()
-    assert "Generation: 4 tokens" in out and mlxq_lm.settings() == mlxq.settings.DEFAULT
+    assert "Generation: 4 tokens" in out and mlxq_lm.settings() == mlxq_lm.Settings()
     assert "8-bit K (group 64), 4-bit V (group 32)" in err
     with pytest.raises(SystemExit):
         main(args + ["--v-bits", "4"])  # without --kv-bits

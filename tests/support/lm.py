@@ -110,10 +110,10 @@ def runs(arch):
         mlxq_lm.reset_counters()
         res["mlxq"] = teacher_forced(model, prompt, cont, BITS)[0]
         res["counts"] = mlxq_lm.counters()
-        kernel, mlxq_lm._attend = mlxq_lm._attend, composition
+        kernel, mlxq_lm.attention.kernel = mlxq_lm.attention.kernel, composition
         try:
             res["comp"] = deferred_baseline(lambda: teacher_forced(model, prompt, cont, BITS)[0])
         finally:
-            mlxq_lm._attend = kernel
+            mlxq_lm.attention.kernel = kernel
     _RUNS[key] = res
     return res

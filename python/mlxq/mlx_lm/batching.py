@@ -24,13 +24,13 @@ from typing import Any, List, Optional
 
 from mlx_lm.models import cache as lm_cache
 
-from .cache import (
+from ..cache import (
     BatchQuantizedKVCache,
     BatchRotatingQuantizedKVCache,
 )
-from .cache.batch import BatchRows
-from .kv_format import BITS, GROUP_SIZES
-from .lm_caches import quantize_caches
+from ..cache.batch import BatchRows
+from ..kv_format import BITS, GROUP_SIZES
+from .caches import quantize_caches
 from .settings import Settings, settings
 
 # The module (the mlx_lm package's `generate` attribute is the function).
@@ -63,7 +63,7 @@ def batch_to_quantized(self, group_size: int = 64, bits: int = 4):
 
 def _quantize_like(cache, like):
     """``cache`` (unquantized, batch) quantized as ``like`` (a quantized batch)."""
-    return _batch_kind(cache).quantize(cache, **like._quantization_kwargs())
+    return _batch_kind(cache).quantize(cache, **like.format.kwargs())
 
 
 def merge_caches(caches: List[List[Any]]) -> List[Any]:
@@ -134,7 +134,7 @@ class BatchGenerator(lm_generate.BatchGenerator):
         # The settings in force now: a later enable(...) leaves this batch as it is.
         self.settings = settings()
         if self.settings.compiled_decode:  # the batch's one-token steps compiled (mlxq.compiled)
-            from .compiled import CompiledModel
+            from ..compiled import CompiledModel
 
             model = CompiledModel(model)
         super().__init__(model, **kwargs)

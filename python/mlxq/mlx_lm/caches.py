@@ -6,9 +6,9 @@ from typing import Any, Dict
 
 import mlx.core as mx
 
-from .attention import quantized_sdpa
-from .cache import KVCache, RotatingKVCache, RotatingQuantizedKVCache
-from .kv_format import BITS, GROUP_SIZES
+from ..attention import quantized_sdpa
+from ..cache import KVCache, RotatingKVCache, RotatingQuantizedKVCache
+from ..kv_format import BITS, GROUP_SIZES
 from .settings import Settings
 
 _device_support: Dict[Any, bool] = {}

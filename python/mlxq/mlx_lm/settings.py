@@ -40,7 +40,7 @@ def install(value: Settings) -> None:
     """Replace the settings in force (mlxq.mlx_lm.enable / disable)."""
     global _current
     if not isinstance(value, Settings):
-        raise ValueError(f"[mlxq.settings] expected a Settings, got {value!r}.")
+        raise ValueError(f"[mlxq.mlx_lm.settings] expected a Settings, got {value!r}.")
     _current = value
 
 
