@@ -23,7 +23,7 @@ add_library(mlxq_cuda_kernels OBJECT
   csrc/cuda/fill.cu
   csrc/cuda/dequantize.cu
   csrc/cuda/ring_update.cu
-  csrc/cuda/window_attention.cu)
+  csrc/cuda/recent_attention.cu)
 set_target_properties(mlxq_cuda_kernels PROPERTIES
   CUDA_STANDARD 17
   CUDA_STANDARD_REQUIRED ON
@@ -37,7 +37,7 @@ target_sources(mlxq_core PRIVATE
   csrc/cuda/quantized_sdpa.cpp
   csrc/cuda/gemm_sdpa.cpp
   csrc/cuda/ring_update.cpp
-  csrc/cuda/window_attention.cpp
+  csrc/cuda/recent_attention.cpp
   csrc/cuda/dequantize_into.cpp
   $<TARGET_OBJECTS:mlxq_cuda_kernels>)
 # mlx/backend/cuda/device.h includes <fmt/format.h>, which no wheel ships.

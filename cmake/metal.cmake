@@ -43,7 +43,7 @@ target_sources(mlxq_core PRIVATE
   csrc/metal/kernels.cpp
   csrc/metal/quantized_sdpa.cpp
   csrc/metal/ring_update.cpp
-  csrc/metal/window_attention.cpp
+  csrc/metal/recent_attention.cpp
   csrc/metal/dequantize_into.cpp)
 target_include_directories(mlxq_core PRIVATE ${MLX_INCLUDE_DIRS})
 add_dependencies(mlxq_core mlxq_metallib)
