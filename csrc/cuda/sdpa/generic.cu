@@ -328,6 +328,9 @@ __global__ void __launch_bounds__(NT) generic_kernel_impl(SdpaArgs a) {
       }
       const float sum = warp_sum(p);
       sm.s[r * TK + lane] = p;
+      // Every lane has read m[r] (m_old) above; the shuffles alone do not
+      // order shared memory, so the warp meets before lane 0 overwrites it.
+      __syncwarp();
       if (lane == 0) {
         sm.l[r] = sm.l[r] * corr + sum;
         sm.m[r] = m_new;
