@@ -28,6 +28,7 @@ from typing import List, Optional
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from .cache import decode_step
 from .cache.base import BaseCache
 from .cache.decode_step import DecodeView
 
@@ -110,7 +111,7 @@ class CompiledDecode:
         if inputs.dtype != mx.uint32:  # the prompt's last token (int64), then samples
             inputs = inputs.astype(mx.uint32)  # one graph for both: the same rows
         try:
-            plans = [c._prepare_step() for c in cache]  # _why_not asked decode_refusal
+            plans = [decode_step.prepare_step(c) for c in cache]  # _why_not asked refusal
         except ValueError as e:
             self._forget(cache)
             return self._decline(str(e))
@@ -138,7 +139,7 @@ class CompiledDecode:
             n = 3 if c._store.quantized else 1
             k = tuple(out[i : i + n]) if n == 3 else out[i]
             v = tuple(out[i + n : i + 2 * n]) if n == 3 else out[i + n]
-            c._adopt_step(p, k, v)
+            decode_step.adopt_step(c, p, k, v)
             i += 2 * n
         self.steps += 1
         return logits
@@ -165,7 +166,7 @@ class CompiledDecode:
                 return (
                     f"layer {i}: unquantized caches decode eagerly (compiled decode needs kv_bits)"
                 )
-            refusal = c.decode_refusal()
+            refusal = decode_step.refusal(c)
             if refusal is not None:
                 return f"layer {i}: {refusal}"
         return None

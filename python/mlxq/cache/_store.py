@@ -27,11 +27,34 @@ from ..ring import quantized_ring_update
 Triple = Tuple[mx.array, mx.array, mx.array]
 
 
+class FormatField:
+    """A cache attribute read from its quantized format (``cache.format``):
+    ``group_size``, ``bits`` and the rest. An unquantized cache has none,
+    so the attribute is absent there (``hasattr(cache, "bits")`` is False),
+    which is how mlx-lm tells quantized caches apart."""
+
+    NAMES = ("group_size", "bits", "v_group_size", "v_bits", "hadamard")
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, cache, owner=None):
+        if cache is None:
+            return self
+        if cache.format is None:
+            raise AttributeError(f"an unquantized {owner.__name__} has no {self.name}")
+        return getattr(cache.format, self.name)
+
+
 class Plain:
     """Keys/values stored as they come: one array ``[B, H, S, D]``."""
 
     quantized = False
     key = ("plain",)  # what compiled decode graphs depend on
+
+    def extras(self) -> tuple:
+        """The trailing ``state`` entries of this storage: none."""
+        return ()
 
     def encode(self, x: mx.array, values: bool = False) -> mx.array:
         return x
@@ -117,6 +140,10 @@ class Quantized:
     def side(self, values: bool = False) -> Tuple[int, int]:
         """``(group_size, bits)`` of one side."""
         return self.format.side(values)
+
+    def extras(self) -> tuple:
+        """The trailing ``state`` entries of the format (KVFormat.extras)."""
+        return self.format.extras()
 
     def _basis(self, x: mx.array) -> mx.array:
         return transform(x) if self.format.hadamard else x

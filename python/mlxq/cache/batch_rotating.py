@@ -24,17 +24,33 @@ import numpy as np
 from ..arguments import as_int
 from ..kv_format import KVFormat
 from ..masks import left_padded
-from .base import BaseCache, QuantizedStorage, quantization_options
-from .batch import BatchRows, _host_ints, tokens_held
+from . import batch_rows, checks, decode_step, quantized
+from .base import BaseCache
+from .batch_rows import HostRows, host_ints, set_rows
 from .decode_step import DecodePlan
 from .decode_step import remember_mask as _remember_mask
-from .rotating import RotatingQuantizedKVCache, overwrite_in_place
+from .rotating import RotatingQuantizedKVCache, grow_ring, overwrite_in_place
 
 
-class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
+class BatchRotatingQuantizedKVCache(BaseCache):
     """A batch of quantized rings of ``max_size`` rows (mlx-lm's ``BatchRotatingKVCache``)."""
 
     mlx_lm_name = "BatchRotatingQuantizedKVCache"  # mlx-lm has no such class
+    format = KVFormat()
+    to_quantized = quantized.already_quantized
+    # The batch side (batch_rows.py).
+    _batch_rows = True
+    _lp = _off = np.zeros(0, np.int64)  # host left_padding and offset
+    _idx = 0
+    left_padding = HostRows("left_padding", "_lp")  # int32 [B]: padding rows first
+    offset = HostRows("offset", "_off")  # int32 [B]: each sequence's RoPE position
+    prepare = batch_rows.prepare
+    meta_state = batch_rows.NO_META_STATE
+    _check_positions = batch_rows.check_positions
+
+    @property
+    def batch_size(self) -> int:
+        return len(self._lp)
 
     def __init__(
         self,
@@ -52,17 +68,17 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         self.values = None
         where = self._where("__init__")
         self.max_size = as_int(max_size, "max_size", where, minimum=1)
-        hadamard, _ = quantization_options(where, hadamard, kv_rotate=kv_rotate)
+        hadamard, _ = quantized.options(where, hadamard, kv_rotate=kv_rotate)
         self.format = KVFormat(group_size, bits, v_group_size, v_bits, hadamard)
         self._idx = 0
         self._offset = 0  # tokens written to the ring (the batch's longest)
         self.rotated = False
         self._lengths = None  # each sequence's true end during a right-padded prefill
-        self._init_rows(left_padding)
+        batch_rows.init_rows(self, left_padding)
         self._configure()
 
     def _configure(self) -> None:
-        self._use_quantized_store()
+        self._store = quantized.store(self)
 
     def _used(self) -> int:
         return min(self._offset, self._store.length(self.keys))
@@ -71,8 +87,8 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
     def update_and_fetch(self, keys, values):
         """One token: written at ring row ``_idx``, the ring returned in ring
         order. Several: the kept context in temporal order, then the new rows."""
-        self._check_batch(keys)
-        if self._check_update(keys, values) == 1:
+        batch_rows.check_batch(self, keys)
+        if checks.update(self, keys, values) == 1:
             return self._update_in_place(keys, values)
         return self._fetched(*self._update_concat(keys, values))
 
@@ -104,14 +120,14 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
                 self.keys = store.rows(self.keys, stop=self._idx)
                 self.values = store.rows(self.values, stop=self._idx)
             if self._lengths is not None:  # padded sequences: roll, so none is cut short
-                self._roll(np.maximum(0, self._off - self._lengths))
+                batch_rows.roll(self, np.maximum(0, self._off - self._lengths))
             trim_size = self._idx - self.max_size + 1
             lp = self._lp - trim_size if trim_size > 0 else self._lp
-            self._set_rows(lp, self._off)
+            set_rows(self, lp, self._off)
             self.keys = self._trim(trim_size, self.keys, new_k)
             self.values = self._trim(trim_size, self.values, new_v)
         T = keys.shape[2]
-        self._set_rows(self._lp, self._off + T)
+        set_rows(self, self._lp, self._off + T)
         self._offset += T
         self._idx = store.length(self.keys)
         self._owned = True  # encoded or concatenated here
@@ -122,13 +138,13 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         if self._lengths is not None:
             raise ValueError(f"[{where}] finalize() must be called before decoding.")
         store, prev = self._store, self._offset
-        self._grow_ring(keys, values, prev)
+        grow_ring(self, keys, values, prev)
         lp = self._settle_ring()
         self.keys, self.values = store.write_kv(
             self.keys, self.values, keys, values, self._idx, overwrite_in_place(self, prev)
         )
         self._owned = True
-        self._set_rows(lp, self._off + 1)
+        set_rows(self, lp, self._off + 1)
         self._offset += 1
         self._idx += 1
         return self.keys_and_values()
@@ -160,7 +176,7 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         state = (self._idx, self._offset, self.rotated, self.max_size, self._lp.tobytes())
         filling = self._offset < self.max_size and not self.rotated
         if filling and self._idx == self._offset:
-            capacity = self._grow_for_decode(self._offset, limit=self.max_size)
+            capacity = decode_step.grow_for(self, self._offset, limit=self.max_size)
             lp = self._lp
         else:
             if self._store.length(self.keys) < self.max_size:
@@ -168,7 +184,7 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
             lp = self._settle_ring()
             capacity = self.max_size
         key = _remember_mask(state + (capacity,), lambda: self._step_mask(state, capacity))
-        self._set_rows(lp, self._off)
+        set_rows(self, lp, self._off)
         rows = tuple(int(x) for x in self._off)
         return DecodePlan("batch_ring", self._idx, rows, capacity, 0, key)
 
@@ -192,7 +208,7 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         return out
 
     def _decoded(self, plan) -> None:
-        self._set_rows(self._lp, self._off + 1)
+        set_rows(self, self._lp, self._off + 1)
         self._offset += 1
         self._idx += 1
 
@@ -205,7 +221,7 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         if self._lengths is not None:
             shifts = np.maximum(0, self._off - self._lengths)
             self._lengths = None
-            self._roll(shifts)
+            batch_rows.roll(self, shifts)
 
     # ---------------------------------------------------------------- state
     @property
@@ -221,15 +237,15 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
             self._idx,
             self.rotated,
         )
-        return batch + self._quantization_state()
+        return batch + batch_rows.quantization_state(self)
 
     @state.setter
     def state(self, v):
         where = self._where("state")
         keys, values, offset, left_padding, max_size, _offset, idx, rotated = tuple(v)[:8]
-        self._take_quantization(tuple(v)[8:], where)
-        self._set_rows(
-            _host_ints(left_padding, "left_padding", where), _host_ints(offset, "offset", where)
+        batch_rows.take_quantization(self, tuple(v)[8:], where)
+        set_rows(
+            self, host_ints(left_padding, "left_padding", where), host_ints(offset, "offset", where)
         )
         self.max_size = as_int(max_size, "max_size", where, minimum=1)
         self._offset = as_int(_offset, "_offset", where, minimum=0)
@@ -246,10 +262,10 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         return self._offset < self.max_size
 
     def trim(self, n: int) -> int:
-        n = min(self._offset, self._check_trim(n))
+        n = min(self._offset, as_int(n, "n", self._where("trim"), minimum=0))
         self._offset -= n
         self._idx -= n
-        self._set_rows(self._lp, self._off - n)
+        set_rows(self, self._lp, self._off - n)
         return n
 
     def make_mask(self, N: int, window_size=None, return_array: bool = False, **kwargs):
@@ -271,18 +287,18 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
 
     def filter(self, batch_indices) -> None:
         """Keep only the sequences ``batch_indices``."""
-        self._filter_rows(batch_indices)
+        batch_rows.filter_rows(self, batch_indices)
 
     def extend(self, other) -> None:
         """Append ``other``'s sequences (both unrolled first unless their
         rings line up)."""
-        if isinstance(other, BatchRows) or hasattr(other, "max_size"):
+        if batch_rows.is_batch(other) or hasattr(other, "max_size"):
             if other.max_size != self.max_size:
                 raise ValueError(
                     f"[{self._where('extend')}] cannot extend a ring of max_size "
                     f"{self.max_size} with one of {other.max_size}."
                 )
-        if not isinstance(other, BatchRows):
+        if not batch_rows.is_batch(other):
             other = type(self).quantize(other, **self.format.kwargs())
         if (self.keys is not None or other.keys is not None) and (
             self.rotated != other.rotated or self._idx != other._idx
@@ -290,7 +306,7 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
             self._to_temporal_order()
             other._to_temporal_order()
         offset = max(self._offset, other._offset)
-        self._extend(other, self._where("extend"))
+        batch_rows.extend(self, other, self._where("extend"))
         self._offset = offset
 
     def extract(self, idx: int) -> RotatingQuantizedKVCache:
@@ -322,12 +338,12 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
             raise ValueError(
                 f"[{where}] cannot batch rings of different max_size: {sorted(sizes)}."
             )
-        params = cls._quantized_like(caches, where).kwargs()
-        lengths = [tokens_held(c) for c in caches]
+        params = batch_rows.quantized_like(caches, where).kwargs()
+        lengths = [batch_rows.tokens_held(c) for c in caches]
         longest = max(lengths, default=0)
         cache = cls(caches[0].max_size, [longest - n for n in lengths], **params)
-        cache._take_sequences(caches, lengths)
-        cache._set_rows(cache._lp, np.array([int(c.offset) for c in caches], np.int64))
+        batch_rows.take_sequences(cache, caches, lengths)
+        set_rows(cache, cache._lp, np.array([int(c.offset) for c in caches], np.int64))
         cache._offset = cache._idx
         return cache
 
@@ -340,8 +356,8 @@ class BatchRotatingQuantizedKVCache(BatchRows, QuantizedStorage, BaseCache):
         cache = cls(
             batch.max_size, np.zeros(len(batch.offset), np.int64), group_size, bits, **quantization
         )
-        cache._take_batch(batch, where)
+        batch_rows.take_batch(cache, batch, where)
         cache._offset, cache.rotated = batch._offset, batch.rotated
         lengths = getattr(batch, "_lengths", None)
-        cache._lengths = None if lengths is None else _host_ints(lengths, "lengths", where)
+        cache._lengths = None if lengths is None else host_ints(lengths, "lengths", where)
         return cache

@@ -30,6 +30,8 @@ from typing import NamedTuple, Optional, Tuple
 
 import mlx.core as mx
 
+_TRUE = mx.array(True)
+
 # Rows a growing buffer's capacity is rounded up to (the caches' growth step
 # and the kernels' key class: see csrc/row_tiling.h).
 KEY_CLASS = 256
@@ -202,3 +204,81 @@ def check_adopt(cache, plan: Optional[DecodePlan], keys, values, where: str) -> 
     want = buffer_shapes(store, cache.keys, cache.values)
     if got != want:
         raise ValueError(f"[{where}] the step's buffers have shapes {got}; the cache's are {want}.")
+
+
+# ------------------------------------------------------- the cache's half
+# Each cache with a compiled step has two hooks: ``_decode_slot()``, the
+# bookkeeping of its eager one-token update without the write (returns the
+# plan), and ``_decoded(plan)``, the token counted once the graph has run.
+
+
+def refusal(cache) -> Optional[str]:
+    """Why ``cache`` cannot take a compiled step now, or None."""
+    if not hasattr(cache, "_decode_slot"):
+        return f"{type(cache).__name__} has no compiled decode step."
+    if cache.keys is None:
+        return "the cache is empty: a compiled step continues a prefill."
+    if cache._recent is not None:
+        return (
+            "a cache with a recent window decodes eagerly (its exact window is not part "
+            "of the compiled step)."
+        )
+    return None
+
+
+def prepare(cache) -> DecodePlan:
+    """``cache.prepare_decode()``: the buffer sized for the step and the
+    cache's alone to write in place; returns the step's plan."""
+    why = refusal(cache)
+    if why is not None:
+        raise ValueError(f"[{cache._where('prepare_decode')}] {why}")
+    return prepare_step(cache)
+
+
+def prepare_step(cache) -> DecodePlan:
+    """:func:`prepare` once :func:`refusal` has said yes (the compiled
+    step's driver asks that first, for every cache)."""
+    plan = cache._decode_slot()
+    if not cache._owned:  # handed out: the graph writes in place, so copy first
+        copy = lambda a: mx.where(_TRUE, a, a)  # noqa: E731  (new memory unless a is ours alone)
+        cache.keys = cache._store.map(cache.keys, copy)
+        cache.values = cache._store.map(cache.values, copy)
+        cache._owned = True
+    cache._pending_decode = plan
+    return plan
+
+
+def adopt(cache, plan: DecodePlan, keys, values) -> None:
+    """``cache.adopt_decode(plan, keys, values)``: the compiled step's
+    written buffers (shaped as the cache's) become the cache's."""
+    check_adopt(cache, plan, keys, values, cache._where("adopt_decode"))
+    adopt_step(cache, plan, keys, values)
+
+
+def adopt_step(cache, plan: DecodePlan, keys, values) -> None:
+    """:func:`adopt` without the checks (the compiled step's own outputs)."""
+    cache.keys, cache.values = keys, values
+    cache._owned = True  # the graph wrote the cache's buffers in place
+    cache._pending_decode = None
+    cache._decoded(plan)
+
+
+def grow_for(cache, prev: int, limit: Optional[int] = None, blank=None) -> int:
+    """A growing buffer sized for a compiled step writing row ``prev``:
+    ``prev + 1`` rows in whole key classes (at most ``limit``), the rows
+    before ``prev`` kept and the rest ``blank(like, n, values)`` rows (by
+    default zero words); returns the capacity."""
+    store = cache._store
+    blank = blank or store.zeros
+    want = key_class(prev + 1) if limit is None else min(key_class(prev + 1), limit)
+    if store.length(cache.keys) == want:
+        return want
+
+    def resized(t, values):
+        B, H = (t[0] if store.quantized else t).shape[:2]
+        like = mx.zeros((B, H, 0, store.head_dim(t, values)), store.dtype(t))
+        return store.concat([store.rows(t, stop=prev), blank(like, want - prev, values)])
+
+    cache.keys, cache.values = resized(cache.keys, False), resized(cache.values, True)
+    cache._owned = True
+    return want

@@ -13,12 +13,17 @@ from ..arguments import as_int
 from ..kv_format import KVFormat
 from ..masks import create_attention_mask
 from ..split import RecentSplit
-from .base import BaseCache, QuantizedStorage, quantization_options
+from . import checks, decode_step, quantized
+from .base import BaseCache
 from .decode_step import DecodePlan
-from .recent import KeepsRecent
+from .recent import window_for
 
 
-class _GrowingCache(BaseCache):
+class KVCache(BaseCache):
+    """mlx-lm's ``KVCache``: unquantized keys and values, grown 256 tokens at a time."""
+
+    mlx_lm_name = "KVCache"
+
     def __init__(self):
         self.keys = None
         self.values = None
@@ -34,7 +39,7 @@ class _GrowingCache(BaseCache):
 
     def _append(self, keys, values, stop):
         """The update; fetches rows [0, stop) (default: all, [0, offset))."""
-        T = self._check_update(keys, values)
+        T = checks.update(self, keys, values)
         prev = self._used()
         stop = prev + T if stop is None else stop
         if self.keys is None or prev + T > self._store.length(self.keys):
@@ -73,9 +78,19 @@ class _GrowingCache(BaseCache):
         self.values = store.concat([self.values, new_v])
         self._owned = True  # fresh buffers, held by nobody else
 
+    def _blank(self, like, n: int, values: bool = False):
+        """``n`` empty rows for an update shaped like ``like``: zero words,
+        as mlx-lm's caches grow."""
+        return self._store.zeros(like, n, values)
+
+    # The compiled step's hooks (decode_step.py).
     def _decode_slot(self):
         prev = self._used()
-        return DecodePlan("grow", prev, self.offset, self._grow_for_decode(prev), 0)
+        capacity = decode_step.grow_for(self, prev, blank=self._blank)
+        return DecodePlan("grow", prev, self.offset, capacity, 0)
+
+    def _decoded(self, plan) -> None:
+        self.offset += 1
 
     def make_mask(self, N: int, *, return_array: bool = False, window_size=None):
         """None, ``"causal"`` or a bool array for an ``N``-token step (mlx-lm's rule)."""
@@ -95,12 +110,6 @@ class _GrowingCache(BaseCache):
         self.offset = offset
         self._adopt(keys, values, "restore")
         return self
-
-
-class KVCache(_GrowingCache):
-    """mlx-lm's ``KVCache``: unquantized keys and values, grown 256 tokens at a time."""
-
-    mlx_lm_name = "KVCache"
 
     @classmethod
     def merge(cls, caches):
@@ -127,17 +136,17 @@ class KVCache(_GrowingCache):
         ``recent`` tokens also kept exact). ``kv_rotate`` and
         ``keep_recent`` are deprecated names of ``hadamard`` and ``recent``."""
         where = self._where("to_quantized")
-        hadamard, recent = quantization_options(where, hadamard, recent, kv_rotate, keep_recent)
+        hadamard, recent = quantized.options(where, hadamard, recent, kv_rotate, keep_recent)
         cache = QuantizedKVCache(group_size, bits, hadamard, v_group_size, v_bits, recent)
         cache.offset = self.offset
         if self.keys is not None:
-            cache._encode_buffers(self.keys, self.values)
+            quantized.encode_buffers(cache, self.keys, self.values)
             if cache._recent is not None:
                 cache._recent.fill(*self.keys_and_values(), self.offset)
         return cache
 
 
-class QuantizedKVCache(KeepsRecent, QuantizedStorage, _GrowingCache):
+class QuantizedKVCache(KVCache):
     """mlx-lm's ``QuantizedKVCache``: keys and values quantized as they are written.
 
     Each update is quantized by the ring primitive itself (bit-identical to
@@ -160,6 +169,9 @@ class QuantizedKVCache(KeepsRecent, QuantizedStorage, _GrowingCache):
 
     mlx_lm_name = "QuantizedKVCache"
     _SCALARS = ("offset", "group_size", "bits")
+    format = KVFormat()
+    recent = 0
+    to_quantized = quantized.already_quantized
 
     def __init__(
         self,
@@ -175,14 +187,14 @@ class QuantizedKVCache(KeepsRecent, QuantizedStorage, _GrowingCache):
     ):
         super().__init__()
         where = self._where("__init__")
-        hadamard, recent = quantization_options(where, hadamard, recent, kv_rotate, keep_recent)
+        hadamard, recent = quantized.options(where, hadamard, recent, kv_rotate, keep_recent)
         self.format = KVFormat(group_size, bits, v_group_size, v_bits, hadamard)
         self.recent = as_int(recent, "recent", where, minimum=0)
         self._configure()
 
     def _configure(self) -> None:
-        self._use_quantized_store()
-        self._configure_recent()
+        self._store = quantized.store(self)
+        self._recent = window_for(self._recent, self.recent, self.offset)
 
     @classmethod
     def merge(cls, caches) -> "BatchQuantizedKVCache":  # noqa: F821
@@ -194,7 +206,7 @@ class QuantizedKVCache(KeepsRecent, QuantizedStorage, _GrowingCache):
         return BatchQuantizedKVCache.merge(caches)
 
     def update_and_fetch(self, keys, values):
-        """Append and fetch (see _GrowingCache); with ``recent``, the
+        """Append and fetch (see KVCache); with ``recent``, the
         fetch is a :class:`RecentSplit` of keys and one of values."""
         if self._recent is None:
             return super().update_and_fetch(keys, values)

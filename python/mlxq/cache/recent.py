@@ -18,7 +18,6 @@ changes which copy attention reads. Its bytes are ``2 * (R + 1) * D``
 elements per KV head, whatever the context length.
 """
 
-import copy
 from typing import Optional
 
 import mlx.core as mx
@@ -105,6 +104,12 @@ class RecentWindow:
         self.keys = _ext.ring_update(self.keys, keys, pos)
         self.values = _ext.ring_update(self.values, values, pos)
 
+    def trimmed(self, old: int, offset: int) -> None:
+        """The cache went back from ``old`` tokens to ``offset``: the ring
+        holds at least [old - size, old), so what of it lies below the new
+        offset stays readable; below that, only new writes will be."""
+        self.start = min(max(self.start, old - self.size), offset)
+
     def fill(self, keys: mx.array, values: mx.array, offset: int) -> None:
         """Hold the newest of plain rows ``keys``/``values`` ``[B, H, S, D]``,
         oldest first, the last at position ``offset - 1`` (a cache being
@@ -122,46 +127,16 @@ class RecentWindow:
         return self.keys.nbytes + self.values.nbytes
 
 
-class KeepsRecent:
-    """A quantized cache's ``recent`` option: its window's life cycle
-    next to the cache's (mixed in before the cache classes)."""
-
-    recent = 0
-    _recent: Optional[RecentWindow] = None
-
-    def _configure_recent(self) -> None:
-        if not self.recent:
-            self._recent = None
-        elif self._recent is None or self._recent.size != self.recent:
-            self._recent = RecentWindow(self.recent)
-            self._recent.reset(self.offset)
-
-    def _adopt(self, keys, values, method: str) -> None:
-        super()._adopt(keys, values, method)
-        if self._recent is not None:  # adopted rows were never held exactly
-            self._recent.reset(self.offset)
-
-    def trim(self, n: int) -> int:
-        old = self.offset
-        n = super().trim(n)
-        if self._recent is not None and n:
-            # The ring holds at least [old - R, old): what of it lies below
-            # the new offset stays readable; below that, only new writes will be.
-            start = max(self._recent.start, old - self.recent)
-            self._recent.start = min(start, self.offset)
-        return n
-
-    def __copy__(self):
-        other = super().__copy__()
-        # A shallow copy: the ring arrays are shared, so neither can be
-        # donated and the next write of either copies (RecentWindow._write).
-        other._recent = copy.copy(self._recent)
-        return other
-
-    @property
-    def nbytes(self) -> int:
-        window = self._recent.nbytes if self._recent is not None else 0
-        return super().nbytes + window
+def window_for(current: Optional[RecentWindow], size: int, offset: int):
+    """A cache's recent window of ``size`` tokens: ``current`` if it has
+    that size, else a new one (serving from ``offset``), or None for 0."""
+    if not size:
+        return None
+    if current is not None and current.size == size:
+        return current
+    window = RecentWindow(size)
+    window.reset(offset)
+    return window
 
 
-__all__ = ["KeepsRecent", "RecentWindow"]
+__all__ = ["RecentWindow", "window_for"]

@@ -27,9 +27,10 @@ from ..arguments import as_int
 from ..kv_format import KVFormat
 from ..masks import create_causal_mask
 from ..split import RecentSplit
-from .base import BaseCache, QuantizedStorage, quantization_options
+from . import checks, decode_step, quantized
+from .base import BaseCache
 from .decode_step import DecodePlan
-from .recent import KeepsRecent
+from .recent import window_for
 
 
 def overwrite_in_place(cache, prev: int) -> bool:
@@ -45,7 +46,29 @@ def overwrite_in_place(cache, prev: int) -> bool:
     return prev < cache.max_size or cache._store.scheduled(cache.keys)
 
 
-class _RingCache(BaseCache):
+def grow_ring(cache, keys, values, written: int) -> None:
+    """A ring's growth before a one-token write (mlx-lm's rule): while it
+    is shorter than ``max_size`` and full (``written`` tokens), 256 more
+    zero rows (up to ``max_size``), and the write goes at ``written``."""
+    store = cache._store
+    length = 0 if cache.keys is None else store.length(cache.keys)
+    if cache.keys is not None and (written < length or length >= cache.max_size):
+        return
+    n = min(cache.step, cache.max_size - written)
+    new_k, new_v = store.zeros(keys, n), store.zeros(values, n, values=True)
+    if cache.keys is None:
+        cache.keys, cache.values = new_k, new_v
+    else:
+        cache.keys = store.concat([cache.keys, new_k])
+        cache.values = store.concat([cache.values, new_v])
+    cache._owned = True  # fresh buffers, held by nobody else
+    cache._idx = written
+
+
+class RotatingKVCache(BaseCache):
+    """mlx-lm's ``RotatingKVCache(max_size, keep=0)`` with O(1) in-place decode writes."""
+
+    mlx_lm_name = "RotatingKVCache"
     _SCALARS = ("offset", "keep", "max_size", "_idx")
 
     def __init__(self, max_size: int, keep: int = 0):
@@ -86,7 +109,7 @@ class _RingCache(BaseCache):
         ring order. Several tokens: the kept context in temporal order
         followed by the new tokens.
         """
-        if self._check_update(keys, values) == 1:
+        if checks.update(self, keys, values) == 1:
             return self._update_in_place(keys, values)
         return self._fetched(*self._update_concat(keys, values))
 
@@ -132,7 +155,7 @@ class _RingCache(BaseCache):
 
     def _update_in_place(self, keys, values):
         store, prev = self._store, self.offset
-        self._grow_ring(keys, values, prev)
+        grow_ring(self, keys, values, prev)
         self._settle_ring()
         self.keys, self.values = store.write_kv(
             self.keys, self.values, keys, values, self._idx, overwrite_in_place(self, prev)
@@ -144,7 +167,7 @@ class _RingCache(BaseCache):
 
     def _decode_slot(self):
         """The bookkeeping of _update_in_place, without the write. While
-        the ring fills, a growing buffer (see _GrowingCache); then mlx-lm's
+        the ring fills, a growing buffer (see KVCache); then mlx-lm's
         ring: back to max_size rows after a longer step, the index wrapped."""
         if self.offset < self.max_size:
             if self._idx != self.offset:
@@ -152,7 +175,7 @@ class _RingCache(BaseCache):
                     f"[{self._where('prepare_decode')}] a filling ring's index "
                     f"({self._idx}) must equal its offset ({self.offset})."
                 )
-            capacity = self._grow_for_decode(self.offset, limit=self.max_size)
+            capacity = decode_step.grow_for(self, self.offset, limit=self.max_size)
             return DecodePlan("grow", self.offset, self.offset, capacity, 0)
         # mlx-lm's window-mask roll uses the index before the step.
         shift = (0 if self._idx >= self.max_size else self._idx) + 1
@@ -215,15 +238,14 @@ class _RingCache(BaseCache):
         buffer and the ring cannot go back (speculative decoding must stop
         drafting into such a cache).
         """
-        n = self._check_trim(n)
+        n = as_int(n, "n", self._where("trim"), minimum=0)
         if n and not self.is_trimmable():
             raise ValueError(
                 f"[{self._where('trim')}] cannot trim {n} tokens: the ring is full "
                 f"(offset {self.offset} >= max_size {self.max_size}), older tokens are "
                 "being overwritten and trimming would expose evicted positions."
             )
-        n = min(self.offset, n)
-        self.offset -= n
+        n = super().trim(n)  # offset (and the recent window)
         self._idx -= n
         return n
 
@@ -246,12 +268,6 @@ class _RingCache(BaseCache):
         idx = 0 if self._idx >= self.max_size else self._idx
         n = min(self.offset + 1, self.max_size)
         return mx.roll(mx.arange(n) >= n - window_size, shift=idx + 1)
-
-
-class RotatingKVCache(_RingCache):
-    """mlx-lm's ``RotatingKVCache(max_size, keep=0)`` with O(1) in-place decode writes."""
-
-    mlx_lm_name = "RotatingKVCache"
 
     @classmethod
     def merge(cls, caches):
@@ -279,19 +295,19 @@ class RotatingKVCache(_RingCache):
         tokens also kept exact). ``kv_rotate`` and ``keep_recent`` are
         deprecated names of ``hadamard`` and ``recent``."""
         where = self._where("to_quantized")
-        hadamard, recent = quantization_options(where, hadamard, recent, kv_rotate, keep_recent)
+        hadamard, recent = quantized.options(where, hadamard, recent, kv_rotate, keep_recent)
         cache = RotatingQuantizedKVCache(
             self.max_size, self.keep, group_size, bits, hadamard, v_group_size, v_bits, recent
         )
         cache.offset, cache._idx = self.offset, self._idx
         if self.keys is not None:
-            cache._encode_buffers(self.keys, self.values)
+            quantized.encode_buffers(cache, self.keys, self.values)
             if cache._recent is not None:
                 cache._recent.fill(*self.temporal(), self.offset)
         return cache
 
 
-class RotatingQuantizedKVCache(KeepsRecent, QuantizedStorage, _RingCache):
+class RotatingQuantizedKVCache(RotatingKVCache):
     """The ring of :class:`RotatingKVCache` over quantized triples.
 
     Fetches equal ``mx.quantize`` of a ``RotatingKVCache``'s fetches after
@@ -306,7 +322,10 @@ class RotatingQuantizedKVCache(KeepsRecent, QuantizedStorage, _RingCache):
     """
 
     mlx_lm_name = "RotatingQuantizedKVCache"  # mlx-lm has no such class
-    _SCALARS = _RingCache._SCALARS + ("group_size", "bits")
+    _SCALARS = RotatingKVCache._SCALARS + ("group_size", "bits")
+    format = KVFormat()
+    recent = 0
+    to_quantized = quantized.already_quantized
 
     def __init__(
         self,
@@ -323,14 +342,14 @@ class RotatingQuantizedKVCache(KeepsRecent, QuantizedStorage, _RingCache):
         keep_recent: Optional[int] = None,
     ):
         where = self._where("__init__")
-        hadamard, recent = quantization_options(where, hadamard, recent, kv_rotate, keep_recent)
+        hadamard, recent = quantized.options(where, hadamard, recent, kv_rotate, keep_recent)
         self.format = KVFormat(group_size, bits, v_group_size, v_bits, hadamard)
         self.recent = recent
         super().__init__(max_size, keep)
 
     def _configure(self) -> None:
         super()._configure()
-        self._use_quantized_store()
+        self._store = quantized.store(self)
         where = self._where("__init__")
         self.recent = as_int(self.recent, "recent", where, minimum=0)
         if self.recent >= self.max_size - self.keep:
@@ -338,7 +357,7 @@ class RotatingQuantizedKVCache(KeepsRecent, QuantizedStorage, _RingCache):
                 f"[{where}] recent ({self.recent}) must be < max_size - keep "
                 f"({self.max_size - self.keep}): the window must fit in the ring's evictable part."
             )
-        self._configure_recent()
+        self._recent = window_for(self._recent, self.recent, self.offset)
 
     @classmethod
     def merge(cls, caches) -> "BatchRotatingQuantizedKVCache":  # noqa: F821
@@ -350,12 +369,12 @@ class RotatingQuantizedKVCache(KeepsRecent, QuantizedStorage, _RingCache):
         return BatchRotatingQuantizedKVCache.merge(caches)
 
     def update_and_fetch(self, keys, values):
-        """See _RingCache; with ``recent``, the fetch is a
+        """See RotatingKVCache; with ``recent``, the fetch is a
         :class:`RecentSplit` of keys and one of values."""
         if self._recent is None:
             return super().update_and_fetch(keys, values)
         prev = self.offset
-        if self._check_update(keys, values) > 1:
+        if checks.update(self, keys, values) > 1:
             k_all, v_all = self._update_concat(keys, values)
             lo, exact_k, exact_v, _ = self._recent.step(keys, values, prev)
             n = self._store.length(k_all) - (self.offset - lo)

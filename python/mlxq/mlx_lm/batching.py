@@ -28,7 +28,7 @@ from ..cache import (
     BatchQuantizedKVCache,
     BatchRotatingQuantizedKVCache,
 )
-from ..cache.batch import BatchRows
+from ..cache.batch_rows import is_batch
 from ..kv_format import BITS, GROUP_SIZES
 from .caches import quantize_caches
 from .settings import Settings, settings
@@ -90,7 +90,7 @@ def extend_cache(cache_a: List[Any], cache_b: List[Any]) -> List[Any]:
     if not cache_b:
         return cache_a
     for i, (a, b) in enumerate(zip(cache_a, cache_b)):
-        if isinstance(b, BatchRows) and not isinstance(a, BatchRows) and not _is_quantized(a):
+        if is_batch(b) and not is_batch(a) and not _is_quantized(a):
             a = cache_a[i] = _quantize_like(a, b)
         a.extend(b)
     return cache_a
