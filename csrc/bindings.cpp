@@ -64,38 +64,69 @@ NB_MODULE(_ext, m) {
   m.attr("SUPPORTED_BITS") = nb::tuple(bits);
   m.attr("SUPPORTED_GROUP_SIZES") = nb::tuple(group_sizes);
 
-  // The fused attention and its log-sum-exp variant take the same arguments.
-  auto def_sdpa = [&m](const char* name, auto fn, const char* doc) {
-    m.def(
-        name,
-        guarded(fn),
-        "q"_a,
-        "k_packed"_a,
-        "k_scales"_a,
-        "k_biases"_a,
-        "v_packed"_a,
-        "v_scales"_a,
-        "v_biases"_a,
-        nb::kw_only(),
-        "scale"_a,
-        "mask_mode"_a = "",
-        "mask"_a = nb::none(),
-        "sinks"_a = nb::none(),
-        "bits"_a = nb::none(),
-        "group_size"_a = nb::none(),
-        "v_bits"_a = nb::none(),
-        "v_group_size"_a = nb::none(),
-        "stream"_a = nb::none(),
-        doc);
-  };
-  def_sdpa(
+  // The fused attention: its output, or with return_lse (output, lse).
+  m.def(
       "quantized_sdpa",
-      &mlxq::quantized_sdpa,
+      guarded(
+          +[](const mx::array& q,
+              const mx::array& k_packed,
+              const mx::array& k_scales,
+              const mx::array& k_biases,
+              const mx::array& v_packed,
+              const mx::array& v_scales,
+              const mx::array& v_biases,
+              float scale,
+              const std::string& mask_mode,
+              const std::optional<mx::array>& mask,
+              const std::optional<mx::array>& sinks,
+              std::optional<int> group_size,
+              std::optional<int> bits,
+              std::optional<int> v_group_size,
+              std::optional<int> v_bits,
+              bool return_lse,
+              mx::StreamOrDevice s) -> nb::object {
+            auto outs = mlxq::quantized_sdpa(
+                q,
+                k_packed,
+                k_scales,
+                k_biases,
+                v_packed,
+                v_scales,
+                v_biases,
+                scale,
+                mask_mode,
+                mask,
+                sinks,
+                group_size,
+                bits,
+                v_group_size,
+                v_bits,
+                return_lse,
+                s);
+            if (!return_lse) {
+              return nb::cast(outs[0]);
+            }
+            return nb::make_tuple(outs[0], outs[1]);
+          }),
+      "q"_a,
+      "k_packed"_a,
+      "k_scales"_a,
+      "k_biases"_a,
+      "v_packed"_a,
+      "v_scales"_a,
+      "v_biases"_a,
+      nb::kw_only(),
+      "scale"_a,
+      "mask_mode"_a = "",
+      "mask"_a = nb::none(),
+      "sinks"_a = nb::none(),
+      "group_size"_a = nb::none(),
+      "bits"_a = nb::none(),
+      "v_group_size"_a = nb::none(),
+      "v_bits"_a = nb::none(),
+      "return_lse"_a = false,
+      "stream"_a = nb::none(),
       "Fused attention over MLX affine-quantized K/V (see mlxq.quantized_sdpa).");
-  def_sdpa(
-      "quantized_sdpa_with_lse",
-      &mlxq::quantized_sdpa_with_lse,
-      "quantized_sdpa plus each row's log-sum-exp (see mlxq.quantized_sdpa).");
 
   m.def(
       "recent_attention",

@@ -159,7 +159,7 @@ std::pair<int, int> infer_quantization(
 
 } // namespace
 
-mx::array quantized_sdpa(
+std::vector<mx::array> quantized_sdpa(
     const mx::array& q,
     const mx::array& k_packed,
     const mx::array& k_scales,
@@ -171,10 +171,11 @@ mx::array quantized_sdpa(
     const std::string& mask_mode,
     const std::optional<mx::array>& mask,
     const std::optional<mx::array>& sinks,
-    std::optional<int> bits,
     std::optional<int> group_size,
-    std::optional<int> v_bits,
+    std::optional<int> bits,
     std::optional<int> v_group_size,
+    std::optional<int> v_bits,
+    bool return_lse,
     mx::StreamOrDevice s) {
   if (q.ndim() != 4) {
     fail(kOp, "queries must be 4-D [B, H_q, L, D], got shape ", shape_str(q.shape()), ".");
@@ -290,59 +291,13 @@ mx::array quantized_sdpa(
   }
 
   auto stream = mx::to_stream(s);
-  return mx::array(
-      {B, Hq, L, Dv},
-      q.dtype(),
-      std::make_shared<QuantizedSDPA>(stream, params),
-      std::move(inputs));
-}
-
-std::pair<mx::array, mx::array> quantized_sdpa_with_lse(
-    const mx::array& q,
-    const mx::array& k_packed,
-    const mx::array& k_scales,
-    const mx::array& k_biases,
-    const mx::array& v_packed,
-    const mx::array& v_scales,
-    const mx::array& v_biases,
-    float scale,
-    const std::string& mask_mode,
-    const std::optional<mx::array>& mask,
-    const std::optional<mx::array>& sinks,
-    std::optional<int> bits,
-    std::optional<int> group_size,
-    std::optional<int> v_bits,
-    std::optional<int> v_group_size,
-    mx::StreamOrDevice s) {
-  // The plain node validates every input; the same node with a second
-  // output replaces it.
-  mx::array plain = quantized_sdpa(
-      q,
-      k_packed,
-      k_scales,
-      k_biases,
-      v_packed,
-      v_scales,
-      v_biases,
-      scale,
-      mask_mode,
-      mask,
-      sinks,
-      bits,
-      group_size,
-      v_bits,
-      v_group_size,
-      s);
-  auto& node = static_cast<QuantizedSDPA&>(plain.primitive());
-  QuantizedSDPAParams params = node.params();
-  params.with_lse = true;
-  const mx::Shape lse_shape(plain.shape().begin(), plain.shape().end() - 1);
-  auto outs = mx::array::make_arrays(
-      {plain.shape(), lse_shape},
-      {plain.dtype(), mx::float32},
-      std::make_shared<QuantizedSDPA>(node.stream(), params),
-      plain.inputs());
-  return {outs[0], outs[1]};
+  params.with_lse = return_lse;
+  auto node = std::make_shared<QuantizedSDPA>(stream, params);
+  if (!return_lse) {
+    return {mx::array({B, Hq, L, Dv}, q.dtype(), std::move(node), std::move(inputs))};
+  }
+  return mx::array::make_arrays(
+      {{B, Hq, L, Dv}, {B, Hq, L}}, {q.dtype(), mx::float32}, std::move(node), std::move(inputs));
 }
 
 bool QuantizedSDPA::is_equivalent(const mx::Primitive& other) const {

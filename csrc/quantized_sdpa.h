@@ -26,7 +26,7 @@ struct QuantizedSDPAParams {
   bool has_sinks;
   // A second output: each row's log-sum-exp of its scaled scores (natural
   // log, sinks included), so attention over a segment of the keys can be
-  // merged with attention over the rest (quantized_sdpa_with_lse).
+  // merged with attention over the rest (quantized_sdpa's return_lse).
   bool with_lse = false;
 
   bool operator==(const QuantizedSDPAParams&) const = default;
@@ -68,14 +68,18 @@ class QuantizedSDPA : public mx::Primitive {
 /**
  * Validates every input, then builds the QuantizedSDPA node.
  * `mask_mode` is "" or "causal"; `mask` is an optional bool/additive array
- * broadcastable to [B, Hq, L, N] (not both). `bits`/`group_size` are the
- * keys' quantization, inferred from the shapes when not given; `v_bits`
- * and `v_group_size` default to the keys' (the value head dim is unknown
- * until the width is fixed, and a group size inferred from it could silently
- * fit a wrong width). Raises
+ * broadcastable to [B, Hq, L, N] (not both). `group_size`/`bits` are the
+ * keys' quantization, inferred from the shapes when not given;
+ * `v_group_size` and `v_bits` default to the keys' (the value head dim is
+ * unknown until the width is fixed, and a group size inferred from it could
+ * silently fit a wrong width). Returns {out}, or with `return_lse`
+ * {out, lse}: each row's log-sum-exp [B, Hq, L] (float32, natural log of the
+ * softmax denominator, sinks included), so two attentions over disjoint key
+ * sets merge exactly by their weights exp(lse_i - logaddexp(lse_1, lse_2));
+ * every backend writes it (Metal: the decode kernel and its merge). Raises
  * std::invalid_argument (ValueError in Python) naming the offending input.
  */
-mx::array quantized_sdpa(
+std::vector<mx::array> quantized_sdpa(
     const mx::array& q,
     const mx::array& k_packed,
     const mx::array& k_scales,
@@ -87,35 +91,11 @@ mx::array quantized_sdpa(
     const std::string& mask_mode = "",
     const std::optional<mx::array>& mask = std::nullopt,
     const std::optional<mx::array>& sinks = std::nullopt,
-    std::optional<int> bits = std::nullopt,
     std::optional<int> group_size = std::nullopt,
-    std::optional<int> v_bits = std::nullopt,
-    std::optional<int> v_group_size = std::nullopt,
-    mx::StreamOrDevice s = {});
-
-/**
- * quantized_sdpa that also returns each row's log-sum-exp [B, Hq, L]
- * (float32, natural log of the softmax denominator, sinks included): two
- * attentions over disjoint key sets merge exactly by their weights
- * exp(lse_i - logaddexp(lse_1, lse_2)). Every backend (Metal: the decode
- * kernel and its merge, which writes it).
- */
-std::pair<mx::array, mx::array> quantized_sdpa_with_lse(
-    const mx::array& q,
-    const mx::array& k_packed,
-    const mx::array& k_scales,
-    const mx::array& k_biases,
-    const mx::array& v_packed,
-    const mx::array& v_scales,
-    const mx::array& v_biases,
-    float scale,
-    const std::string& mask_mode = "",
-    const std::optional<mx::array>& mask = std::nullopt,
-    const std::optional<mx::array>& sinks = std::nullopt,
     std::optional<int> bits = std::nullopt,
-    std::optional<int> group_size = std::nullopt,
-    std::optional<int> v_bits = std::nullopt,
     std::optional<int> v_group_size = std::nullopt,
+    std::optional<int> v_bits = std::nullopt,
+    bool return_lse = false,
     mx::StreamOrDevice s = {});
 
 } // namespace mlxq

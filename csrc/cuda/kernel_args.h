@@ -32,7 +32,7 @@ struct SdpaArgs {
   const void* mask;
   const float* sinks; // [Hq] or null
   void* out; // [B, Hq, L, Dv], contiguous
-  // [B, Hq, L] or null: each row's log-sum-exp (quantized_sdpa_with_lse),
+  // [B, Hq, L] or null: each row's log-sum-exp (quantized_sdpa with return_lse),
   // written by the split merge; the kernels then always write partials.
   float* lse;
   float* part_o; // splits > 1: [B * Hkv * row_tiles * splits, row_tile, Dv]

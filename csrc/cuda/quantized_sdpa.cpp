@@ -54,7 +54,7 @@ struct Partials {
 };
 
 // Log-sum-exp merge of the splits' partials into `out` (normalised, sinks).
-// With `lse` (quantized_sdpa_with_lse) it writes each row's log-sum-exp too.
+// With `lse` (quantized_sdpa with return_lse) it writes each row's log-sum-exp too.
 void merge(
     mx::cu::CommandEncoder& enc,
     SdpaArgs a,
@@ -366,7 +366,7 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::a
   auto& enc = mx::cu::get_command_encoder(stream());
   allocate(out, enc);
   poison(out, enc);
-  // The log-sum-exp (quantized_sdpa_with_lse), written by the split merge.
+  // The log-sum-exp (quantized_sdpa with return_lse), written by the split merge.
   mx::array* lse = outs.size() > 1 ? &outs[1] : nullptr;
   if (lse) {
     allocate(*lse, enc);

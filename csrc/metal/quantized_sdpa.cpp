@@ -20,7 +20,7 @@ void QuantizedSDPA::eval_gpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
   mx::array& out = outputs[0];
-  // Each row's log-sum-exp (quantized_sdpa_with_lse), written by the merge.
+  // Each row's log-sum-exp (quantized_sdpa with return_lse), written by the merge.
   mx::array* lse = outputs.size() > 1 ? &outputs[1] : nullptr;
   auto& s = stream();
   auto& d = mx::metal::device(s.device);

@@ -1,6 +1,6 @@
 // Metal has no RecentAttention kernel: its op refuses Metal streams with a
 // ValueError, and mlxq.sdpa attends a recent window there with MLX ops (the
-// quantized part through quantized_sdpa_with_lse, which Metal serves). So no
+// quantized part through quantized_sdpa with return_lse, which Metal serves). So no
 // node reaches this.
 #include <stdexcept>
 

@@ -11,13 +11,10 @@ SUPPORTED_BITS: tuple = (2, 3, 4, 5, 6, 8)
 
 SUPPORTED_GROUP_SIZES: tuple = (32, 64, 128)
 
-def quantized_sdpa(q: mlx.core.array, k_packed: mlx.core.array, k_scales: mlx.core.array, k_biases: mlx.core.array, v_packed: mlx.core.array, v_scales: mlx.core.array, v_biases: mlx.core.array, *, scale: float, mask_mode: str = '', mask: mlx.core.array | None = None, sinks: mlx.core.array | None = None, bits: int | None = None, group_size: int | None = None, v_bits: int | None = None, v_group_size: int | None = None, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:
+def quantized_sdpa(q: mlx.core.array, k_packed: mlx.core.array, k_scales: mlx.core.array, k_biases: mlx.core.array, v_packed: mlx.core.array, v_scales: mlx.core.array, v_biases: mlx.core.array, *, scale: float, mask_mode: str = '', mask: mlx.core.array | None = None, sinks: mlx.core.array | None = None, group_size: int | None = None, bits: int | None = None, v_group_size: int | None = None, v_bits: int | None = None, return_lse: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> object:
     """
     Fused attention over MLX affine-quantized K/V (see mlxq.quantized_sdpa).
     """
-
-def quantized_sdpa_with_lse(q: mlx.core.array, k_packed: mlx.core.array, k_scales: mlx.core.array, k_biases: mlx.core.array, v_packed: mlx.core.array, v_scales: mlx.core.array, v_biases: mlx.core.array, *, scale: float, mask_mode: str = '', mask: mlx.core.array | None = None, sinks: mlx.core.array | None = None, bits: int | None = None, group_size: int | None = None, v_bits: int | None = None, v_group_size: int | None = None, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> tuple[mlx.core.array, mlx.core.array]:
-    """quantized_sdpa plus each row's log-sum-exp (see mlxq.quantized_sdpa)."""
 
 def recent_attention(q: mlx.core.array, keys: mlx.core.array, values: mlx.core.array, out_q: mlx.core.array, lse_q: mlx.core.array, *, scale: float, causal: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:
     """

@@ -40,8 +40,8 @@ def quantized_sdpa(
     sinks: Optional[mx.array] = None,
     group_size: Optional[int] = None,
     bits: Optional[int] = None,
-    v_bits: Optional[int] = None,
     v_group_size: Optional[int] = None,
+    v_bits: Optional[int] = None,
     stream: Union[None, mx.Stream, mx.Device] = None,
     return_lse: bool = False,
 ) -> Union[mx.array, Tuple[mx.array, mx.array]]:
@@ -75,11 +75,11 @@ def quantized_sdpa(
           64 or 128). Inferred from the shapes when omitted.
         bits (int, optional): Bits per element of the keys (2, 3, 4, 5, 6 or
           8). Inferred from the shapes when omitted.
+        v_group_size (int, optional): Group size of the values. Default:
+          the keys' group size.
         v_bits (int, optional): Bits per element of the values, when they
           differ from the keys' (e.g. 8-bit keys with 4-bit values). Default:
           the keys' bits (the value head dim is inferred from it).
-        v_group_size (int, optional): Group size of the values. Default:
-          the keys' group size.
         stream (Stream, optional): Stream or device to run on.
         return_lse (bool, optional): Also return each row's log-sum-exp
           ``[B, H_q, L]`` (float32, natural log of the softmax denominator,
@@ -116,8 +116,7 @@ def quantized_sdpa(
         check_head_dim(q.shape[-1], "mlxq.quantized_sdpa")
         q = transform(q, stream=stream)
     mask_mode, mask_arr = _split_mask(mask)
-    op = _ext.quantized_sdpa_with_lse if return_lse else _ext.quantized_sdpa
-    out = op(  # validates every input, even when routed below
+    out = _ext.quantized_sdpa(  # validates every input, even when routed below
         q,
         *keys,
         *values,
@@ -125,10 +124,11 @@ def quantized_sdpa(
         mask_mode=mask_mode,
         mask=mask_arr,
         sinks=sinks,
-        bits=bits,
         group_size=group_size,
-        v_bits=v_bits,
+        bits=bits,
         v_group_size=v_group_size,
+        v_bits=v_bits,
+        return_lse=return_lse,
         stream=stream,
     )
     lse = None
@@ -144,8 +144,8 @@ def quantized_sdpa(
             mask_mode,
             mask_arr,
             sinks,
-            (bits, group_size),
-            (v_bits, v_group_size),
+            (group_size, bits),
+            (v_group_size, v_bits),
             stream,
         )
         if routed is not None:
@@ -245,17 +245,17 @@ def _dequantized_route(
 ):
     """MLX's fused attention over this layer's dequantized K/V, where it is
     faster than mlxq's kernel (see :mod:`mlxq.routing`); None otherwise.
-    ``k_quant`` / ``v_quant``: the (bits, group_size) arguments, validated."""
+    ``k_quant`` / ``v_quant``: the (group_size, bits) arguments, validated."""
     device = _device_of(stream)
     backend = routing.gpu_backend() if device.type == mx.gpu else None
     if backend is None:
         return None
     Dk = q.shape[3]
-    bits = k_quant[0] or keys[0].shape[3] * 32 // Dk
-    group_size = k_quant[1] or Dk // keys[1].shape[3]
-    v_bits = v_quant[0] or bits
+    bits = k_quant[1] or keys[0].shape[3] * 32 // Dk
+    group_size = k_quant[0] or Dk // keys[1].shape[3]
+    v_bits = v_quant[1] or bits
     Dv = values[0].shape[3] * 32 // v_bits
-    v_group_size = v_quant[1] or group_size
+    v_group_size = v_quant[0] or group_size
     kind = "array" if mask_arr is not None else ("causal" if mask_mode else "none")
     shape = dict(
         L=q.shape[2],
@@ -367,8 +367,8 @@ def recent_split_sdpa(
     sinks: Optional[mx.array] = None,
     group_size: Optional[int] = None,
     bits: Optional[int] = None,
-    v_bits: Optional[int] = None,
     v_group_size: Optional[int] = None,
+    v_bits: Optional[int] = None,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array:
     """Attention over a :class:`~mlxq.split.RecentSplit` of keys and one of
@@ -460,8 +460,8 @@ def sdpa(
     sinks: Optional[mx.array] = None,
     group_size: Optional[int] = None,
     bits: Optional[int] = None,
-    v_bits: Optional[int] = None,
     v_group_size: Optional[int] = None,
+    v_bits: Optional[int] = None,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array:
     """Scaled dot-product attention over plain or quantized keys and values.
@@ -481,7 +481,7 @@ def sdpa(
         sinks (array, optional): Per-head attention-sink logits ``[H_q]``.
         group_size (int, optional): Quantization group size (triples only).
         bits (int, optional): Quantization bits (triples only).
-        v_bits, v_group_size (int, optional): The values' own quantization,
+        v_group_size, v_bits (int, optional): The values' own quantization,
           when it differs from the keys' (see :func:`quantized_sdpa`).
         stream (Stream, optional): Stream or device to run on.
 

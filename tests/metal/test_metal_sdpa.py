@@ -297,7 +297,7 @@ def test_prefill(emu, rng, L, N, kind):
     assert plan["prefill"] and not plan["merge"]
 
 
-# --- log-sum-exp (quantized_sdpa_with_lse) ---------------------------------------------------
+# --- log-sum-exp (quantized_sdpa with return_lse) ---------------------------------------------
 
 
 @pytest.mark.parametrize(

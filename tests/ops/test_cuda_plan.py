@@ -188,7 +188,7 @@ def test_keys_and_values_quantized_apart():
 
 
 def test_the_log_sum_exp_comes_from_a_split_merge():
-    # quantized_sdpa_with_lse: the merge (fused in decode, merge_kernel
+    # quantized_sdpa with return_lse: the merge (fused in decode, merge_kernel
     # otherwise) writes each row's log-sum-exp, so every family writes
     # partials, even with one split; the GEMM family has no merge and yields.
     assert plan(with_lse=True)["kernel"] == "cuda_decode"
