@@ -155,6 +155,77 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
     assert send(url, REQUESTS[0]) == send(url, REQUESTS[0])
 
 
+# (path, body, the field the 400 names): each once killed mlx-lm's
+# generation thread, was accepted without a limit, or got a wrong status.
+MALFORMED = [
+    ("/v1/completions", {"prompt": "x", "stop": 12}, "stop"),
+    ("/v1/completions", {"prompt": "x", "stop": ["a", 3]}, "stop"),
+    ("/v1/completions", {"prompt": 5}, "prompt"),
+    ("/v1/completions", {"prompt": ["a", 7]}, "prompt"),
+    ("/v1/completions", {"max_tokens": 4}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 10**12}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": MAX_TOKENS + 1}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": True}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "temperature"),
+    ("/v1/completions", b'{"prompt": "x", "temperature": NaN}', "temperature"),
+    ("/v1/completions", {"prompt": "x", "top_p": 1.5}, "top_p"),
+    ("/v1/completions", {"prompt": "x", "top_k": -1}, "top_k"),
+    ("/v1/completions", {"prompt": "x", "min_p": 2}, "min_p"),
+    ("/v1/completions", {"prompt": "x", "seed": "s"}, "seed"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 1}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"a": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "repetition_penalty": -1}, "repetition_penalty"),
+    ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "messages[0].role"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": 5}]},
+        "messages[0].content",
+    ),
+]
+
+
+def test_malformed_requests_get_400_naming_the_field(server):
+    url, _ = server
+    before = send(url, REQUESTS[0])
+    for path, body, field in MALFORMED:
+        status, raw = post(url, path, body)
+        assert status == 400, (body, status, raw)
+        assert json.loads(raw)["error"].startswith(f"{field}:"), (body, raw)
+    assert send(url, REQUESTS[0]) == before  # the generation thread lives on
+
+
+def test_a_request_without_max_tokens_gets_the_servers_limit(server):
+    url, _ = server
+    status, raw = post(url, "/v1/completions", {"prompt": "golf", "temperature": 0.0})
+    assert status == 200, raw
+    assert json.loads(raw)["usage"]["completion_tokens"] <= MAX_TOKENS
+
+
+def test_check_request_names_each_field():
+    from mlxq.server.requests import RequestError, check_request
+
+    for path, body, field in MALFORMED:
+        body = json.loads(body) if isinstance(body, bytes) else body
+        with pytest.raises(RequestError) as e:
+            check_request(path, body, max_tokens=MAX_TOKENS)
+        assert e.value.field == field, body
+    good = {"prompt": "x", "max_tokens": 3, "stop": ["\n"], "logit_bias": {"5": -1.5}}
+    check_request("/v1/completions", dict(good, top_logprobs=-1, xtc_probability=0))
+    chat = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    check_request("/v1/chat/completions", chat, max_tokens=None)
+
+
+def test_the_limit_defaults_to_the_context_length():
+    from mlxq.server import context_length
+
+    model, _ = random_model("llama", seed=1)
+    assert context_length(model) == model.args.max_position_embeddings == 131072
+    assert context_length(object()) is None  # no limit but --max-tokens then
+
+
 def test_prompt_cache_holds_quantized_caches_at_their_real_size():
     """What the server's LRU prompt cache holds after a batch: mlxq's
     quantized caches, counted at their quantized size, and reusable in a

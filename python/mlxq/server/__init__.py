@@ -13,7 +13,12 @@ OpenAI-style endpoints) with :mod:`mlxq.mlx_lm` enabled, where:
   ``--prompt-cache-bytes`` limit counts their real (quantized) size;
 * ``--quantized-kv-start`` defaults to 0: a served request's KV is
   quantized from its first token (mlx-lm's default, 5000, would leave
-  short requests unquantized).
+  short requests unquantized);
+* every field of a request is checked before it reaches the generation
+  thread (mlxq.server.requests): a bad one gets 400 naming the field;
+* ``--max-tokens`` caps what a request may ask for (400 above it) and is
+  the default for requests that do not say; without it, both are the
+  model's context length.
 
 Each time the decoding batch changes size, the log says how many
 sequences it decodes together.
@@ -26,7 +31,8 @@ import logging
 import sys
 from typing import List, Optional
 
-from . import mlx_lm as bridge
+from .. import mlx_lm as bridge
+from .requests import check_request
 
 log = logging.getLogger("mlxq.server")
 
@@ -65,26 +71,59 @@ def _logging_batch_generator(base, kv_bits, kv_group_size, quantized_kv_start):
 
 
 def _kv_options(argv: List[str]):
-    """``(argv, kv_bits, kv_group_size, quantized_kv_start)``: the KV options
-    as mlx-lm's parser will read them (abbreviations included), and the
-    command line with our default start added when none is given."""
+    """``(argv, kv_bits, kv_group_size, quantized_kv_start, max_tokens)``:
+    the options as mlx-lm's parser will read them (abbreviations included),
+    and the command line with our default start added when none is given
+    (``max_tokens`` None when not given)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--kv-bits", type=int, default=None)
     p.add_argument("--kv-group-size", type=int, default=64)
     p.add_argument("--quantized-kv-start", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=None)
     known, _ = p.parse_known_args(argv)
     start = known.quantized_kv_start
     if start is None:
         start, argv = 0, argv + ["--quantized-kv-start", "0"]
-    return argv, known.kv_bits, known.kv_group_size, start
+    return argv, known.kv_bits, known.kv_group_size, start, known.max_tokens
+
+
+def context_length(model) -> Optional[int]:
+    """The longest sequence ``model`` (an mlx-lm model) was configured for, or None."""
+    args = getattr(model, "args", None)
+    for name in ("max_position_embeddings", "max_seq_len", "context_length"):
+        n = getattr(args, name, None)
+        if isinstance(n, int) and n > 0:
+            return n
+    return None
+
+
+def _validating(original, max_tokens: Optional[int]):
+    """mlx-lm's ``APIHandler.validate_model_parameters``, run after
+    :func:`check_request` has checked every field of the request (a
+    RequestError is a ValueError, which mlx-lm answers with 400).
+    ``max_tokens``: the server's limit, else the model's context length."""
+
+    def validate_model_parameters(self):
+        limit = max_tokens
+        if limit is None:
+            limit = context_length(self.response_generator.model_provider.model)
+        check_request(self.path, self.body, limit)
+        if limit is not None and not {"max_tokens", "max_completion_tokens"} & set(self.body):
+            self.max_tokens = limit
+        # mlx-lm's own check wants floats where a JSON integer is as good.
+        for name in ("xtc_probability", "xtc_threshold"):
+            setattr(self, name, float(getattr(self, name)))
+        original(self)
+
+    return validate_model_parameters
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Run mlx-lm's server (``mlx_lm.server.main``) with mlxq enabled."""
-    from .kv_format import BITS, GROUP_SIZES
+    from ..kv_format import BITS, GROUP_SIZES
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    argv, kv_bits, kv_group_size, start = _kv_options(argv)
+    argv, kv_bits, kv_group_size, start, max_tokens = _kv_options(argv)
     if kv_bits is not None and kv_bits not in BITS:
         raise SystemExit(f"mlxq.server: --kv-bits must be one of {BITS}, got {kv_bits}.")
     if kv_bits is not None and kv_group_size not in GROUP_SIZES:
@@ -97,6 +136,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     server.BatchGenerator = _logging_batch_generator(
         server.BatchGenerator, kv_bits, kv_group_size, start
     )
+    handler = server.APIHandler
+    handler.validate_model_parameters = _validating(handler.validate_model_parameters, max_tokens)
     sys.argv = [sys.argv[0]] + argv
     server.main()
 

@@ -1,0 +1,5 @@
+"""``python -m mlxq.server``."""
+
+from . import main
+
+main()
