@@ -261,3 +261,101 @@ def test_prompt_cache_holds_quantized_caches_at_their_real_size():
         assert rest == [5, 6] and cache[0].offset == len(held[1])
         again = batch_generate(model, tok, [rest], prompt_caches=[cache], max_tokens=2, kv_bits=4)
         assert len(again.texts) == 1
+
+
+def test_the_generation_loop_restarts_and_fails_only_the_requests_it_held():
+    # A stand-in for mlx-lm's ResponseGenerator: one thread, one loop taking
+    # requests from a queue; a request "boom" fails the loop while it holds
+    # "held" too. The requests behind them must still be served.
+    import queue
+    import threading
+
+    from mlxq.server.supervision import GenerationFailed, supervised
+
+    class Loop:
+        def __init__(self):
+            self.requests = queue.Queue()
+            self._stop = False
+            self._generation_thread = threading.Thread(target=self._run_generate, daemon=True)
+            self._generation_thread.start()
+
+        def _run_generate(self):
+            self._generate()
+
+        def _next_request(self, timeout=None):
+            try:
+                return self.requests.get(timeout=timeout)
+            except queue.Empty:
+                return None
+
+        def _generate(self):
+            held = []
+            while not self._stop:
+                request = self._next_request(timeout=0.02)
+                if request is None:
+                    continue
+                rqueue, prompt = request
+                if prompt == "held":
+                    held.append(rqueue)
+                elif prompt == "boom":
+                    raise ValueError("injected")
+                else:
+                    rqueue.put(prompt.upper())
+                    rqueue.put(None)
+
+    gen = supervised(Loop)()
+    queues = {p: queue.Queue() for p in ("a", "held", "boom", "b", "c")}
+    for p, q in queues.items():
+        gen.requests.put((q, p))
+    try:
+        for p in ("a", "b", "c"):
+            assert queues[p].get(timeout=10) == p.upper() and queues[p].get(timeout=10) is None
+        for p in ("held", "boom"):
+            err = queues[p].get(timeout=10)
+            assert isinstance(err, GenerationFailed) and "injected" in str(err)
+        assert gen.failures == 1 and gen._generation_thread.is_alive()
+    finally:
+        gen._stop = True
+        gen._generation_thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failed_completion_is_answered_500_or_ends_its_stream(stream):
+    # A stand-in for mlx-lm's APIHandler: answering_errors patches the same
+    # three methods.
+    import io
+
+    from mlxq.server.supervision import GenerationFailed, answering_errors
+
+    class Handler:
+        def __init__(self, error):
+            self.wfile, self.sent, self.error = io.BytesIO(), [], error
+
+        def _set_completion_headers(self, status_code=200):
+            self.sent.append(status_code)
+
+        def _set_stream_headers(self, status_code=200):
+            self.sent.append(("stream", status_code))
+
+        def end_headers(self):
+            pass
+
+        def handle_completion(self, request, stop_words):
+            try:  # mlx-lm's answer to a failed generate(): 404, in its except block
+                raise self.error
+            except Exception:
+                self._set_completion_headers(404)
+            (self._set_stream_headers if stream else self._set_completion_headers)(200)
+            raise GenerationFailed("generation failed: boom")
+
+    answering_errors(Handler)
+    unknown_model = Handler(ValueError("no such model"))
+    unknown_model.handle_completion(None, [])
+    failed = Handler(GenerationFailed("generation failed: boom"))
+    failed.handle_completion(None, [])
+    assert unknown_model.sent[0] == 404 and failed.sent[0] == 500
+    body = failed.wfile.getvalue().decode()
+    if stream:
+        assert body.endswith('data: {"error": "generation failed: boom"}\n\ndata: [DONE]\n\n')
+    else:
+        assert failed.sent[-1] == 500 and json.loads(body)["error"].endswith("boom")

@@ -18,7 +18,9 @@ OpenAI-style endpoints) with :mod:`mlxq.mlx_lm` enabled, where:
   thread (mlxq.server.requests): a bad one gets 400 naming the field;
 * ``--max-tokens`` caps what a request may ask for (400 above it) and is
   the default for requests that do not say; without it, both are the
-  model's context length.
+  model's context length;
+* the generation thread restarts its loop after a failure, and the
+  requests it held get 500 or an error event (mlxq.server.supervision).
 
 Each time the decoding batch changes size, the log says how many
 sequences it decodes together.
@@ -33,6 +35,7 @@ from typing import List, Optional
 
 from .. import mlx_lm as bridge
 from .requests import check_request
+from .supervision import answering_errors, supervised
 
 log = logging.getLogger("mlxq.server")
 
@@ -132,12 +135,13 @@ def main(argv: Optional[List[str]] = None) -> None:
         )
     bridge.enable()
     server = importlib.import_module("mlx_lm.server")
-    server.ResponseGenerator = _batching_response_generator(server.ResponseGenerator)
+    server.ResponseGenerator = supervised(_batching_response_generator(server.ResponseGenerator))
     server.BatchGenerator = _logging_batch_generator(
         server.BatchGenerator, kv_bits, kv_group_size, start
     )
     handler = server.APIHandler
     handler.validate_model_parameters = _validating(handler.validate_model_parameters, max_tokens)
+    answering_errors(handler)
     sys.argv = [sys.argv[0]] + argv
     server.main()
 

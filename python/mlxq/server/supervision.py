@@ -1,0 +1,100 @@
+"""The generation thread outlives any failure, and a failed request gets an answer.
+
+mlx-lm's server runs every request through one generation thread; an
+exception anywhere in its loop ends the thread, and from then on every
+request, valid or not, is answered 404 ("generation thread died"). Here:
+
+* :func:`supervised` makes the thread's loop restart after a failure. The
+  requests the failed loop had taken (and not finished) get the error on
+  their response queues; the requests still waiting in the queue are served
+  by the new loop. The log records each failure, and ``failures`` counts
+  them.
+* :func:`answering_errors` makes the HTTP handler answer such a request with
+  500 and a JSON error (not mlx-lm's 404), or, when its stream has started,
+  end the stream with an error event and ``data: [DONE]``.
+"""
+
+import json
+import logging
+import sys
+import weakref
+
+log = logging.getLogger("mlxq.server")
+
+
+class GenerationFailed(RuntimeError):
+    """What a request held by a failed generation loop gets: a server error."""
+
+
+def supervised(base):
+    """mlx-lm's ResponseGenerator class ``base``, with a loop that restarts."""
+
+    class Supervised(base):
+        failures = 0
+
+        def __init__(self, *args, **kwargs):
+            # The response queues of requests the loop has taken: a finished
+            # request's handler drops its queue, which leaves the set.
+            self._taken = weakref.WeakSet()
+            super().__init__(*args, **kwargs)
+
+        def _next_request(self, timeout=None):
+            request = super()._next_request(timeout)
+            if request is not None:
+                self._taken.add(request[0])
+            return request
+
+        def _run_generate(self):
+            while not self._stop:
+                try:
+                    self._generate()
+                    return
+                except Exception as e:  # noqa: BLE001  (any failure: restart)
+                    self.failures += 1
+                    log.exception("mlxq: the generation loop failed (%s); restarting it", e)
+                    error = GenerationFailed(f"generation failed: {e}")
+                    for rqueue in list(self._taken):
+                        rqueue.put(error)
+                    self._taken = weakref.WeakSet()
+
+    return Supervised
+
+
+def answering_errors(handler) -> None:
+    """Patch mlx-lm's APIHandler class ``handler``: a completion that fails
+    after validation is answered 500 (or ends its stream with an error)."""
+    original_completion = handler.handle_completion
+    original_headers = handler._set_completion_headers
+    original_stream_headers = handler._set_stream_headers
+
+    def _set_completion_headers(self, status_code: int = 200):
+        # mlx-lm answers every failed generate() 404, inside its except block:
+        # a failed loop is the server's fault (an unknown model stays 404).
+        if status_code == 404 and isinstance(sys.exc_info()[1], GenerationFailed):
+            status_code = 500
+        original_headers(self, status_code)
+
+    def _set_stream_headers(self, status_code: int = 200):
+        self._mlxq_streaming = True
+        original_stream_headers(self, status_code)
+
+    def handle_completion(self, request, stop_words):
+        try:
+            original_completion(self, request, stop_words)
+        except Exception as e:  # noqa: BLE001  (the failure goes to the client)
+            message = str(e) if isinstance(e, GenerationFailed) else f"generation failed: {e}"
+            log.error("mlxq: request failed: %s", message)
+            if getattr(self, "_mlxq_streaming", False):
+                event = json.dumps({"error": message})
+                self.wfile.write(f"data: {event}\n\ndata: [DONE]\n\n".encode())
+                self.wfile.flush()
+                return
+            self._headers_buffer = []  # the 200 not yet sent: answer 500 instead
+            original_headers(self, 500)
+            self.end_headers()
+            self.wfile.write(json.dumps({"error": message}).encode())
+            self.wfile.flush()
+
+    handler._set_completion_headers = _set_completion_headers
+    handler._set_stream_headers = _set_stream_headers
+    handler.handle_completion = handle_completion
