@@ -359,3 +359,65 @@ def test_a_failed_completion_is_answered_500_or_ends_its_stream(stream):
         assert body.endswith('data: {"error": "generation failed: boom"}\n\ndata: [DONE]\n\n')
     else:
         assert failed.sent[-1] == 500 and json.loads(body)["error"].endswith("boom")
+
+
+def scrape(url):
+    """GET /metrics as {"name{labels}": value}."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+        text = r.read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+def test_metrics_count_what_the_server_did(server):
+    url, _ = server
+    before = scrape(url)
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(lambda r: send(url, r), REQUESTS[:3]))
+    post(url, "/v1/completions", {"prompt": 5})
+    after = scrape(url)
+    ok, bad = 'mlxq_requests_total{status="200"}', 'mlxq_requests_total{status="400"}'
+    assert after[ok] == before.get(ok, 0) + 3 and after[bad] == before.get(bad, 0) + 1
+    tokens = after["mlxq_generated_tokens_total"] - before["mlxq_generated_tokens_total"]
+    assert 3 <= tokens <= 3 * MAX_TOKENS
+    assert after["mlxq_tokens_per_second"] > 0
+    lookups = ('mlxq_prompt_cache_total{result="hit"}', 'mlxq_prompt_cache_total{result="miss"}')
+    assert sum(after[k] for k in lookups) >= sum(before[k] for k in lookups) + 3
+    # Every request done: nothing decoding, nothing queued, no active KV;
+    # the prompt cache keeps what the requests left.
+    assert after["mlxq_batch_size"] == 0 and after["mlxq_queue_length"] == 0
+    assert after['mlxq_kv_bytes{where="active"}'] == 0
+    assert after['mlxq_kv_bytes{where="prompt_cache"}'] > 0
+    assert after["mlxq_generation_failures_total"] == 0
+
+
+def test_the_batch_generator_reports_its_size_and_kv_bytes():
+    from mlxq.server import _logging_batch_generator
+    from mlxq.server.metrics import Metrics
+
+    class Base:  # mlx-lm's BatchGenerator, as far as the server's wrapper reads it
+        def __init__(self, model, **kwargs):
+            self._generation_batch = ["a", "b", "c"]
+
+        @property
+        def prompt_cache_nbytes(self):
+            return 1000 * len(self._generation_batch)
+
+        def _next(self):
+            return []
+
+        def remove(self, uids):
+            self._generation_batch = [u for u in self._generation_batch if u not in uids]
+
+    m = Metrics()
+    gen = _logging_batch_generator(Base, 4, 64, 0, m)(None)
+    gen._next()
+    assert (m.batch_size, m.active_kv_bytes) == (3, 3000)
+    gen.remove(["a", "b", "c"])  # hung up: the slots and their KV go
+    assert (m.batch_size, m.active_kv_bytes) == (0, 0)
+    text = m.render()
+    assert "mlxq_batch_size 0\n" in text and 'mlxq_kv_bytes{where="active"} 0\n' in text

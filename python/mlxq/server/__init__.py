@@ -20,7 +20,9 @@ OpenAI-style endpoints) with :mod:`mlxq.mlx_lm` enabled, where:
   the default for requests that do not say; without it, both are the
   model's context length;
 * the generation thread restarts its loop after a failure, and the
-  requests it held get 500 or an error event (mlxq.server.supervision).
+  requests it held get 500 or an error event (mlxq.server.supervision);
+* ``GET /metrics`` reports requests by status, tokens/s, batch size, queue
+  length, KV bytes and prompt-cache hits (mlxq.server.metrics).
 
 Each time the decoding batch changes size, the log says how many
 sequences it decodes together.
@@ -34,6 +36,7 @@ import sys
 from typing import List, Optional
 
 from .. import mlx_lm as bridge
+from .metrics import Metrics
 from .requests import check_request
 from .supervision import answering_errors, supervised
 
@@ -50,9 +53,10 @@ def _batching_response_generator(base):
     return ResponseGenerator
 
 
-def _logging_batch_generator(base, kv_bits, kv_group_size, quantized_kv_start):
+def _logging_batch_generator(base, kv_bits, kv_group_size, quantized_kv_start, metrics=None):
     class BatchGenerator(base):
-        """mlxq's BatchGenerator with the server's KV settings; logs the batch size."""
+        """mlxq's BatchGenerator with the server's KV settings; logs the batch
+        size and reports it, with the active sequences' KV bytes, to ``metrics``."""
 
         __init__ = functools.partialmethod(
             base.__init__,
@@ -68,7 +72,17 @@ def _logging_batch_generator(base, kv_bits, kv_group_size, quantized_kv_start):
             if n != self._logged:
                 self._logged = n
                 log.info("mlxq: decoding %d sequence(s) in one batch (kv_bits=%s)", n, kv_bits)
+            self._report()
             return responses
+
+        def remove(self, *args, **kwargs):  # a finished or abandoned request's slot
+            out = super().remove(*args, **kwargs)
+            self._report()
+            return out
+
+        def _report(self) -> None:
+            if metrics is not None:
+                metrics.decoding(len(self._generation_batch), self.prompt_cache_nbytes)
 
     return BatchGenerator
 
@@ -135,13 +149,16 @@ def main(argv: Optional[List[str]] = None) -> None:
         )
     bridge.enable()
     server = importlib.import_module("mlx_lm.server")
-    server.ResponseGenerator = supervised(_batching_response_generator(server.ResponseGenerator))
+    metrics = Metrics()
+    server.ResponseGenerator = supervised(
+        _batching_response_generator(server.ResponseGenerator), metrics
+    )
     server.BatchGenerator = _logging_batch_generator(
-        server.BatchGenerator, kv_bits, kv_group_size, start
+        server.BatchGenerator, kv_bits, kv_group_size, start, metrics
     )
     handler = server.APIHandler
     handler.validate_model_parameters = _validating(handler.validate_model_parameters, max_tokens)
-    answering_errors(handler)
+    answering_errors(handler, metrics)
     sys.argv = [sys.argv[0]] + argv
     server.main()
 

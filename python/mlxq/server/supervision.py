@@ -12,6 +12,8 @@ request, valid or not, is answered 404 ("generation thread died"). Here:
 * :func:`answering_errors` makes the HTTP handler answer such a request with
   500 and a JSON error (not mlx-lm's 404), or, when its stream has started,
   end the stream with an error event and ``data: [DONE]``.
+
+Both report to the server's metrics (mlxq.server.metrics) when given them.
 """
 
 import json
@@ -26,8 +28,23 @@ class GenerationFailed(RuntimeError):
     """What a request held by a failed generation loop gets: a server error."""
 
 
-def supervised(base):
-    """mlx-lm's ResponseGenerator class ``base``, with a loop that restarts."""
+class _Counting:
+    """A request's response queue as the generation loop sees it: each token
+    it puts is counted (metrics), the rest passes through."""
+
+    def __init__(self, rqueue, metrics):
+        self._rqueue, self._metrics = rqueue, metrics
+
+    def put(self, item, *args, **kwargs):
+        if hasattr(item, "token") and hasattr(item, "finish_reason"):  # a Response
+            self._metrics.generated(1)
+        self._rqueue.put(item, *args, **kwargs)
+
+
+def supervised(base, metrics=None):
+    """mlx-lm's ResponseGenerator class ``base``, with a loop that restarts
+    (and, given ``metrics``, that reports to them: tokens, queue length,
+    prompt-cache bytes and lookups, failures)."""
 
     class Supervised(base):
         failures = 0
@@ -37,11 +54,28 @@ def supervised(base):
             # request's handler drops its queue, which leaves the set.
             self._taken = weakref.WeakSet()
             super().__init__(*args, **kwargs)
+            if metrics is not None:
+                self._report_to(metrics)
+
+        def _report_to(self, m) -> None:
+            m.queue_length = self.requests.qsize
+            m.prompt_cache_bytes = lambda: self.prompt_cache.nbytes
+            m.failures = lambda: self.failures
+            fetch = self.prompt_cache.fetch_nearest_cache
+
+            def fetch_nearest_cache(model, tokens):
+                cache, rest = fetch(model, tokens)
+                m.prompt_cache_lookup(cache is not None and len(rest) < len(tokens))
+                return cache, rest
+
+            self.prompt_cache.fetch_nearest_cache = fetch_nearest_cache
 
         def _next_request(self, timeout=None):
             request = super()._next_request(timeout)
             if request is not None:
                 self._taken.add(request[0])
+                if metrics is not None:
+                    request = (_Counting(request[0], metrics),) + tuple(request[1:])
             return request
 
         def _run_generate(self):
@@ -60,12 +94,16 @@ def supervised(base):
     return Supervised
 
 
-def answering_errors(handler) -> None:
+def answering_errors(handler, metrics=None) -> None:
     """Patch mlx-lm's APIHandler class ``handler``: a completion that fails
-    after validation is answered 500 (or ends its stream with an error)."""
+    after validation is answered 500 (or ends its stream with an error);
+    given ``metrics``, completion answers are counted by status and
+    ``GET /metrics`` renders them."""
     original_completion = handler.handle_completion
     original_headers = handler._set_completion_headers
     original_stream_headers = handler._set_stream_headers
+    if metrics is not None:
+        _report(handler, metrics)
 
     def _set_completion_headers(self, status_code: int = 200):
         # mlx-lm answers every failed generate() 404, inside its except block:
@@ -98,3 +136,27 @@ def answering_errors(handler) -> None:
     handler._set_completion_headers = _set_completion_headers
     handler._set_stream_headers = _set_stream_headers
     handler.handle_completion = handle_completion
+
+
+def _report(handler, metrics) -> None:
+    original_send = handler.send_response
+    original_get = handler.do_GET
+
+    def send_response(self, code, message=None):
+        if self.command == "POST":
+            metrics.answered(code)
+        original_send(self, code, message)
+
+    def do_GET(self):
+        if self.path != "/metrics":
+            return original_get(self)
+        body = metrics.render().encode()
+        original_send(self, 200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+
+    handler.send_response = send_response
+    handler.do_GET = do_GET
