@@ -31,6 +31,7 @@ import mlxq.mlx_lm as mlxq_lm
 from mlxq.random_models import random_model, save_random_model
 
 MAX_TOKENS = 24
+LONG_TOKENS = 4000
 STARTUP_S = 120
 
 
@@ -40,9 +41,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("server")
+def serving(root, max_tokens):
+    """The real server on a free port of 127.0.0.1 (a saved random llama,
+    --kv-bits 4, --max-tokens ``max_tokens``): yields (url, log path)."""
     model = save_random_model(str(root / "model"), "llama", seed=11, dtype=mx.float32)
     port = free_port()
     log_path = root / "server.log"
@@ -50,7 +51,7 @@ def server(tmp_path_factory):
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mlxq.server", "--model", model, "--port", str(port)]
-            + ["--kv-bits", "4", "--max-tokens", str(MAX_TOKENS)],
+            + ["--kv-bits", "4", "--max-tokens", str(max_tokens)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -76,6 +77,17 @@ def server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from serving(tmp_path_factory.mktemp("server"), MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def long_server(tmp_path_factory):
+    """A server whose requests may run long enough to hang up on."""
+    yield from serving(tmp_path_factory.mktemp("long_server"), LONG_TOKENS)
 
 
 def post(url, path, body, timeout=120):
@@ -421,3 +433,43 @@ def test_the_batch_generator_reports_its_size_and_kv_bytes():
     assert (m.batch_size, m.active_kv_bytes) == (0, 0)
     text = m.render()
     assert "mlxq_batch_size 0\n" in text and 'mlxq_kv_bytes{where="active"} 0\n' in text
+
+
+def settled(url, timeout=20.0):
+    """/metrics once nothing is decoding and no KV is active (or the timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = scrape(url)
+        if m["mlxq_batch_size"] == 0 and m['mlxq_kv_bytes{where="active"}'] == 0:
+            return m
+        if time.monotonic() > deadline:
+            return m
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_hangs_up_frees_its_slot_and_kv(long_server, stream):
+    url, log_path = long_server
+    port = int(url.rsplit(":", 1)[1])
+    body = {"prompt": "hang up on me", "max_tokens": LONG_TOKENS, "temperature": 0.0}
+    data = json.dumps(dict(body, stream=stream)).encode()
+    mark = len(log_path.read_text())
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + b"Content-Length: %d\r\n\r\n" % len(data)
+        + data
+    )
+    deadline = time.monotonic() + 60
+    while scrape(url)["mlxq_batch_size"] < 1:  # decoding
+        assert time.monotonic() < deadline, "the request never started decoding"
+        time.sleep(0.02)
+    started = scrape(url)["mlxq_generated_tokens_total"]
+    sock.close()
+    after = settled(url)
+    assert after["mlxq_batch_size"] == 0 and after['mlxq_kv_bytes{where="active"}'] == 0
+    assert after["mlxq_generated_tokens_total"] - started < LONG_TOKENS / 2  # cut short
+    assert "the client disconnected" in log_path.read_text()[mark:]
+    # and the server goes on serving
+    status, raw = post(url, "/v1/completions", dict(body, max_tokens=4))
+    assert status == 200, raw

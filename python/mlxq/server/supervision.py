@@ -12,13 +12,20 @@ request, valid or not, is answered 404 ("generation thread died"). Here:
 * :func:`answering_errors` makes the HTTP handler answer such a request with
   500 and a JSON error (not mlx-lm's 404), or, when its stream has started,
   end the stream with an error event and ``data: [DONE]``.
+* A client that hangs up is noticed at its next token, streaming or not
+  (mlx-lm notices only a failed write, so never for a non-streaming
+  request): its request stops, and the loop drops it from the batch, with
+  its cache, at its next step.
 
 Both report to the server's metrics (mlxq.server.metrics) when given them.
 """
 
 import json
 import logging
+import select
+import socket
 import sys
+import threading
 import weakref
 
 log = logging.getLogger("mlxq.server")
@@ -26,6 +33,19 @@ log = logging.getLogger("mlxq.server")
 
 class GenerationFailed(RuntimeError):
     """What a request held by a failed generation loop gets: a server error."""
+
+
+# The client socket of the request a handler thread is serving.
+_serving = threading.local()
+
+
+def client_gone(sock) -> bool:
+    """Whether the client at ``sock`` has closed its side (EOF waiting)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 
 class _Counting:
@@ -69,6 +89,21 @@ def supervised(base, metrics=None):
                 return cache, rest
 
             self.prompt_cache.fetch_nearest_cache = fetch_nearest_cache
+
+        def generate(self, request, generation_args, progress_callback=None):
+            ctx, tokens = super().generate(request, generation_args, progress_callback)
+            sock = getattr(_serving, "socket", None)
+            if sock is None:
+                return ctx, tokens
+
+            def watched():
+                for item in tokens:
+                    if client_gone(sock):
+                        ctx.stop()  # the loop drops the request at its next step
+                        raise ConnectionAbortedError("the client disconnected")
+                    yield item
+
+            return ctx, watched()
 
         def _next_request(self, timeout=None):
             request = super()._next_request(timeout)
@@ -117,8 +152,11 @@ def answering_errors(handler, metrics=None) -> None:
         original_stream_headers(self, status_code)
 
     def handle_completion(self, request, stop_words):
+        _serving.socket = getattr(self, "connection", None)
         try:
             original_completion(self, request, stop_words)
+        except ConnectionError:  # the client hung up: nobody to answer
+            log.info("mlxq: the client disconnected; its request stopped")
         except Exception as e:  # noqa: BLE001  (the failure goes to the client)
             message = str(e) if isinstance(e, GenerationFailed) else f"generation failed: {e}"
             log.error("mlxq: request failed: %s", message)
@@ -132,6 +170,8 @@ def answering_errors(handler, metrics=None) -> None:
             self.end_headers()
             self.wfile.write(json.dumps({"error": message}).encode())
             self.wfile.flush()
+        finally:
+            _serving.socket = None
 
     handler._set_completion_headers = _set_completion_headers
     handler._set_stream_headers = _set_stream_headers
