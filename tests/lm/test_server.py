@@ -41,9 +41,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serving(root, max_tokens):
+def serving(root, max_tokens, *options):
     """The real server on a free port of 127.0.0.1 (a saved random llama,
-    --kv-bits 4, --max-tokens ``max_tokens``): yields (url, log path)."""
+    --kv-bits 4, --max-tokens ``max_tokens``, then ``options``): yields
+    (url, log path)."""
     model = save_random_model(str(root / "model"), "llama", seed=11, dtype=mx.float32)
     port = free_port()
     log_path = root / "server.log"
@@ -51,7 +52,7 @@ def serving(root, max_tokens):
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mlxq.server", "--model", model, "--port", str(port)]
-            + ["--kv-bits", "4", "--max-tokens", str(max_tokens)],
+            + ["--kv-bits", "4", "--max-tokens", str(max_tokens), *options],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -82,6 +83,12 @@ def serving(root, max_tokens):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     yield from serving(tmp_path_factory.mktemp("server"), MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def tight_server(tmp_path_factory):
+    """A server whose KV budget holds one sequence: the rest wait."""
+    yield from serving(tmp_path_factory.mktemp("tight"), 160, "--max-kv-memory", "1K")
 
 
 @pytest.fixture(scope="module")
@@ -473,3 +480,38 @@ def test_a_client_that_hangs_up_frees_its_slot_and_kv(long_server, stream):
     # and the server goes on serving
     status, raw = post(url, "/v1/completions", dict(body, max_tokens=4))
     assert status == 200, raw
+
+
+def test_requests_beyond_the_kv_budget_wait_in_the_queue(tight_server):
+    url, log_path = tight_server
+    requests = [("completion", False, f"request {i}: " + "abc " * i) for i in range(4)]
+    body = lambda r: dict(  # noqa: E731
+        prompt=r[2], max_tokens=160, temperature=0.0
+    )
+    alone = [text_of("completion", False, *post(url, "/v1/completions", body(r))) for r in requests]
+    seen = {"queue": 0, "batch": 0}
+    done = False
+
+    def watch():
+        while not done:
+            m = scrape(url)
+            seen["queue"] = max(seen["queue"], m["mlxq_queue_length"])
+            seen["batch"] = max(seen["batch"], m["mlxq_batch_size"])
+            time.sleep(0.005)
+
+    mark = len(log_path.read_text())
+    with ThreadPoolExecutor(len(requests) + 1) as pool:
+        watcher = pool.submit(watch)
+        together = list(
+            pool.map(
+                lambda r: text_of("completion", False, *post(url, "/v1/completions", body(r))),
+                requests,
+            )
+        )
+        done = True
+        watcher.result()
+    assert together == alone  # every request served, as it was alone
+    assert seen["batch"] == 1 and seen["queue"] >= 1  # one at a time, the rest queued
+    sizes = [int(n) for n in re.findall(r"decoding (\d+) sequence", log_path.read_text()[mark:])]
+    assert max(sizes) == 1
+    assert settled(url)["mlxq_queue_length"] == 0

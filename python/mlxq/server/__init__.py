@@ -22,7 +22,9 @@ OpenAI-style endpoints) with :mod:`mlxq.mlx_lm` enabled, where:
 * the generation thread restarts its loop after a failure, and the
   requests it held get 500 or an error event (mlxq.server.supervision);
 * ``GET /metrics`` reports requests by status, tokens/s, batch size, queue
-  length, KV bytes and prompt-cache hits (mlxq.server.metrics).
+  length, KV bytes and prompt-cache hits (mlxq.server.metrics);
+* ``--max-kv-memory BYTES`` (``512M``, ``2G``) makes new requests wait in
+  the queue while the KV in use fills the budget.
 
 Each time the decoding batch changes size, the log says how many
 sequences it decodes together.
@@ -104,6 +106,29 @@ def _kv_options(argv: List[str]):
     return argv, known.kv_bits, known.kv_group_size, start, known.max_tokens
 
 
+def _own_options(argv: List[str]):
+    """``(argv without them, max_kv_memory)``: the options mlxq-server adds
+    to mlx-lm's (whose parser refuses what it does not know)."""
+    p = argparse.ArgumentParser(prog="mlxq-server", add_help=False, allow_abbrev=False)
+    p.add_argument("--max-kv-memory", type=_bytes, default=None)
+    known, rest = p.parse_known_args(argv)
+    return rest, known.max_kv_memory
+
+
+def _bytes(text: str) -> int:
+    """``"2000000"``, ``"512M"`` or ``"2G"`` as bytes (> 0)."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    scale = units.get(text[-1:].upper(), 1)
+    number = text[:-1] if scale > 1 else text
+    try:
+        n = int(float(number) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return n
+
+
 def context_length(model) -> Optional[int]:
     """The longest sequence ``model`` (an mlx-lm model) was configured for, or None."""
     args = getattr(model, "args", None)
@@ -140,6 +165,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     from ..kv_format import BITS, GROUP_SIZES
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    argv, max_kv_memory = _own_options(argv)
     argv, kv_bits, kv_group_size, start, max_tokens = _kv_options(argv)
     if kv_bits is not None and kv_bits not in BITS:
         raise SystemExit(f"mlxq.server: --kv-bits must be one of {BITS}, got {kv_bits}.")
@@ -151,7 +177,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     server = importlib.import_module("mlx_lm.server")
     metrics = Metrics()
     server.ResponseGenerator = supervised(
-        _batching_response_generator(server.ResponseGenerator), metrics
+        _batching_response_generator(server.ResponseGenerator), metrics, max_kv_memory
     )
     server.BatchGenerator = _logging_batch_generator(
         server.BatchGenerator, kv_bits, kv_group_size, start, metrics

@@ -32,6 +32,7 @@ class Metrics:
         self._cache = collections.Counter()
         self.batch_size = 0
         self.active_kv_bytes = 0
+        self.unreported = 0  # requests taken since the batch last reported its KV
         # Read when rendering (set by the server): queue length, LRU bytes, failures.
         self.queue_length: Callable[[], int] = lambda: 0
         self.prompt_cache_bytes: Callable[[], int] = lambda: 0
@@ -54,6 +55,12 @@ class Metrics:
     def decoding(self, batch_size: int, kv_bytes: int) -> None:
         with self._lock:
             self.batch_size, self.active_kv_bytes = batch_size, kv_bytes
+            self.unreported = 0
+
+    def taken(self) -> None:
+        """A request went to the generation loop (its KV is not counted yet)."""
+        with self._lock:
+            self.unreported += 1
 
     def tokens_per_second(self, now: Optional[float] = None) -> float:
         now = time.monotonic() if now is None else now

@@ -12,6 +12,9 @@ request, valid or not, is answered 404 ("generation thread died"). Here:
 * :func:`answering_errors` makes the HTTP handler answer such a request with
   500 and a JSON error (not mlx-lm's 404), or, when its stream has started,
   end the stream with an error event and ``data: [DONE]``.
+* ``--max-kv-memory`` admits a new request only while the KV in use (the
+  running sequences' and the prompt cache's, as quantized) is under the
+  budget; otherwise it waits in the queue.
 * A client that hangs up is noticed at its next token, streaming or not
   (mlx-lm notices only a failed write, so never for a non-streaming
   request): its request stops, and the loop drops it from the batch, with
@@ -61,10 +64,14 @@ class _Counting:
         self._rqueue.put(item, *args, **kwargs)
 
 
-def supervised(base, metrics=None):
+def supervised(base, metrics=None, max_kv_bytes=None):
     """mlx-lm's ResponseGenerator class ``base``, with a loop that restarts
     (and, given ``metrics``, that reports to them: tokens, queue length,
-    prompt-cache bytes and lookups, failures)."""
+    prompt-cache bytes and lookups, failures). With ``max_kv_bytes`` (and
+    ``metrics``, which say what is in use), a new request waits in the queue
+    while the running sequences' KV and the prompt cache's fill that budget;
+    the prompt cache is trimmed first, and a request is always taken when
+    nothing is decoding."""
 
     class Supervised(base):
         failures = 0
@@ -105,11 +112,24 @@ def supervised(base, metrics=None):
 
             return ctx, watched()
 
+        def _admits(self) -> bool:
+            if max_kv_bytes is None or metrics is None or len(self._taken) == 0:
+                return True  # no budget, or nothing running: progress first
+            if metrics.unreported:  # the batch has not counted a taken request yet
+                return False
+            room = max_kv_bytes - metrics.active_kv_bytes
+            if self.prompt_cache.nbytes > max(room, 0):
+                self.prompt_cache.trim_to(n_bytes=max(room, 0))
+            return metrics.active_kv_bytes + self.prompt_cache.nbytes < max_kv_bytes
+
         def _next_request(self, timeout=None):
+            if not self._admits():  # the request waits in the queue
+                return None
             request = super()._next_request(timeout)
             if request is not None:
                 self._taken.add(request[0])
                 if metrics is not None:
+                    metrics.taken()
                     request = (_Counting(request[0], metrics),) + tuple(request[1:])
             return request
 
