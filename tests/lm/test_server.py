@@ -515,3 +515,57 @@ def test_requests_beyond_the_kv_budget_wait_in_the_queue(tight_server):
     sizes = [int(n) for n in re.findall(r"decoding (\d+) sequence", log_path.read_text()[mark:])]
     assert max(sizes) == 1
     assert settled(url)["mlxq_queue_length"] == 0
+
+
+def hang_up(url, body, after_bytes=0):
+    """Send ``body`` to /v1/completions on a raw socket and close it, at once
+    or after ``after_bytes`` bytes of the answer."""
+    port = int(url.rsplit(":", 1)[1])
+    data = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + b"Content-Length: %d\r\n\r\n" % len(data)
+            + data
+        )
+        if after_bytes:
+            sock.recv(after_bytes)
+
+
+def test_a_mixed_load_of_48_clients(server):
+    """Valid requests (streaming and not), clients that hang up and malformed
+    requests, 48 at once: every valid one is served with its answer alone,
+    every malformed one gets a 4xx, and the server ends as it began."""
+    url, _ = server
+    valid = [
+        (kind, stream, f"load {i}: " + "xyz " * (i % 5))
+        for i, (kind, stream) in enumerate(
+            [("completion", False), ("completion", True), ("chat", False), ("chat", True)] * 4
+        )
+    ]
+    alone = {r: send(url, r) for r in valid}
+    before = settled(url)
+    jobs = [("valid", r) for r in valid for _ in range(2)]  # 32
+    jobs += [("hang-up", i) for i in range(8)]
+    jobs += [("malformed", m) for m in MALFORMED[:8]]
+
+    def run(job):
+        kind, what = job
+        if kind == "valid":
+            return send(url, what) == alone[what]
+        if kind == "hang-up":
+            body = {"prompt": f"bye {what}", "max_tokens": MAX_TOKENS, "stream": what % 2 == 0}
+            hang_up(url, body, after_bytes=64 * (what % 3))
+            return True
+        path, body, _ = what
+        return 400 <= post(url, path, body)[0] < 500
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = list(pool.map(run, jobs))
+    assert all(results), [j for j, ok in zip(jobs, results) if not ok]
+    after = settled(url)
+    assert after["mlxq_batch_size"] == 0 and after["mlxq_queue_length"] == 0
+    assert after['mlxq_kv_bytes{where="active"}'] == before['mlxq_kv_bytes{where="active"}'] == 0
+    assert after["mlxq_generation_failures_total"] == 0
+    with urllib.request.urlopen(url + "/health", timeout=10) as r:
+        assert r.status == 200
