@@ -35,6 +35,7 @@ import functools
 import importlib
 import logging
 import sys
+from http.server import ThreadingHTTPServer
 from typing import List, Optional
 
 from .. import mlx_lm as bridge
@@ -87,6 +88,12 @@ def _logging_batch_generator(base, kv_bits, kv_group_size, quantized_kv_start, m
                 metrics.decoding(len(self._generation_batch), self.prompt_cache_nbytes)
 
     return BatchGenerator
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    # The listen backlog: the standard library's 5 resets connections when
+    # dozens of clients connect at once (measured: 48).
+    request_queue_size = 512
 
 
 def _kv_options(argv: List[str]):
@@ -185,6 +192,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     handler = server.APIHandler
     handler.validate_model_parameters = _validating(handler.validate_model_parameters, max_tokens)
     answering_errors(handler, metrics)
+    server._run_http_server = functools.partial(server._run_http_server, server_class=_HTTPServer)
     sys.argv = [sys.argv[0]] + argv
     server.main()
 
