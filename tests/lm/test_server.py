@@ -569,3 +569,72 @@ def test_a_mixed_load_of_48_clients(server):
     assert after["mlxq_generation_failures_total"] == 0
     with urllib.request.urlopen(url + "/health", timeout=10) as r:
         assert r.status == 200
+
+
+def test_a_sequence_whose_sampling_raises_ends_alone():
+    """In a running batch (mlxq's quantized BatchGenerator, as the server
+    builds it), one sequence's logits processor raises at its 4th token: that
+    sequence ends with finish_reason "error" and its cache, and the others
+    finish with the tokens they get when nothing fails."""
+    from mlxq.mlx_lm.batching import BatchGenerator
+    from mlxq.server.isolation import ERROR, isolating
+
+    model, _ = random_model("llama", seed=13, dtype=mx.float32)
+    prompts = [[5, 9, 13, 40], [7, 7, 8, 100, 3, 2], [60, 61, 62]]
+    greedy = lambda logprobs: mx.argmax(logprobs, axis=-1)  # noqa: E731
+
+    def run(fail_at):
+        calls = {"n": 0}
+
+        def flaky(tokens, logits):
+            calls["n"] += 1
+            if calls["n"] == fail_at:
+                raise RuntimeError("injected")
+            return logits
+
+        with mlxq_lm.enabled():
+            gen = isolating(BatchGenerator)(model, kv_bits=4, stream=mx.default_stream(mx.cpu))
+            uids = gen.insert_segments(
+                segments=[[p] for p in prompts],
+                max_tokens=[12] * 3,
+                samplers=[greedy] * 3,
+                logits_processors=[[], [flaky], []],
+            )
+            tokens, ends = {u: [] for u in uids}, {}
+            while len(ends) < len(uids):
+                _, responses = gen.next()
+                for r in responses:
+                    tokens[r.uid].append(r.token)
+                    if r.finish_reason is not None:
+                        ends[r.uid] = r
+            gen.close()
+        return uids, tokens, ends
+
+    uids, tokens, ends = run(fail_at=4)
+    _, clean, clean_ends = run(fail_at=None)
+    failing = uids[1]
+    assert ends[failing].finish_reason == ERROR and ends[failing].prompt_cache is not None
+    assert len(tokens[failing]) < 12
+    for u in (uids[0], uids[2]):
+        assert tokens[u] == clean[u] and ends[u].finish_reason == clean_ends[u].finish_reason
+
+
+def test_an_ended_sequence_reaches_its_client_as_a_failure():
+    # What the generation loop puts on a request's queue, as the handler
+    # reads it: the tokens, then GenerationFailed (500, or an error event)
+    # instead of the error response and the end marker after it.
+    import collections
+    import queue
+
+    from mlxq.server.isolation import ERROR
+    from mlxq.server.metrics import Metrics
+    from mlxq.server.supervision import GenerationFailed, _Counting
+
+    Response = collections.namedtuple("Response", "text token logprob finish_reason top_tokens")
+    q, m = queue.Queue(), Metrics()
+    loop_side = _Counting(q, m)
+    for r in (Response("a", 1, 0.0, None, ()), Response("", 2, 0.0, ERROR, ()), None):
+        loop_side.put(r)
+    assert q.get_nowait().token == 1
+    assert isinstance(q.get_nowait(), GenerationFailed) and q.empty()
+    assert "mlxq_generated_tokens_total 1\n" in m.render()

@@ -19,8 +19,10 @@ OpenAI-style endpoints) with :mod:`mlxq.mlx_lm` enabled, where:
 * ``--max-tokens`` caps what a request may ask for (400 above it) and is
   the default for requests that do not say; without it, both are the
   model's context length;
-* the generation thread restarts its loop after a failure, and the
-  requests it held get 500 or an error event (mlxq.server.supervision);
+* a request whose own sampling code raises ends alone, the batch goes on
+  (mlxq.server.isolation); the generation thread restarts its loop after
+  any other failure, and the requests it held get 500 or an error event
+  (mlxq.server.supervision);
 * ``GET /metrics`` reports requests by status, tokens/s, batch size, queue
   length, KV bytes and prompt-cache hits (mlxq.server.metrics);
 * ``--max-kv-memory BYTES`` (``512M``, ``2G``) makes new requests wait in
@@ -39,6 +41,7 @@ from http.server import ThreadingHTTPServer
 from typing import List, Optional
 
 from .. import mlx_lm as bridge
+from .isolation import isolating
 from .metrics import Metrics
 from .requests import check_request
 from .supervision import answering_errors, supervised
@@ -187,7 +190,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         _batching_response_generator(server.ResponseGenerator), metrics, max_kv_memory
     )
     server.BatchGenerator = _logging_batch_generator(
-        server.BatchGenerator, kv_bits, kv_group_size, start, metrics
+        isolating(server.BatchGenerator), kv_bits, kv_group_size, start, metrics
     )
     handler = server.APIHandler
     handler.validate_model_parameters = _validating(handler.validate_model_parameters, max_tokens)

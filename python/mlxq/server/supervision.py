@@ -31,6 +31,8 @@ import sys
 import threading
 import weakref
 
+from .isolation import ERROR
+
 log = logging.getLogger("mlxq.server")
 
 
@@ -53,14 +55,24 @@ def client_gone(sock) -> bool:
 
 class _Counting:
     """A request's response queue as the generation loop sees it: each token
-    it puts is counted (metrics), the rest passes through."""
+    it puts is counted (metrics); a response that ends the sequence with an
+    error (mlxq.server.isolation) becomes :class:`GenerationFailed`, and the
+    end-of-request marker after it is dropped."""
 
-    def __init__(self, rqueue, metrics):
-        self._rqueue, self._metrics = rqueue, metrics
+    def __init__(self, rqueue, metrics=None):
+        self._rqueue, self._metrics, self._ended = rqueue, metrics, False
 
     def put(self, item, *args, **kwargs):
+        if self._ended:
+            return
         if hasattr(item, "token") and hasattr(item, "finish_reason"):  # a Response
-            self._metrics.generated(1)
+            if item.finish_reason == ERROR:
+                self._ended = True
+                item = GenerationFailed(
+                    "generation failed: this request's sampling raised (see the server log)"
+                )
+            elif self._metrics is not None:
+                self._metrics.generated(1)
         self._rqueue.put(item, *args, **kwargs)
 
 
@@ -130,7 +142,7 @@ def supervised(base, metrics=None, max_kv_bytes=None):
                 self._taken.add(request[0])
                 if metrics is not None:
                     metrics.taken()
-                    request = (_Counting(request[0], metrics),) + tuple(request[1:])
+                request = (_Counting(request[0], metrics),) + tuple(request[1:])
             return request
 
         def _run_generate(self):
