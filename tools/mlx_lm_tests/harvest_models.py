@@ -9,17 +9,23 @@ import os
 _models = []
 
 
+_SKIP = object()  # a value JSON cannot hold
+
+
 def _plain(v):
-    """``v`` if JSON can hold it (nested lists and dicts included), else None."""
+    """``v`` if JSON can hold it (nested lists, dicts and config dataclasses,
+    the last as dicts), else ``_SKIP``."""
     if v is None or isinstance(v, (bool, str, numbers.Integral, numbers.Real)):
         return v
     if isinstance(v, (list, tuple)):
         items = [_plain(x) for x in v]
-        return None if any(x is None and y is not None for x, y in zip(items, v)) else items
+        return _SKIP if any(x is _SKIP for x in items) else items
     if isinstance(v, dict):
         items = {str(k): _plain(x) for k, x in v.items()}
-        return None if any(items[str(k)] is None and x is not None for k, x in v.items()) else items
-    return None
+        return _SKIP if any(x is _SKIP for x in items.values()) else items
+    if hasattr(v, "__dataclass_fields__"):  # a nested config (a VLM's text_config)
+        return _plain(dict(vars(v)))
+    return _SKIP
 
 
 def pytest_configure(config):
@@ -46,7 +52,7 @@ def pytest_collection_modifyitems(session, config, items):
                     "test": self.id().rsplit(".", 1)[-1],
                     "module": type(model).__module__,
                     "model_type": model_type,
-                    "args": {k: v for k, v in fields.items() if v is not None},
+                    "args": {k: v for k, v in fields.items() if v is not _SKIP},
                     "vocab_size": vocab_size,
                     "num_layers": num_layers,
                 }
