@@ -28,30 +28,26 @@ def _is_number(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _int(body, field, low=None, high=None, optional=True, also=()):
-    if field not in body or (optional and body[field] is None):
+def _ranged(body, field, is_kind, kind: str, low=None, high=None, also=()):
+    """``body[field]``, when given (not null), is ``kind`` and within
+    ``[low, high]``, or one of ``also``."""
+    v = body.get(field)
+    if v is None or (v in also and is_kind(v)):
         return
-    v = body[field]
-    if v in also and _is_int(v):
-        return
-    if not _is_int(v):
-        raise RequestError(field, f"must be an integer, got {v!r}.")
+    if not is_kind(v):
+        raise RequestError(field, f"must be {kind}, got {v!r}.")
     if low is not None and v < low:
         raise RequestError(field, f"must be at least {low}, got {v}.")
     if high is not None and v > high:
         raise RequestError(field, f"must be at most {high}, got {v}.")
+
+
+def _int(body, field, low=None, high=None, also=()):
+    _ranged(body, field, _is_int, "an integer", low, high, also)
 
 
 def _number(body, field, low=None, high=None):
-    if field not in body or body[field] is None:
-        return
-    v = body[field]
-    if not _is_number(v):
-        raise RequestError(field, f"must be a finite number, got {v!r}.")
-    if low is not None and v < low:
-        raise RequestError(field, f"must be at least {low}, got {v}.")
-    if high is not None and v > high:
-        raise RequestError(field, f"must be at most {high}, got {v}.")
+    _ranged(body, field, _is_number, "a finite number", low, high)
 
 
 def _of_type(body, field, kind, name):
