@@ -31,11 +31,12 @@ from ..arguments import as_int
 from ..kv_format import KVFormat
 from ..masks import create_causal_mask, left_padded
 from . import batch_rows, decode_step, quantized
-from .batch_rows import HostRows, host_ints, set_rows
+from .batch_rows import host_ints, set_rows
 from .decode_step import DecodePlan
 from .kv import KVCache, QuantizedKVCache
 
 
+@batch_rows.batch_side
 class BatchQuantizedKVCache(KVCache):
     """mlx-lm's ``BatchKVCache`` over quantized triples.
 
@@ -48,19 +49,6 @@ class BatchQuantizedKVCache(KVCache):
     mlx_lm_name = "BatchQuantizedKVCache"  # mlx-lm has no such class
     format = KVFormat()
     to_quantized = quantized.already_quantized
-    # The batch side (batch_rows.py).
-    _batch_rows = True
-    _lp = _off = np.zeros(0, np.int64)  # host left_padding and offset
-    _idx = 0
-    left_padding = HostRows("left_padding", "_lp")  # int32 [B]: padding rows first
-    offset = HostRows("offset", "_off")  # int32 [B]: each sequence's RoPE position
-    prepare = batch_rows.prepare
-    meta_state = batch_rows.NO_META_STATE
-    _check_positions = batch_rows.check_positions
-
-    @property
-    def batch_size(self) -> int:
-        return len(self._lp)
 
     def __init__(
         self,

@@ -26,31 +26,19 @@ from ..kv_format import KVFormat
 from ..masks import left_padded
 from . import batch_rows, checks, decode_step, quantized
 from .base import BaseCache
-from .batch_rows import HostRows, host_ints, set_rows
+from .batch_rows import host_ints, set_rows
 from .decode_step import DecodePlan
 from .decode_step import remember_mask as _remember_mask
 from .rotating import RotatingQuantizedKVCache, grow_ring, overwrite_in_place
 
 
+@batch_rows.batch_side
 class BatchRotatingQuantizedKVCache(BaseCache):
     """A batch of quantized rings of ``max_size`` rows (mlx-lm's ``BatchRotatingKVCache``)."""
 
     mlx_lm_name = "BatchRotatingQuantizedKVCache"  # mlx-lm has no such class
     format = KVFormat()
     to_quantized = quantized.already_quantized
-    # The batch side (batch_rows.py).
-    _batch_rows = True
-    _lp = _off = np.zeros(0, np.int64)  # host left_padding and offset
-    _idx = 0
-    left_padding = HostRows("left_padding", "_lp")  # int32 [B]: padding rows first
-    offset = HostRows("offset", "_off")  # int32 [B]: each sequence's RoPE position
-    prepare = batch_rows.prepare
-    meta_state = batch_rows.NO_META_STATE
-    _check_positions = batch_rows.check_positions
-
-    @property
-    def batch_size(self) -> int:
-        return len(self._lp)
 
     def __init__(
         self,

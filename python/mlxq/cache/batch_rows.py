@@ -73,6 +73,24 @@ def init_rows(cache, left_padding) -> None:
     set_rows(cache, lp, -lp)
 
 
+def batch_side(cls):
+    """Class decorator: the batch side both batch caches share. Host
+    ``_lp`` / ``_off`` read as int32 ``left_padding`` (padding rows before
+    each sequence) and ``offset`` (each sequence's RoPE position),
+    ``batch_size``, ``prepare``, an empty ``meta_state`` (everything is in
+    ``state``) and the row index check; ``is_batch`` tells them apart."""
+    cls._batch_rows = True
+    cls._lp = cls._off = np.zeros(0, np.int64)
+    cls._idx = 0
+    cls.left_padding = HostRows("left_padding", "_lp")
+    cls.offset = HostRows("offset", "_off")
+    cls.batch_size = property(lambda self: len(self._lp))
+    cls.prepare = prepare
+    cls.meta_state = NO_META_STATE
+    cls._check_positions = check_positions
+    return cls
+
+
 def set_rows(cache, lp: np.ndarray, off: np.ndarray) -> None:
     """Set the host arrays; a changed one's device copy is made again when read."""
     if lp is not cache._lp:
