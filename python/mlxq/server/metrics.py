@@ -10,7 +10,8 @@ lock); ``GET /metrics`` renders:
 * ``mlxq_batch_size``: sequences the batch decodes now;
 * ``mlxq_queue_length``: requests waiting for the generation thread;
 * ``mlxq_kv_bytes{where="active"|"prompt_cache"}``: the real (quantized)
-  bytes of the running sequences' caches and of the prompt-cache LRU;
+  bytes of the running sequences' caches (counted when the batch changes,
+  and at most 0.25 s apart while it decodes) and of the prompt-cache LRU;
 * ``mlxq_prompt_cache_total{result="hit"|"miss"}``: prompt-cache lookups;
 * ``mlxq_generation_failures_total``: generation loop restarts.
 """
