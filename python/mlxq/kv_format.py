@@ -126,7 +126,7 @@ class FormattedTriple(MlxqOnly, tuple):
     only mlxq may unpack it (see mlxq.guard)."""
 
     def __new__(cls, triple, format: KVFormat, values: bool = False):
-        obj = super().__new__(cls, tuple.__iter__(triple) if isinstance(triple, tuple) else triple)
+        obj = super().__new__(cls, triple)
         obj.format, obj.values = format, values
         return obj
 
