@@ -24,11 +24,11 @@ def _mlxq_attention(queries, keys, values, scale, mask, sinks, group_size, bits)
         return None
     # Only mlxq can attend K/V in a format of its own (mlx-lm would
     # silently read them wrong): those never fall back.
-    rotated = isinstance(keys, FormattedTriple) or isinstance(values, FormattedTriple)
+    only_mlxq = isinstance(keys, FormattedTriple) or isinstance(values, FormattedTriple)
     if mask is not None and not isinstance(mask, (str, mx.array)):
-        return _declined(rotated, f"a mask of type {type(mask).__name__}")
+        return _declined(only_mlxq, f"a mask of type {type(mask).__name__}")
     if not device_supported():
-        return _declined(rotated, f"no mlxq kernels on {mx.default_device()}")
+        return _declined(only_mlxq, f"no mlxq kernels on {mx.default_device()}")
     try:
         out = kernel(
             queries,
@@ -41,7 +41,7 @@ def _mlxq_attention(queries, keys, values, scale, mask, sinks, group_size, bits)
             bits=bits,
         )
     except ValueError as e:  # a shape, dtype, bits or mask outside mlxq's kernels
-        return _declined(rotated, str(e))
+        return _declined(only_mlxq, str(e))
     _counts["mlxq"] += 1
     return out
 
