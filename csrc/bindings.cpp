@@ -14,42 +14,18 @@
 #include "dequantize_into.h"
 #include "environment.h"
 #include "metal/dispatch_bindings.h"
+#include "prefill_bindings.h"
 #include "quantization.h"
 #include "quantized_sdpa.h"
 #include "recent_attention.h"
 #include "ring_update.h"
+#include "translate_errors.h"
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
 using namespace nb::literals;
-
-namespace {
-
-// Turns our C++ errors into Python exceptions right here. nanobind hands any
-// other exception to the translators of the whole "mlx" domain, mlx.core's
-// included; when mlx.core was built against another C++ runtime (the CUDA
-// wheel), rethrowing our exception object inside its translator crashes the
-// process instead of raising.
-template <typename Fn>
-decltype(auto) translate_errors(Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::invalid_argument& e) {
-    throw nb::value_error(e.what());
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-    throw nb::python_error();
-  }
-}
-
-template <typename R, typename... Args>
-auto guarded(R (*f)(Args...)) {
-  return [f](Args... args) -> R {
-    return translate_errors([&]() -> R { return f(std::forward<Args>(args)...); });
-  };
-}
-
-} // namespace
+using mlxq::bindings::guarded;
+using mlxq::bindings::translate_errors;
 
 NB_MODULE(_ext, m) {
   m.doc() = "mlxq's C++ primitives (use the mlxq package, not this module).";
@@ -349,6 +325,7 @@ NB_MODULE(_ext, m) {
       "enabled"_a,
       "Test hook: fill every new mlxq output with NaN/0xFF before its kernel runs.");
 
+  mlxq::prefill_bindings::add(m);
   mlxq::metal_dispatch::add_plan_bindings(m);
   mlxq::cuda::add_plan_bindings(m);
 }

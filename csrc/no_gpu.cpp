@@ -4,6 +4,7 @@
 #include <string>
 
 #include "dequantize_into.h"
+#include "prefill_route.h"
 #include "quantized_sdpa.h"
 #include "recent_attention.h"
 #include "ring_update.h"
@@ -42,6 +43,10 @@ void DequantizeInto::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 void RecentAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   no_gpu_kernels("mlxq.recent_attention");
+}
+
+GpuBackend gpu_backend() {
+  return GpuBackend::None;
 }
 
 } // namespace mlxq

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "prefill_route.h"
+#include "prefill_workspace.h"
 #include "quantization.h"
 #include "validation.h"
 
@@ -291,6 +293,34 @@ std::vector<mx::array> quantized_sdpa(
   }
 
   auto stream = mx::to_stream(s);
+  if (!return_lse && L > 8) {
+    std::optional<mx::Dtype> sinks_dtype;
+    if (sinks) {
+      sinks_dtype = sinks->dtype();
+    }
+    PrefillProblem p{L, N, Hq, Hkv, Dk, Dv, q.dtype(), k_scales.dtype(), params.mask, sinks_dtype};
+    auto routed = routed_prefill(
+        q,
+        k_packed,
+        k_scales,
+        k_biases,
+        v_packed,
+        v_scales,
+        v_biases,
+        p,
+        scale,
+        kg,
+        kb,
+        vg,
+        vb,
+        sinks,
+        stream);
+    if (routed) {
+      return {std::move(*routed)};
+    }
+  } else if (!return_lse) { // decoding: this stream's prefill K/V buffers are not needed
+    workspace::release(stream);
+  }
   params.with_lse = return_lse;
   auto node = std::make_shared<QuantizedSDPA>(stream, params);
   if (!return_lse) {

@@ -19,6 +19,7 @@
 #include "debug.h"
 #include "environment.h"
 #include "mlx/backend/cuda/utils.h"
+#include "prefill_route.h"
 #include "quantized_sdpa.h"
 #include "sdpa_dims.h"
 
@@ -437,6 +438,10 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::a
   }
   launch(enc, kernel, grid, dim3(plan.threads), plan.smem, a, {&out}, {&parts.scratch});
   merge(enc, a, parts, out, lse);
+}
+
+GpuBackend gpu_backend() {
+  return GpuBackend::Cuda;
 }
 
 } // namespace mlxq

@@ -3,6 +3,7 @@
 #include "metal/kernels.h"
 
 #include "debug.h"
+#include "prefill_route.h"
 #include "quantized_sdpa.h"
 #include "sdpa_dims.h"
 #include "sdpa_problem.h"
@@ -131,6 +132,10 @@ void QuantizedSDPA::eval_gpu(
   mh::dispatch(enc, plan.merge_grid, plan.merge_group, false);
   enc.add_temporary(std::move(part_o));
   enc.add_temporary(std::move(part_ml));
+}
+
+GpuBackend gpu_backend() {
+  return GpuBackend::Metal;
 }
 
 } // namespace mlxq

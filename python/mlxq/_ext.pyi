@@ -92,6 +92,36 @@ def _set_poison_outputs(enabled: bool) -> None:
     Test hook: fill every new mlxq output with NaN/0xFF before its kernel runs.
     """
 
+def _gpu_backend() -> str | None:
+    """The GPU backend this build of mlxq runs: "cuda", "metal" or None."""
+
+def _route_to_mx_fast(backend: str | None, *, L: int, N: int, Hq: int, Hkv: int, Dk: int, Dv: int, dtype: mlx.core.Dtype, scales_dtype: mlx.core.Dtype, mask_kind: str, sinks_dtype: mlx.core.Dtype | None = None) -> bool:
+    """
+    Test hook: quantized_sdpa's decision to dequantize and compose MLX's fused attention on `backend` ("cuda", "metal" or None: the CPU).
+    """
+
+def _take_route_counts() -> dict[str, int]:
+    """
+    Test hook: quantized attention calls routed to mx.fast since the last call (then resets).
+    """
+
+def _workspace_dequantize_kv(k_packed: mlx.core.array, k_scales: mlx.core.array, k_biases: mlx.core.array, v_packed: mlx.core.array, v_scales: mlx.core.array, v_biases: mlx.core.array, *, group_size: int, bits: int, v_group_size: int, v_bits: int, dtype: mlx.core.Dtype, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> tuple[mlx.core.array, mlx.core.array]:
+    """
+    K and V dequantized into the stream's workspace buffers (see mlxq.workspace).
+    """
+
+def _workspace_note_reader(out: mlx.core.array, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> None:
+    """`out` read the stream's workspace: the next write waits for it."""
+
+def _workspace_release(stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> None:
+    """Drop the stream's workspace buffers."""
+
+def _workspace_release_all() -> None:
+    """Drop every stream's workspace."""
+
+def _workspace_held_bytes(stream: mlx.core.Stream | None = None) -> int:
+    """Bytes of workspace held by one stream, or by all."""
+
 def _metal_plan_sdpa(problem: dict) -> dict:
     """
     Test hook: the Metal dispatch of a QuantizedSDPA problem (dict in, dict out).

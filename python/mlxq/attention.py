@@ -4,7 +4,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 
-from . import _ext, routing, workspace
+from . import _ext
 from .hadamard import check_head_dim, transform
 from .kv_format import FormattedTriple, is_hadamard
 from .split import is_split
@@ -116,7 +116,9 @@ def quantized_sdpa(
         check_head_dim(q.shape[-1], "mlxq.quantized_sdpa")
         q = transform(q, stream=stream)
     mask_mode, mask_arr = _split_mask(mask)
-    out = _ext.quantized_sdpa(  # validates every input, even when routed below
+    # On a GPU, prefill-sized calls may run as MLX's fused attention over a
+    # dequantized copy of this layer (mlxq.routing); the op decides.
+    out = _ext.quantized_sdpa(
         q,
         *keys,
         *values,
@@ -134,24 +136,6 @@ def quantized_sdpa(
     lse = None
     if return_lse:
         out, lse = out
-    elif q.shape[2] > 8:  # decode never routes: skip the checks
-        routed = _dequantized_route(
-            q,
-            keys,
-            values,
-            scale,
-            mask,
-            mask_mode,
-            mask_arr,
-            sinks,
-            (group_size, bits),
-            (v_group_size, v_bits),
-            stream,
-        )
-        if routed is not None:
-            out = routed
-    else:  # decoding: this stream's prefill dense K/V buffers are no longer needed
-        workspace.release(stream)
     if is_hadamard(values):
         # Values in the Hadamard basis: the output comes back as
         # H^T (P H V) = P V (H is its own inverse).
@@ -238,64 +222,6 @@ def _device_of(stream) -> mx.Device:
     if stream is None:
         return mx.default_device()
     return stream.device if isinstance(stream, mx.Stream) else stream
-
-
-def _dequantized_route(
-    q, keys, values, scale, mask, mask_mode, mask_arr, sinks, k_quant, v_quant, stream
-):
-    """MLX's fused attention over this layer's dequantized K/V, where it is
-    faster than mlxq's kernel (see :mod:`mlxq.routing`); None otherwise.
-    ``k_quant`` / ``v_quant``: the (group_size, bits) arguments, validated."""
-    device = _device_of(stream)
-    backend = routing.gpu_backend() if device.type == mx.gpu else None
-    if backend is None:
-        return None
-    Dk = q.shape[3]
-    bits = k_quant[1] or keys[0].shape[3] * 32 // Dk
-    group_size = k_quant[0] or Dk // keys[1].shape[3]
-    v_bits = v_quant[1] or bits
-    Dv = values[0].shape[3] * 32 // v_bits
-    v_group_size = v_quant[0] or group_size
-    kind = "array" if mask_arr is not None else ("causal" if mask_mode else "none")
-    shape = dict(
-        L=q.shape[2],
-        N=keys[0].shape[2],
-        Hq=q.shape[1],
-        Hkv=keys[0].shape[1],
-        Dk=Dk,
-        Dv=Dv,
-        dtype=q.dtype,
-        scales_dtype=keys[1].dtype,
-        mask_kind=kind,
-    )
-    sinks_dtype = None if sinks is None else sinks.dtype
-    if not routing.route_through_mx_fast(backend, sinks_dtype=sinks_dtype, **shape):
-        return None
-    reused = backend in workspace.BACKENDS and routing.workspace_enabled()
-    if reused:
-        k, v = workspace.dequantize_kv(
-            keys,
-            values,
-            group_size=group_size,
-            bits=bits,
-            v_group_size=v_group_size,
-            v_bits=v_bits,
-            dtype=q.dtype,
-            stream=stream,
-        )
-    else:
-        k = mx.dequantize(*keys, group_size=group_size, bits=bits, stream=stream)
-        v = mx.dequantize(*values, group_size=v_group_size, bits=v_bits, stream=stream)
-    try:
-        out = mx.fast.scaled_dot_product_attention(
-            q, k, v, scale=scale, mask=mask, sinks=sinks, force_fused=True, stream=stream
-        )
-    except (ValueError, RuntimeError):  # MLX has no fused kernel here after all
-        return None
-    if reused:
-        workspace.note_reader(stream, out)
-    routing.note_route("mx_fast")
-    return out
 
 
 def recent_attention(

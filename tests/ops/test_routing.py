@@ -1,7 +1,8 @@
 """Many-row attention on a GPU: dequantize one layer and use MLX's fused kernel.
 
-The decision (mlxq.routing) restates MLX 0.32's own conditions for its fused
-attention, so it is tested here on every machine; on a GPU the routed result
+The op's decision (csrc/prefill_route.h, asked through mlxq.routing) restates
+MLX 0.32's own conditions for its fused attention for both backends, so it
+is tested here on every machine; on a GPU the routed result
 is checked against the float64 oracle like every kernel, and on the CPU
 nothing is routed.
 """
