@@ -139,10 +139,11 @@ NB_MODULE(_ext, m) {
          const mlxq::Position& pos,
          int group_size,
          int bits,
+         bool owned,
          mx::StreamOrDevice s) {
         auto out = translate_errors([&] {
           return mlxq::quantized_ring_update(
-              packed, scales, biases, update, pos, group_size, bits, s);
+              packed, scales, biases, update, pos, group_size, bits, owned, s);
         });
         return nb::make_tuple(out[0], out[1], out[2]);
       },
@@ -154,6 +155,7 @@ NB_MODULE(_ext, m) {
       nb::kw_only(),
       "group_size"_a,
       "bits"_a,
+      "owned"_a = false,
       "stream"_a = nb::none(),
       "Quantize update rows into a quantized ring buffer (see mlxq.quantized_ring_update).");
 

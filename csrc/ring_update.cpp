@@ -184,6 +184,7 @@ std::vector<mx::array> quantized_ring_update(
     const Position& pos,
     int group_size,
     int bits,
+    bool owned,
     mx::StreamOrDevice s) {
   constexpr const char* op = "mlxq.quantized_ring_update";
   check_quantization(op, group_size, bits);
@@ -199,7 +200,7 @@ std::vector<mx::array> quantized_ring_update(
     out.emplace_back(
         b.shape(),
         b.dtype(),
-        std::make_shared<QuantizedRingUpdate>(mx::to_stream(s), group_size, bits, parts[i]),
+        std::make_shared<QuantizedRingUpdate>(mx::to_stream(s), group_size, bits, parts[i], owned),
         std::vector<mx::array>{b, update, p});
   }
   return out;
@@ -357,7 +358,7 @@ bool QuantizedKVUpdate::is_equivalent(const mx::Primitive& other) const {
 
 bool QuantizedRingUpdate::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedRingUpdate&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_ && part_ == o.part_;
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && part_ == o.part_ && owned_ == o.owned_;
 }
 
 } // namespace mlxq

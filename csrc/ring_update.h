@@ -63,8 +63,12 @@ class QuantizedRingUpdate : public mx::UnaryPrimitive {
  public:
   enum class Part : int { Codes = 0, Scales = 1, Biases = 2 };
 
-  QuantizedRingUpdate(mx::Stream stream, int group_size, int bits, Part part)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), part_(part) {}
+  QuantizedRingUpdate(mx::Stream stream, int group_size, int bits, Part part, bool owned = false)
+      : mx::UnaryPrimitive(stream),
+        group_size_(group_size),
+        bits_(bits),
+        part_(part),
+        owned_(owned) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -85,11 +89,15 @@ class QuantizedRingUpdate : public mx::UnaryPrimitive {
   Part part() const {
     return part_;
   }
+  bool owned() const {
+    return owned_;
+  }
 
  private:
   int group_size_;
   int bits_;
   Part part_;
+  bool owned_; // as RingUpdate's: the caller is the buffer's only holder
 };
 
 /** The cache write of one step: quantizes the new K and V rows and writes
@@ -196,6 +204,7 @@ std::vector<mx::array> quantized_ring_update(
     const Position& pos,
     int group_size,
     int bits,
+    bool owned = false,
     mx::StreamOrDevice s = {});
 
 // Quantizes and writes one step's K and V rows into a cache's two triples

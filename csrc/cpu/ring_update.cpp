@@ -193,7 +193,7 @@ void QuantizedRingUpdate::eval_cpu(const std::vector<mx::array>& inputs, mx::arr
   const auto& buffer = inputs[0];
   const auto& update = inputs[1];
   const auto& pos = inputs[2];
-  const bool copy = take_or_allocate(buffer, out);
+  const bool copy = take_or_allocate(buffer, out, owned_);
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) {
     enc.set_input_array(a);

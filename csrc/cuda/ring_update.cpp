@@ -83,7 +83,7 @@ void QuantizedRingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::arr
   const auto& buffer = inputs[0];
   const auto& update = inputs[1];
   const auto& pos = inputs[2];
-  take_or_copy(buffer, out, enc);
+  take_or_copy(buffer, out, enc, owned_);
   QuantRingArgs q{};
   q.src = mx::gpu_ptr<void>(update);
   q.dst = mx::gpu_ptr<void>(out);

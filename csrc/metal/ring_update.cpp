@@ -114,7 +114,7 @@ void dispatch_quantized_rows(
 
 void QuantizedRingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto& s = stream();
-  take_or_copy(inputs[0], out, s);
+  take_or_copy(inputs[0], out, s, owned_);
   dispatch_quantized_rows(
       s, inputs[1], inputs[2], out, out, out, static_cast<int>(part_), group_size_, bits_);
 }

@@ -166,6 +166,23 @@ def test_quantized_ring_update_copy_leaves_caller_arrays_unchanged():
         np.testing.assert_array_equal(np_of(got)[:, :, [5, 0]], np_of(want))
 
 
+def test_owned_quantized_ring_update_writes_in_place_while_shared():
+    # An owned write (a cache, the buffers' only holder) takes the buffers
+    # even while the caller still holds them: no copy, and the caller's
+    # arrays see the new rows.
+    buf = tuple(mx.quantize(mx.random.normal((1, 2, 6, 64)), group_size=32, bits=4))
+    mx.eval(buf)
+    x = mx.random.normal((1, 2, 2, 64))
+    mlxq._ext._take_ring_copies()
+    out = mlxq._ext.quantized_ring_update(*buf, x, 5, group_size=32, bits=4, owned=True)
+    mx.eval(out)
+    assert mlxq._ext._take_ring_copies() == 0
+    ref = mx.quantize(x, group_size=32, bits=4)
+    for got, held, want in zip(out, buf, ref):
+        np.testing.assert_array_equal(np_of(got)[:, :, [5, 0]], np_of(want))
+        np.testing.assert_array_equal(np_of(held), np_of(got))  # the same memory
+
+
 def test_quantized_ring_update_parts_are_separate_primitives():
     """Each of the three outputs comes from its own single-output primitive
     (a multi-output one keeps its inputs and siblings referenced under MLX's
