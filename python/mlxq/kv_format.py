@@ -2,8 +2,10 @@
 
 :class:`KVFormat` is one frozen value: the keys' ``group_size`` and ``bits``
 (in :func:`mx.quantize`'s order), the values' own when they differ, and
-whether rows are stored in the Hadamard basis (see mlxq.rotation). A
-quantized cache's store owns it and writes it into the cache's ``state``.
+whether rows are stored in the Hadamard basis (see mlxq.hadamard), and
+whether the cache is an MLA latent cache (quantized latent, exact RoPE
+keys). A quantized cache's store owns it and writes it into the cache's
+``state``.
 
 A fetch of plain same-width rows stays the ``(packed, scales, biases)``
 tuple that mlx-lm's own attention reads. Any other format is handed out as
@@ -42,7 +44,11 @@ class KVFormat:
         v_group_size (int): The values' group size (default: ``group_size``).
         v_bits (int): The values' bits (default: ``bits``; ``bits=8,
           v_bits=4`` is llama.cpp's q8_0-K / q4_0-V pairing).
-        hadamard (bool): Rows quantized in the Hadamard basis (mlxq.rotation).
+        hadamard (bool): Rows quantized in the Hadamard basis (mlxq.hadamard).
+        latent (bool): An MLA latent cache (DeepSeek-V3, Kimi K2 and their
+          kin, which write ``update_and_fetch(kv_latent, k_pe)``): the first
+          slot, the latent, is quantized; the second, the RoPE keys the
+          model multiplies itself, stays exact (see mlxq.cache.latent).
     """
 
     group_size: int = 64
@@ -50,6 +56,7 @@ class KVFormat:
     v_group_size: Optional[int] = None
     v_bits: Optional[int] = None
     hadamard: bool = False
+    latent: bool = False
 
     def __post_init__(self):
         if self.v_group_size is None:
@@ -61,8 +68,14 @@ class KVFormat:
         """``self``, or a ValueError naming the field mlxq's kernels do not take."""
         check_quantization(self.group_size, self.bits, where)
         check_quantization(self.v_group_size, self.v_bits, where, prefix="v_")
-        if not isinstance(self.hadamard, bool):
-            raise ValueError(f"[{where}] hadamard must be a bool, got {self.hadamard!r}.")
+        for name in ("hadamard", "latent"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"[{where}] {name} must be a bool, got {getattr(self, name)!r}.")
+        if self.latent and (self.hadamard or self.side(True) != self.side(False)):
+            raise ValueError(
+                f"[{where}] a latent cache quantizes only its latent, with group_size and "
+                f"bits: it takes no hadamard, v_group_size or v_bits."
+            )
         return self
 
     def side(self, values: bool = False) -> Tuple[int, int]:
@@ -85,10 +98,13 @@ class KVFormat:
 
     # ``state`` holds mlx-lm's entries, then these only where mlx-lm has
     # nothing to say: (1,) for a Hadamard cache of one quantization,
-    # (hadamard, v_group_size, v_bits) for separate values. A state without
+    # (hadamard, v_group_size, v_bits) for separate values, and
+    # (hadamard, v_group_size, v_bits, 1) for a latent cache. A state without
     # them is mlx-lm's own.
     def extras(self) -> tuple:
         """The trailing ``state`` entries of this format."""
+        if self.latent:
+            return (int(self.hadamard), self.v_group_size, self.v_bits, 1)
         if self.separate:
             return (int(self.hadamard), self.v_group_size, self.v_bits)
         return (1,) if self.hadamard else ()
@@ -96,10 +112,11 @@ class KVFormat:
     def with_extras(self, extras: tuple, where: str) -> "KVFormat":
         """This format's keys with the values and basis a state's trailing
         entries give (see :meth:`extras`)."""
-        if len(extras) not in (0, 1, 3):
+        if len(extras) not in (0, 1, 3, 4):
             raise ValueError(
-                f"[{where}] a quantized state ends with (), (hadamard,) or "
-                f"(hadamard, v_group_size, v_bits); got {len(extras)} extra entries."
+                f"[{where}] a quantized state ends with (), (hadamard,), "
+                f"(hadamard, v_group_size, v_bits) or (hadamard, v_group_size, v_bits, latent); "
+                f"got {len(extras)} extra entries."
             )
         if not extras:
             return KVFormat(self.group_size, self.bits)
@@ -110,12 +127,17 @@ class KVFormat:
                 f"[{where}] a state's hadamard entry must be one of {allowed}, got {hadamard}."
             )
         values = (None, None)
-        if len(extras) == 3:
+        if len(extras) >= 3:
             values = (
                 as_int(extras[1], "v_group_size", where),
                 as_int(extras[2], "v_bits", where),
             )
-        return KVFormat(self.group_size, self.bits, *values, bool(hadamard))
+        latent = False
+        if len(extras) == 4:
+            if as_int(extras[3], "latent", where) != 1:
+                raise ValueError(f"[{where}] a state's latent entry must be 1, got {extras[3]}.")
+            latent = True
+        return KVFormat(self.group_size, self.bits, *values, bool(hadamard), latent)
 
 
 class FormattedTriple(MlxqOnly, tuple):

@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-ARCHITECTURES = ("llama", "qwen3", "gemma3", "gpt_oss", "gemma4", "qwen2")
+ARCHITECTURES = ("llama", "qwen3", "gemma3", "gpt_oss", "gemma4", "qwen2", "deepseek_v3")
 
 # Shared by every size: the attention shapes that mlxq's fast paths cover
 # (head dim a multiple of the KV group size), GQA 4 where the size allows.
@@ -80,6 +80,13 @@ _SIZES: Dict[str, Dict[str, dict]] = {
             intermediate_size=512,
             num_attention_heads=4,
             num_key_value_heads=2,
+        ),
+        "deepseek_v3": dict(
+            hidden_size=256,
+            num_hidden_layers=2,
+            intermediate_size=512,
+            num_attention_heads=4,
+            q_lora_rank=128,
         ),
     },
     # Benchmarks: a small real model's attention (hidden 1024, 8 query heads
@@ -149,6 +156,15 @@ _SIZES: Dict[str, Dict[str, dict]] = {
             num_key_value_heads=2,
             vocab_size=32000,
         ),
+        # DeepSeek-V2-Lite's attention (16 heads) at DeepSeek-V3's dims.
+        "deepseek_v3": dict(
+            hidden_size=2048,
+            num_hidden_layers=4,
+            intermediate_size=2048,
+            num_attention_heads=16,
+            q_lora_rank=None,
+            vocab_size=32000,
+        ),
     },
 }
 
@@ -188,6 +204,23 @@ _COMMON = {
         tie_word_embeddings=True,
         max_position_embeddings=32768,
     ),
+    "deepseek_v3": dict(
+        # DeepSeek-V3's attention dims (MLA); every layer a dense MLP.
+        model_type="deepseek_v3",
+        num_key_value_heads=1,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        moe_intermediate_size=256,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1000,
+        rope_theta=10000.0,
+        max_position_embeddings=163840,
+        rms_norm_eps=1e-6,
+    ),
 }
 
 _MODULES = {
@@ -197,6 +230,7 @@ _MODULES = {
     "gpt_oss": "gpt_oss",
     "gemma4": "gemma4_text",
     "qwen2": "qwen2",
+    "deepseek_v3": "deepseek_v3",
 }
 
 
@@ -272,7 +306,8 @@ def random_model(
         arch (str): ``"llama"``, ``"qwen3"``, ``"gemma3"`` (sliding-window
           layers), ``"gpt_oss"`` (sliding window, attention sinks, MoE),
           ``"gemma4"`` (sliding window, KV-shared layers) or ``"qwen2"``
-          (the one of them with mlx-lm's pipeline sharding, ``model.model.pipeline``).
+          (the one of them with mlx-lm's pipeline sharding, ``model.model.pipeline``)
+          or ``"deepseek_v3"`` (MLA: DeepSeek-V3's attention dims, dense MLPs).
         size (str): ``"tiny"`` (tests) or ``"small"`` (benchmarks).
         seed (int): Seed of the weights.
         dtype: Weight dtype. Default: bfloat16, as checkpoints run, except

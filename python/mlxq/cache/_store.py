@@ -257,10 +257,80 @@ class Quantized:
         return t if isinstance(t, FormattedTriple) else tuple(t)
 
 
+class Latent(Quantized):
+    """An MLA latent cache's storage (``format.latent``): the keys' slot,
+    the latent ``[B, 1, S, kv_lora_rank]``, quantized as :class:`Quantized`
+    stores it; the values' slot, the RoPE keys ``[B, 1, S, rope_dim]`` the
+    model multiplies itself, a plain array as :class:`Plain` stores it.
+
+    Methods that take one tensor serve either side: a triple is the latent,
+    an array the RoPE keys.
+    """
+
+    _plain = Plain()
+
+    def _side_of(self, t):
+        return self._plain if isinstance(t, mx.array) else super()
+
+    def encode(self, x, values: bool = False):
+        return self._plain.encode(x) if values else super().encode(x)
+
+    def zeros(self, like, n: int, values: bool = False):
+        return self._plain.zeros(like, n) if values else super().zeros(like, n)
+
+    def length(self, t) -> int:
+        return self._side_of(t).length(t)
+
+    def rows(self, t, start=None, stop=None):
+        return self._side_of(t).rows(t, start, stop)
+
+    def fetched(self, t, values: bool = False):
+        return t if values else super().fetched(t)
+
+    def concat(self, parts):
+        return self._side_of(parts[0]).concat(parts)
+
+    def map(self, t, fn):
+        return self._side_of(t).map(t, fn)
+
+    def concat_batch(self, parts):
+        return self._side_of(parts[0]).concat_batch(parts)
+
+    def write_kv(self, keys, values, new_keys, new_values, pos: int, owned: bool):
+        """The latent quantized into its triple, the RoPE keys written as
+        they come: one write each, in place when ``owned``."""
+        gs, bits = self.side()
+        latent = _ext.quantized_ring_update(
+            *keys, new_keys, pos, group_size=gs, bits=bits, owned=owned
+        )
+        return tuple(latent), _ext.ring_update(values, new_values, pos, owned=owned)
+
+    def write_and_fetch(self, keys, values, new_keys, new_values, pos: int, stop: int):
+        k, v = self.write_kv(keys, values, new_keys, new_values, pos, True)
+        return k, v, self.rows(k, stop=stop), self.rows(v, stop=stop)
+
+    def scheduled(self, t) -> bool:
+        return self._side_of(t).scheduled(t)
+
+    def head_dim(self, t, values: bool = False) -> int:
+        return self._plain.head_dim(t) if values else super().head_dim(t)
+
+    def dtype(self, t):
+        return self._side_of(t).dtype(t)
+
+    def nbytes(self, t) -> int:
+        return self._side_of(t).nbytes(t)
+
+    def check(self, t, name: str, where: str):
+        if name == "values":
+            return self._plain.check(t, name, where)
+        return super().check(t, name, where)
+
+
 def _pad_rows(store, t, before: int, after: int, values: bool):
     if not before and not after:
         return t
-    first = t[0] if store.quantized else t
+    first = t if isinstance(t, mx.array) else t[0]
     B, H = first.shape[:2]
     zeros = store.encode(
         mx.zeros((B, H, max(before, after), store.head_dim(t, values)), store.dtype(t)), values

@@ -34,6 +34,7 @@ from . import batch_rows, decode_step, quantized
 from .batch_rows import host_ints, set_rows
 from .decode_step import DecodePlan
 from .kv import KVCache, QuantizedKVCache
+from .latent import latent_fetch
 
 
 @batch_rows.batch_side
@@ -60,10 +61,11 @@ class BatchQuantizedKVCache(KVCache):
         v_bits: Optional[int] = None,
         *,
         kv_rotate: Optional[bool] = None,
+        latent: bool = False,
     ):
         self.keys = self.values = None
         hadamard, _ = quantized.options(self._where("__init__"), hadamard, kv_rotate=kv_rotate)
-        self.format = KVFormat(group_size, bits, v_group_size, v_bits, hadamard)
+        self.format = KVFormat(group_size, bits, v_group_size, v_bits, hadamard, latent)
         self._idx = 0
         self._right_padding = None
         batch_rows.init_rows(self, left_padding)
@@ -108,7 +110,8 @@ class BatchQuantizedKVCache(KVCache):
         """Write ``[B, H, T, D]`` at row ``_idx`` of every sequence; return
         rows ``[0, _idx)`` (padding included: the mask hides it)."""
         batch_rows.check_batch(self, keys)
-        return self._append(keys, values, None)
+        fetch = self._append(keys, values, None)
+        return latent_fetch(self, fetch, keys.shape[2]) if self.format.latent else fetch
 
     def _take_right_padding(self, lengths, right_padding) -> None:
         self._right_padding = right_padding

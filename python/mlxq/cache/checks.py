@@ -38,10 +38,10 @@ def update(cache, keys, values) -> int:
             check_head_dim(x.shape[-1], where)
     for name, x, buf in (("keys", keys, cache.keys), ("values", values, cache.values)):
         side = name == "values"
-        if store.quantized:
+        if store.quantized and not (side and store.format.latent):  # latent: exact RoPE keys
             _check_quantizable(name, x, store.side(side)[0], where)
         if buf is not None:
-            b0 = buf[0] if store.quantized else buf
+            b0 = buf if isinstance(buf, mx.array) else buf[0]
             fits = (b0.shape[0], b0.shape[1], store.head_dim(buf, side), store.dtype(buf))
             if fits != (x.shape[0], x.shape[1], x.shape[3], x.dtype):
                 raise ValueError(
@@ -87,7 +87,7 @@ def adopted(cache, keys, values, where: str):
         raise ValueError(f"[{where}] keys and values must both be given or both be None.")
     store = cache._store
     keys, values = store.check(keys, "keys", where), store.check(values, "values", where)
-    k0, v0 = (keys[0], values[0]) if store.quantized else (keys, values)
+    k0, v0 = (t if isinstance(t, mx.array) else t[0] for t in (keys, values))
     if k0.shape[:3] != v0.shape[:3]:
         raise ValueError(
             f"[{where}] keys and values must agree on [B, H, S]: "

@@ -223,6 +223,8 @@ def refusal(cache) -> Optional[str]:
             "a cache with a recent window decodes eagerly (its exact window is not part "
             "of the compiled step)."
         )
+    if cache._store.quantized and cache._store.format.latent:
+        return "an MLA latent cache decodes eagerly (its RoPE keys are not quantized)."
     return None
 
 

@@ -16,6 +16,7 @@ from ..split import RecentSplit
 from . import checks, decode_step, quantized
 from .base import BaseCache
 from .decode_step import DecodePlan
+from .latent import latent_fetch
 from .recent import window_for
 
 
@@ -129,15 +130,19 @@ class KVCache(BaseCache):
         *,
         kv_rotate: Optional[bool] = None,
         keep_recent: Optional[int] = None,
+        latent: bool = False,
     ) -> "QuantizedKVCache":
         """The same tokens in a :class:`QuantizedKVCache` (the whole buffer is
         quantized; in the Hadamard basis with ``hadamard``, see mlxq.hadamard;
         values with ``v_group_size`` / ``v_bits`` when given; the last
-        ``recent`` tokens also kept exact). ``kv_rotate`` and
-        ``keep_recent`` are deprecated names of ``hadamard`` and ``recent``."""
+        ``recent`` tokens also kept exact; an MLA latent cache with
+        ``latent``). ``kv_rotate`` and ``keep_recent`` are deprecated names
+        of ``hadamard`` and ``recent``."""
         where = self._where("to_quantized")
         hadamard, recent = quantized.options(where, hadamard, recent, kv_rotate, keep_recent)
-        cache = QuantizedKVCache(group_size, bits, hadamard, v_group_size, v_bits, recent)
+        cache = QuantizedKVCache(
+            group_size, bits, hadamard, v_group_size, v_bits, recent, latent=latent
+        )
         cache.offset = self.offset
         if self.keys is not None:
             quantized.encode_buffers(cache, self.keys, self.values)
@@ -165,6 +170,10 @@ class QuantizedKVCache(KVCache):
     the exact window (every backend; Metal's checked on an emulator only).
     The window is a runtime choice, not part of ``state``: a cache restored
     from a state or file reads its earlier tokens quantized.
+
+    ``latent=True`` makes it an MLA latent cache (DeepSeek-V3, Kimi K2...;
+    see mlxq.cache.latent): the keys' slot, the latent, is quantized and
+    the values' slot, the RoPE keys, kept exact.
     """
 
     mlx_lm_name = "QuantizedKVCache"
@@ -184,12 +193,18 @@ class QuantizedKVCache(KVCache):
         *,
         kv_rotate: Optional[bool] = None,
         keep_recent: Optional[int] = None,
+        latent: bool = False,
     ):
         super().__init__()
         where = self._where("__init__")
         hadamard, recent = quantized.options(where, hadamard, recent, kv_rotate, keep_recent)
-        self.format = KVFormat(group_size, bits, v_group_size, v_bits, hadamard)
+        self.format = KVFormat(group_size, bits, v_group_size, v_bits, hadamard, latent)
         self.recent = as_int(recent, "recent", where, minimum=0)
+        if latent and self.recent:
+            raise ValueError(
+                f"[{where}] an MLA latent cache keeps no recent window (its RoPE keys are "
+                "exact already): pass recent=0."
+            )
         self._configure()
 
     def _configure(self) -> None:
@@ -208,6 +223,8 @@ class QuantizedKVCache(KVCache):
     def update_and_fetch(self, keys, values):
         """Append and fetch (see KVCache); with ``recent``, the
         fetch is a :class:`RecentSplit` of keys and one of values."""
+        if self.format.latent:
+            return latent_fetch(self, super().update_and_fetch(keys, values), keys.shape[2])
         if self._recent is None:
             return super().update_and_fetch(keys, values)
         prev = self.offset

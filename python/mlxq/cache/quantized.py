@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 from ..arguments import renamed
 from ..kv_format import KVFormat
 from . import checks
-from ._store import Quantized
+from ._store import Latent, Quantized
 
 
 def options(
@@ -26,7 +26,8 @@ def options(
 
 def store(cache) -> Quantized:
     """The storage of ``cache.format``, checked (ValueError naming the field)."""
-    return Quantized(cache.format.checked(cache._where("__init__")))
+    format = cache.format.checked(cache._where("__init__"))
+    return Latent(format) if format.latent else Quantized(format)
 
 
 def already_quantized(
@@ -38,11 +39,14 @@ def already_quantized(
     v_bits: Optional[int] = None,
     *,
     kv_rotate: Optional[bool] = None,
+    latent: Optional[bool] = None,
 ):
-    """``to_quantized`` of a quantized cache: itself, if the format matches."""
+    """``to_quantized`` of a quantized cache: itself, if the format matches
+    (``latent=None``: whatever the cache is)."""
     where = cache._where("to_quantized")
     hadamard, _ = options(where, hadamard, kv_rotate=kv_rotate)
-    want = KVFormat(group_size, bits, v_group_size, v_bits, hadamard)
+    latent = cache.format.latent if latent is None else latent
+    want = KVFormat(group_size, bits, v_group_size, v_bits, hadamard, latent)
     if want != cache.format:
         raise ValueError(
             f"[{where}] the cache is quantized as {cache.format}; cannot requantize to {want}."

@@ -288,13 +288,20 @@ class RotatingKVCache(BaseCache):
         *,
         kv_rotate: Optional[bool] = None,
         keep_recent: Optional[int] = None,
+        latent: bool = False,
     ) -> "RotatingQuantizedKVCache":
         """The same ring, quantized as laid out (ring order and index kept;
         in the Hadamard basis with ``hadamard``, see mlxq.hadamard; values
         with ``v_group_size`` / ``v_bits`` when given; the last ``recent``
         tokens also kept exact). ``kv_rotate`` and ``keep_recent`` are
-        deprecated names of ``hadamard`` and ``recent``."""
+        deprecated names of ``hadamard`` and ``recent``. A ring is never an
+        MLA latent cache (``latent=True`` raises)."""
         where = self._where("to_quantized")
+        if latent:
+            raise ValueError(
+                f"[{where}] an MLA latent cache cannot be a sliding-window ring: "
+                "run the model without max_kv_size."
+            )
         hadamard, recent = quantized.options(where, hadamard, recent, kv_rotate, keep_recent)
         cache = RotatingQuantizedKVCache(
             self.max_size, self.keep, group_size, bits, hadamard, v_group_size, v_bits, recent

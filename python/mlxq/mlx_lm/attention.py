@@ -86,6 +86,10 @@ def scaled_dot_product_attention(queries, keys, values, cache, scale: float, mas
         if out is not None:
             return out
     _counts["mlx_lm"] += 1
+    if isinstance(keys, mx.array) and hasattr(cache, "bits"):
+        # An MLA latent cache's prefill fetch (mlxq.cache.latent): the model
+        # projected the dequantized latent into plain per-head K/V.
+        cache = None
     return original("scaled_dot_product_attention")(
         queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks
     )
