@@ -13,9 +13,12 @@ where they are smaller (``mx.quantize`` groups of 64), and runs greedy
   mlxq kv8    mlxq, kv_bits=8: greedy-token agreement with the reference
 
 Each quantized run is recorded as ``error`` (the exception, first line),
-``silent`` (it ran, but some attention caches stayed unquantized: k of n
-quantized) or ``quantized``. Models whose unquantized run fails are
-``not run`` (for example, vision models that need images).
+``refused`` (mlxq's ValueError before any work: the model computes attention
+in a way mlxq does not serve), ``silent`` (it ran, but some attention caches
+stayed unquantized: k of n quantized) or ``quantized`` (every attention
+cache quantized, except those the model's family keeps exact: see
+mlxq.mlx_lm.families). Models whose unquantized run fails are ``not run``
+(for example, vision models that need images).
 
     python bench/e2e/coverage.py                       # every model
     python bench/e2e/coverage.py --only llama gemma2   # model types containing these
@@ -40,6 +43,7 @@ import mlx_lm  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 import mlxq.mlx_lm as mlxq_lm  # noqa: E402
+from mlxq.mlx_lm.families import EXACT, ROLE  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPT, NEW = 24, 8
@@ -151,16 +155,26 @@ def generate(model, vocab, kv_bits=None):
     return tokens, cache
 
 
+def is_refusal(e: Exception) -> bool:
+    """mlxq's refusal of kv_bits for a model family (mlxq.mlx_lm.families)."""
+    return isinstance(e, ValueError) and "run it without kv_bits" in str(e)
+
+
 def classify(run) -> dict:
     try:
         tokens, cache = run()
     except Exception as e:  # noqa: BLE001  (recorded)
-        line = (str(e).splitlines() or [""])[0][:120]
-        return {"result": "error", "error": f"{type(e).__name__}: {line}"}
+        line = (str(e).splitlines() or [""])[0][:160]
+        kind = "refused" if is_refusal(e) else "error"
+        return {"result": kind, "error": f"{type(e).__name__}: {line}"}
     caches = attention_caches(cache)
     n, q = len(caches), sum(hasattr(c, "bits") for c in caches)
-    result = "quantized" if n and q == n else "silent"
-    return {"result": result, "quantized": f"{q}/{n}", "tokens": tokens}
+    exact = sum(not hasattr(c, "bits") and getattr(c, ROLE, None) == EXACT for c in caches)
+    result = "quantized" if q and q + exact == n else "silent"
+    out = {"result": result, "quantized": f"{q}/{n}", "tokens": tokens}
+    if exact:
+        out["exact_by_role"] = exact
+    return out
 
 
 def run_model(entry) -> dict:
@@ -196,11 +210,12 @@ def run_model(entry) -> dict:
 
 
 def cell(r) -> str:
-    if r["result"] == "error":
-        return "error: " + r["error"].replace("|", "/")
+    if r["result"] in ("error", "refused"):
+        return f"{r['result']}: " + r["error"].replace("|", "/")
     if r["result"] == "silent":
         return f"unquantized ({r['quantized']} quantized)"
-    return f"quantized ({r['quantized']})"
+    exact = f", {r['exact_by_role']} exact by role" if r.get("exact_by_role") else ""
+    return f"quantized ({r['quantized']}{exact})"
 
 
 def main():
@@ -242,7 +257,7 @@ def main():
     summary = {
         key: {
             kind: sum(r[key]["result"] == kind for r in ran)
-            for kind in ("quantized", "silent", "error")
+            for kind in ("quantized", "refused", "silent", "error")
         }
         for key in ("stock_kv4", "mlxq_kv4", "mlxq_kv8")
     }

@@ -30,6 +30,7 @@ from . import masks  # noqa: E402
 from .cache import (  # noqa: E402
     BatchQuantizedKVCache,
     BatchRotatingQuantizedKVCache,
+    ChunkedQuantizedKVCache,
     KVCache,
     QuantizedKVCache,
     RotatingKVCache,
@@ -42,6 +43,7 @@ from .prompt_cache import load_prompt_cache, save_prompt_cache  # noqa: E402
 __all__ += [
     "BatchQuantizedKVCache",
     "BatchRotatingQuantizedKVCache",
+    "ChunkedQuantizedKVCache",
     "KVCache",
     "QuantizedKVCache",
     "RotatingKVCache",

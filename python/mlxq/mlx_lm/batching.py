@@ -30,6 +30,7 @@ from ..cache import (
 )
 from ..cache.batch_rows import is_batch
 from ..kv_format import BITS, GROUP_SIZES
+from . import families
 from .caches import quantize_caches
 from .settings import Settings, settings
 
@@ -73,12 +74,22 @@ def merge_caches(caches: List[List[Any]]) -> List[Any]:
     merged = []
     for i in range(len(caches[0]) if caches else 0):
         layer = [c[i] for c in caches]
+        if any(hasattr(c, "chunk_size") for c in layer):  # mlx-lm's or mlxq's chunked cache
+            raise ValueError(
+                f"[mlxq.mlx_lm.BatchGenerator] layer {i} keeps a chunked-attention cache "
+                f"({type(layer[0]).__name__}), which cannot be batched: generate one "
+                "sequence at a time."
+            )
         if any(_is_quantized(c) for c in layer):
-            merged.append(_batch_kind(layer[0]).merge(layer))
+            out = _batch_kind(layer[0]).merge(layer)
         elif hasattr(layer[0], "merge"):
-            merged.append(layer[0].merge(layer))
+            out = layer[0].merge(layer)
         else:
             raise ValueError(f"{type(layer[0])} does not yet support batching with history")
+        role = families.role_of(layer[0])
+        if role != families.QUANTIZE:  # the batch keeps its sequences' role
+            setattr(out, families.ROLE, role)
+        merged.append(out)
     return merged
 
 
@@ -133,6 +144,15 @@ class BatchGenerator(lm_generate.BatchGenerator):
         self.quantized_kv_start = quantized_kv_start
         # The settings in force now: a later enable(...) leaves this batch as it is.
         self.settings = settings()
+        families.check(model, kv_bits, where)  # before any work
+        fam = families.family(model)
+        if kv_bits is not None and quantized_kv_start > 0 and families.LATENT in fam.roles():
+            raise ValueError(
+                f"[{where}] {families.family_name(model)}'s MLA latent caches are quantized "
+                f"per sequence before they join the batch: quantized_kv_start must be 0, got "
+                f"{quantized_kv_start}."
+            )
+        self._family_model = model  # the model whose family tags the caches
         if self.settings.compiled_decode:  # the batch's one-token steps compiled (mlxq.compiled)
             from ..compiled import CompiledModel
 
@@ -140,6 +160,7 @@ class BatchGenerator(lm_generate.BatchGenerator):
         super().__init__(model, **kwargs)
 
     def _quantize_singles(self, cache: List[Any]) -> List[Any]:
+        families.tag_roles(self._family_model, cache)
         quantize_caches(
             cache, self.quantized_kv_start, self.kv_group_size, self.kv_bits, self.settings
         )
@@ -165,6 +186,7 @@ class BatchGenerator(lm_generate.BatchGenerator):
             for i, c in enumerate(layers):
                 if (
                     not _is_quantized(c)
+                    and families.role_of(c) == families.QUANTIZE
                     and hasattr(c, "left_padding")
                     and not c.empty()
                     and c.size() >= self.quantized_kv_start

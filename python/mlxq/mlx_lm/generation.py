@@ -3,6 +3,7 @@
 from typing import Optional
 
 from ..cache.base import BaseCache
+from . import families
 from .caches import as_mlxq, quantize_caches
 from .originals import original
 from .settings import settings
@@ -30,12 +31,18 @@ def make_prompt_cache(
 ):
     """mlx-lm's ``make_prompt_cache``, optionally quantized from the first token.
 
-    Without ``kv_bits`` this is exactly mlx-lm's. With it, every ``KVCache``
+    Without ``kv_bits`` these are mlx-lm's caches. With it, every ``KVCache``
     and ``RotatingKVCache`` the model asks for is created as mlxq's
     ``QuantizedKVCache`` / ``RotatingQuantizedKVCache`` (empty), so prefill
-    runs on the fused kernel and the cache never holds unquantized K/V.
+    runs on the fused kernel and the cache never holds unquantized K/V;
+    ``CacheList`` members and ``ChunkedKVCache`` too, as the model's family
+    says (mlxq.mlx_lm.families: some caches stay exact, MLA latent caches
+    are quantized as such, and models that compute attention themselves
+    raise ``ValueError`` here). Either way each cache carries its role.
     """
+    families.check(model, kv_bits, "mlxq.mlx_lm.make_prompt_cache")
     cache = original("make_prompt_cache")(model, max_kv_size=max_kv_size)
+    families.tag_roles(model, cache)
     if kv_bits is not None:
         maybe_quantize_kv_cache(cache, 0, kv_group_size, kv_bits)
     return cache
@@ -49,6 +56,8 @@ def mark_private(prompt_cache) -> None:
     for c in prompt_cache:
         if isinstance(c, BaseCache):
             c._private = True
+        elif isinstance(getattr(c, "caches", None), (list, tuple)):  # a CacheList
+            mark_private(c.caches)
 
 
 def generate_step(
@@ -70,9 +79,16 @@ def generate_step(
     cache (no ``prompt_cache`` given) and ``kv_bits`` is set, the same rule is
     applied once more before the first chunk: with ``quantized_kv_start=0``
     every KV cache is quantized from the first token, so prefill runs on
-    quantized K/V and never holds a bf16 copy of the prompt's cache.
+    quantized K/V and never holds a bf16 copy of the prompt's cache. A
+    ``prompt_cache`` given takes the roles of ``model``'s family
+    (mlxq.mlx_lm.families), and a model whose attention mlxq cannot serve
+    with ``kv_bits`` raises ``ValueError`` before the first model call.
     """
     from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
+
+    families.check(model, kv_bits, "mlxq.mlx_lm.generate_step")
+    if kv_bits is not None and prompt_cache is not None:
+        families.tag_roles(model, prompt_cache)
 
     if quantized_kv_start is None:
         quantized_kv_start = DEFAULT_QUANTIZED_KV_START
