@@ -93,8 +93,12 @@ class KVFormat:
         return self.hadamard or self.separate
 
     def kwargs(self) -> dict:
-        """The format as a cache constructor's keywords."""
-        return dataclasses.asdict(self)
+        """The format as a cache constructor's keywords (``latent`` only when
+        set: ring caches take no such keyword)."""
+        out = dataclasses.asdict(self)
+        if not self.latent:
+            del out["latent"]
+        return out
 
     # ``state`` holds mlx-lm's entries, then these only where mlx-lm has
     # nothing to say: (1,) for a Hadamard cache of one quantization,

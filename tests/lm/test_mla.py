@@ -103,3 +103,19 @@ def test_batch_generation_with_latent_caches(enabled, model):
         )
         assert ids == [int(t) for t, _ in alone]
         assert all(c.format.latent for c in cache)
+
+
+def test_batch_quantizes_latent_caches_once_long_enough(enabled, model):
+    ps = [[int(t) for t in prompt(n, seed=n)] for n in (7, 30)]
+    got = lm_generate.batch_generate(
+        model,
+        mlxq.random_models.random_model("deepseek_v3")[1],
+        ps,
+        max_tokens=12,
+        kv_bits=8,
+        quantized_kv_start=20,
+        return_token_ids=True,
+        return_prompt_caches=True,
+    )
+    for cache in got.caches:
+        assert all(c.format.latent and c.bits == 8 for c in cache)

@@ -49,9 +49,11 @@ def _batch_kind(cache):
 
 def quantize_batch(cache, group_size: int, bits: int, options: Settings):
     """An (unquantized) batch cache in mlxq's quantized batch cache, stored as
-    ``options`` say (rotation, value quantization)."""
+    ``options`` say (rotation, value quantization), an MLA latent cache
+    where its role says so (families.py)."""
+    extra = {"latent": True} if families.role_of(cache) == families.LATENT else {}
     return _batch_kind(cache).quantize(
-        cache, group_size=group_size, bits=bits, **options.cache_options()
+        cache, group_size=group_size, bits=bits, **options.cache_options(), **extra
     )
 
 
@@ -145,13 +147,6 @@ class BatchGenerator(lm_generate.BatchGenerator):
         # The settings in force now: a later enable(...) leaves this batch as it is.
         self.settings = settings()
         families.check(model, kv_bits, where)  # before any work
-        fam = families.family(model)
-        if kv_bits is not None and quantized_kv_start > 0 and families.LATENT in fam.roles():
-            raise ValueError(
-                f"[{where}] {families.family_name(model)}'s MLA latent caches are quantized "
-                f"per sequence before they join the batch: quantized_kv_start must be 0, got "
-                f"{quantized_kv_start}."
-            )
         self._family_model = model  # the model whose family tags the caches
         if self.settings.compiled_decode:  # the batch's one-token steps compiled (mlxq.compiled)
             from ..compiled import CompiledModel
@@ -186,7 +181,7 @@ class BatchGenerator(lm_generate.BatchGenerator):
             for i, c in enumerate(layers):
                 if (
                     not _is_quantized(c)
-                    and families.role_of(c) == families.QUANTIZE
+                    and families.role_of(c) in (families.QUANTIZE, families.LATENT)
                     and hasattr(c, "left_padding")
                     and not c.empty()
                     and c.size() >= self.quantized_kv_start

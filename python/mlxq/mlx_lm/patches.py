@@ -9,7 +9,7 @@ import warnings
 from typing import Any, List, Optional, Tuple
 
 from ..arguments import as_int, renamed
-from ..cache import RotatingQuantizedKVCache
+from ..cache import ChunkedQuantizedKVCache, RotatingQuantizedKVCache
 from ..kv_format import BITS, GROUP_SIZES
 from . import attention, generation
 from .originals import record, recorded
@@ -222,6 +222,7 @@ def enable(
                 if callable(value) and id(value) in _replacements:
                     _set(module, name, _replacements[id(value)])
         _set(lm_cache, "RotatingQuantizedKVCache", RotatingQuantizedKVCache)
+        _set(lm_cache, "ChunkedQuantizedKVCache", ChunkedQuantizedKVCache)
         for cls in batching.TO_QUANTIZED:
             _set(cls, "to_quantized", batching.batch_to_quantized)
         _warn_early_bindings(table)
