@@ -141,8 +141,9 @@ def build(entry, scale: int):
     return model
 
 
-def generate(model, vocab, kv_bits=None):
-    """(tokens, prompt cache) of greedy generate_step."""
+def generate(model, vocab, kv_bits=None, logprobs=None):
+    """(tokens, prompt cache) of greedy generate_step; each step's
+    log-probabilities (float32) are appended to ``logprobs`` when given."""
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -151,8 +152,26 @@ def generate(model, vocab, kv_bits=None):
     cache = make_prompt_cache(model)
     kw = {} if kv_bits is None else dict(kv_bits=kv_bits, kv_group_size=64, quantized_kv_start=0)
     steps = generate_step(prompt, model, max_tokens=NEW, prompt_cache=cache, **kw)
-    tokens = [int(t) for t, _ in steps]
+    tokens = []
+    for t, lp in steps:
+        tokens.append(int(t))
+        if logprobs is not None:
+            logprobs.append(lp.astype(mx.float32))
     return tokens, cache
+
+
+def first_disagreement(ref, ref_lp, got, got_lp):
+    """Where greedy tokens first part, and whether that step is a near tie:
+    the reference's top-2 log-probability gap there against the largest
+    change quantization made to any log-probability at that step (a gap
+    below it: the quantization's own noise can flip the choice)."""
+    i = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
+    if i is None:
+        return None
+    top2 = mx.sort(ref_lp[i])[-2:]
+    gap = float(top2[1] - top2[0])
+    moved = float(mx.abs(ref_lp[i] - got_lp[i]).max())
+    return {"step": i, "top2_gap": gap, "max_logprob_change": moved, "near_tie": gap <= moved}
 
 
 def is_refusal(e: Exception) -> bool:
@@ -183,12 +202,14 @@ def run_model(entry) -> dict:
     try:
         scale = 1
         model = build(entry, scale)
-        ref, cache = generate(model, vocab)
+        ref_lp = []
+        ref, cache = generate(model, vocab, logprobs=ref_lp)
         dims = head_dims(cache)
         if dims and min(dims) < 64:
             scale = 2 ** math.ceil(math.log2(64 / min(dims)))
             model = build(entry, scale)
-            ref, cache = generate(model, vocab)
+            ref_lp = []
+            ref, cache = generate(model, vocab, logprobs=ref_lp)
             dims = head_dims(cache)
     except Exception as e:  # noqa: BLE001  (recorded)
         line = (str(e).splitlines() or [""])[0][:120]
@@ -202,10 +223,14 @@ def run_model(entry) -> dict:
     row["stock_kv4"] = classify(lambda: generate(model, vocab, 4))
     with mlxq_lm.enabled():
         row["mlxq_kv4"] = classify(lambda: generate(model, vocab, 4))
-        kv8 = classify(lambda: generate(model, vocab, 8))
+        kv8_lp = []
+        kv8 = classify(lambda: generate(model, vocab, 8, logprobs=kv8_lp))
     row["mlxq_kv8"] = kv8
     if "tokens" in kv8:
         row["kv8_agreement"] = sum(a == b for a, b in zip(kv8["tokens"], ref)) / len(ref)
+        parted = first_disagreement(ref, ref_lp, kv8["tokens"], kv8_lp)
+        if parted is not None:
+            row["kv8_first_disagreement"] = parted
     return row
 
 
@@ -234,8 +259,11 @@ def main():
     info = common.machine_info()
     common.print_machine(info)
     print(f"mlx-lm {mlx_lm.__version__}: {len(entries)} model builds from tests/test_models.py")
-    print("| model type | test | head dims | stock kv4 | mlxq kv4 | mlxq kv8 | kv8 tokens = bf16 |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| model type | test | head dims | stock kv4 | mlxq kv4 | mlxq kv8 | kv8 tokens = bf16 "
+        "| first kv8 difference: step, top-2 gap / largest log-prob change |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     rows = []
     for e in entries:
         try:
@@ -244,13 +272,22 @@ def main():
             row = dict(model_type=e["model_type"], result="not run", error=traceback.format_exc())
         rows.append(row)
         if row["result"] == "not run":
-            print(f"| {row['model_type']} | {e['test']} | - | not run: {row['error'][:80]} | | | |")
+            print(
+                f"| {row['model_type']} | {e['test']} | - | not run: {row['error'][:80]} | | | | |"
+            )
             continue
-        agree = row.get("kv8_agreement")
+        agree, parted = row.get("kv8_agreement"), row.get("kv8_first_disagreement")
+        where = "-"
+        if parted is not None:
+            where = (
+                f"{parted['step']}: {parted['top2_gap']:.3f} / "
+                f"{parted['max_logprob_change']:.3f}"
+                + (" (near tie)" if parted["near_tie"] else "")
+            )
         print(
             f"| {row['model_type']} | {e['test']} | {row['head_dims']} | {cell(row['stock_kv4'])} "
             f"| {cell(row['mlxq_kv4'])} | {cell(row['mlxq_kv8'])} "
-            f"| {'-' if agree is None else f'{agree:.0%}'} |",
+            f"| {'-' if agree is None else f'{agree:.0%}'} | {where} |",
             flush=True,
         )
     ran = [r for r in rows if r["result"] == "ran" and r.get("head_dims")]
@@ -262,6 +299,9 @@ def main():
         for key in ("stock_kv4", "mlxq_kv4", "mlxq_kv8")
     }
     summary["models with KV caches"] = len(ran)
+    parted = [r["kv8_first_disagreement"] for r in ran if "kv8_first_disagreement" in r]
+    summary["kv8 disagreements"] = len(parted)
+    summary["kv8 disagreements starting at a near tie"] = sum(p["near_tie"] for p in parted)
     summary["not run"] = sum(r["result"] == "not run" for r in rows)
     summary["state only"] = sum(r["result"] == "ran" and not r.get("head_dims") for r in rows)
     print(json.dumps(summary))
