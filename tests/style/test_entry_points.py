@@ -21,7 +21,7 @@ def device():
 
 
 def test_the_commands_are_declared():
-    assert set(SCRIPTS) == {"mlxq-generate", "mlxq-server", "mlxq-sharded"}
+    assert set(SCRIPTS) == {"mlxq-fidelity", "mlxq-generate", "mlxq-server", "mlxq-sharded"}
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))

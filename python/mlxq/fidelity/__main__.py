@@ -1,0 +1,99 @@
+"""``mlxq-fidelity`` / ``python -m mlxq.fidelity``: what KV settings cost a model.
+
+mlxq-fidelity smollm2-135m
+mlxq-fidelity gemma3-270m --kv 4 4+recent128 8/4 --per-layer 4 --tokens 2048
+mlxq-fidelity path/to/mlx-model --text book.txt --out fidelity.json
+"""
+
+import argparse
+import os
+import sys
+
+from . import DEFAULT_TEXT, GRAMMAR, default_dtype, load, measure, parse_spec, text_ids
+from .report import plot, save_json, table
+
+DEFAULT_SETTINGS = ("8", "4", "4+hadamard", "8/4", "4+recent128")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mlxq-fidelity",
+        description="Measure what quantized KV settings cost a model against its unquantized "
+        "KV cache: perplexity, KL divergence of the next-token distribution (mean, p99), "
+        "top-1 flip rate, KV bytes, and per-layer sensitivity.",
+    )
+    p.add_argument(
+        "model",
+        help="a packaged model (smollm2-135m, gemma3-270m), a .gguf file or an mlx-lm model folder",
+    )
+    p.add_argument(
+        "--kv",
+        nargs="+",
+        default=list(DEFAULT_SETTINGS),
+        metavar="SETTING",
+        help=f"KV settings to measure: {GRAMMAR} (default: {' '.join(DEFAULT_SETTINGS)})",
+    )
+    p.add_argument(
+        "--per-layer",
+        default=None,
+        metavar="SETTING",
+        help="also apply this setting to one layer at a time (one pass per layer)",
+    )
+    p.add_argument(
+        "--text", default=DEFAULT_TEXT, help="a UTF-8 text file (default: the Apache License 2.0)"
+    )
+    p.add_argument(
+        "--tokens", type=int, default=1024, help="tokens of the text to read (default 1024)"
+    )
+    p.add_argument("--chunk", type=int, default=64, help="tokens per forward pass (default 64)")
+    p.add_argument("--out", default=None, help="JSON path (default fidelity_<model>.json here)")
+    p.add_argument("--plot", default=None, help="PNG path (default: the JSON's, as .png)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        specs = [parse_spec(s) for s in args.kv]
+        per_layer = parse_spec(args.per_layer) if args.per_layer else None
+        model, tokenizer = load(args.model, dtype=default_dtype())
+        ids = text_ids(tokenizer, args.text, args.tokens)
+    except (ValueError, OSError) as e:
+        print(f"mlxq-fidelity: {e}", file=sys.stderr)
+        return 2
+    passes = 1 + len(specs) + (0 if per_layer is None else len(model.layers))
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(ids) - 1, unit="tok", desc=f"{passes} passes", file=sys.stderr)
+    try:
+        result = measure(
+            model,
+            ids,
+            specs,
+            chunk=args.chunk,
+            per_layer=per_layer,
+            progress=bar.update if bar is not None else None,
+        )
+    except ValueError as e:
+        print(f"mlxq-fidelity: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if bar is not None:
+            bar.close()
+    name = os.path.basename(os.path.normpath(args.model)).removesuffix(".gguf")
+    result = dict(model=args.model, text=args.text, tokens=len(ids), chunk=args.chunk, **result)
+    print(table(result))
+    out = args.out or f"fidelity_{name}.json"
+    save_json(out, result)
+    print(f"saved {out}")
+    png = args.plot or os.path.splitext(out)[0] + ".png"
+    why = plot(png, result)
+    print(f"no plot: {why}" if why else f"saved {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
