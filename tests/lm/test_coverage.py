@@ -206,10 +206,10 @@ def enabled():
     mlxq_lm.disable()
 
 
-def _reference(name):
+def _reference(name, logprobs=None):
     model = model_of(name)
     mlxq_lm.disable()
-    tokens, cache = cov.generate(model, VOCAB)
+    tokens, cache = cov.generate(model, VOCAB, logprobs=logprobs)
     assert all(d >= 64 for d in cov.head_dims(cache) if d), cov.head_dims(cache)
     return model, tokens
 
@@ -222,15 +222,22 @@ def _assert_quantized(name, row):
 
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_quantized_and_kv8_tokens(name, device):
-    model, ref = _reference(name)
+    ref_lp, kv8_lp = [], []
+    model, ref = _reference(name, ref_lp)
     with mlxq_lm.enabled():
         kv4 = cov.classify(lambda: cov.generate(model, VOCAB, 4))
-        kv8 = cov.classify(lambda: cov.generate(model, VOCAB, 8))
+        kv8 = cov.classify(lambda: cov.generate(model, VOCAB, 8, logprobs=kv8_lp))
     _assert_quantized(name, kv4)
     _assert_quantized(name, kv8)
     agree = sum(a == b for a, b in zip(kv8["tokens"], ref))
     print(f"{name}: kv8 greedy tokens equal to unquantized at {agree}/{len(ref)} positions")
-    assert agree >= len(ref) // 2, (name, kv8["tokens"], ref)
+    # Random weights have near ties: kv8 may part from the unquantized run
+    # only where the reference's top two are closer than the largest
+    # log-probability change 8-bit KV made at that step (on CUDA, MLX's f32
+    # matmuls round as TF32 and move more ties), and that change is small.
+    parted = cov.first_disagreement(ref, ref_lp, kv8["tokens"], kv8_lp)
+    if parted is not None:
+        assert parted["near_tie"] and parted["max_logprob_change"] < 0.5, (name, parted)
 
 
 def test_cache_kinds(enabled):
