@@ -40,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="also apply this setting to one layer at a time (one pass per layer)",
     )
     p.add_argument(
+        "--layers",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="I",
+        help="the cache indices --per-layer measures (default: every one)",
+    )
+    p.add_argument(
         "--text", default=DEFAULT_TEXT, help="a UTF-8 text file (default: the Apache License 2.0)"
     )
     p.add_argument(
@@ -62,7 +70,8 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as e:
         print(f"mlxq-fidelity: {e}", file=sys.stderr)
         return 2
-    passes = 1 + len(specs) + (0 if per_layer is None else len(model.layers))
+    layers = 0 if per_layer is None else len(args.layers or model.layers)
+    passes = 1 + len(specs) + layers
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -75,6 +84,7 @@ def main(argv=None) -> int:
             specs,
             chunk=args.chunk,
             per_layer=per_layer,
+            layers=args.layers,
             progress=bar.update if bar is not None else None,
         )
     except ValueError as e:

@@ -148,16 +148,24 @@ def measure(
     *,
     chunk: int = 64,
     per_layer: Optional[KVSpec] = None,
+    layers: Optional[Sequence[int]] = None,
     progress=None,
 ) -> dict:
     """Every setting in ``specs`` against the unquantized model over ``ids``
     (see :func:`compare`), and with ``per_layer`` that setting applied to one
-    cache at a time (the others unquantized): each layer's sensitivity."""
+    cache at a time (the others unquantized): each layer's sensitivity, for
+    the cache indices ``layers`` (default: every one)."""
     runs = {REFERENCE: caches_for(model, None)}
     for spec in specs:
         runs[spec.label] = caches_for(model, spec)
-    layers = len(runs[REFERENCE]) if per_layer is not None else 0
-    for i in range(layers):
+    count = len(runs[REFERENCE])
+    if per_layer is None:
+        layers = []
+    elif layers is None:
+        layers = list(range(count))
+    for i in layers:
+        if not 0 <= i < count:
+            raise ValueError(f"[mlxq.fidelity] layer {i} is not a cache index in [0, {count}).")
         runs[f"layer {i}"] = caches_for(model, per_layer, [i])
     out = compare(model, ids, runs, chunk=chunk, progress=progress)
     n = len(ids)
@@ -171,6 +179,6 @@ def measure(
     if per_layer is not None:
         result["per_layer"] = {
             "setting": per_layer.label,
-            "layers": [dict(layer=i, **out[f"layer {i}"]) for i in range(layers)],
+            "layers": [dict(layer=i, **out[f"layer {i}"]) for i in layers],
         }
     return result
