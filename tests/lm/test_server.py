@@ -41,17 +41,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serving(root, max_tokens, *options):
+def serving(root, max_tokens, *options, inject=""):
     """The real server on a free port of 127.0.0.1 (a saved random llama,
-    --kv-bits 4, --max-tokens ``max_tokens``, then ``options``): yields
-    (url, log path)."""
+    --kv-bits 4, --max-tokens ``max_tokens``, then ``options``; the Python
+    code ``inject`` runs in its process first): yields (url, log path)."""
     model = save_random_model(str(root / "model"), "llama", seed=11, dtype=mx.float32)
     port = free_port()
     log_path = root / "server.log"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     with open(log_path, "w") as log:
+        start = ["-m", "mlxq.server"]
+        if inject:
+            start = [
+                "-c",
+                inject + "\nimport runpy; runpy.run_module('mlxq.server', run_name='__main__')",
+            ]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mlxq.server", "--model", model, "--port", str(port)]
+            [sys.executable, *start, "--model", model, "--port", str(port)]
             + ["--kv-bits", "4", "--max-tokens", str(max_tokens), *options],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -638,3 +644,50 @@ def test_an_ended_sequence_reaches_its_client_as_a_failure():
     assert q.get_nowait().token == 1
     assert isinstance(q.get_nowait(), GenerationFailed) and q.empty()
     assert "mlxq_generated_tokens_total 1\n" in m.render()
+
+
+# In the server's process: every detokenizer raises on one (ASCII) token.
+FAILING_DETOKENIZER = """
+import mlx_lm.tokenizer_utils as tu
+def _failing(add_token):
+    def add(self, token):
+        if token == {marker}:
+            raise RuntimeError("injected detokenizer failure")
+        return add_token(self, token)
+    return add
+for cls in (tu.NaiveStreamingDetokenizer, tu.SPMStreamingDetokenizer, tu.BPEStreamingDetokenizer):
+    cls.add_token = _failing(cls.add_token)
+"""
+
+
+def test_a_request_whose_detokenizer_raises_fails_alone(server, tmp_path):
+    """Two requests of a running batch (one streaming) force a token their
+    detokenizer fails on (logit_bias): they alone get a 500 or an error
+    event, the others get the tokens a server where nothing fails gives
+    them, and the generation loop never restarts."""
+    alone = [send(server[0], r) for r in REQUESTS]
+    # A byte the model never writes here (ASCII: one token, one character).
+    marker = next(c for c in "~^|`{}" if not any(c in t for t in alone))
+    token = ord(marker)
+    served = serving(tmp_path, MAX_TOKENS, inject=FAILING_DETOKENIZER.format(marker=token))
+    url, log_path = next(served)
+    try:
+
+        def forced(stream):
+            body = {"prompt": "golf: forced", "max_tokens": MAX_TOKENS, "temperature": 0.0}
+            body.update(stream=stream, logit_bias={str(token): 100.0})
+            return post(url, "/v1/completions", body)
+
+        with ThreadPoolExecutor(len(REQUESTS) + 2) as pool:
+            others = [pool.submit(send, url, r) for r in REQUESTS]
+            failed = [pool.submit(forced, stream) for stream in (False, True)]
+            together = [f.result() for f in others]
+            (status, raw), (s_status, s_raw) = (f.result() for f in failed)
+        assert together == alone
+        assert status == 500 and "injected detokenizer failure" in raw
+        assert s_status == 200 and '"error"' in s_raw and "injected detokenizer failure" in s_raw
+        assert s_raw.rstrip().endswith("data: [DONE]")
+        assert send(url, REQUESTS[0]) == alone[0]  # still serving
+        assert "the generation loop failed" not in log_path.read_text()
+    finally:
+        served.close()

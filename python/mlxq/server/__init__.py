@@ -42,7 +42,7 @@ from http.server import ThreadingHTTPServer
 from typing import List, Optional
 
 from .. import mlx_lm as bridge
-from .isolation import isolating
+from .isolation import guarding_requests, isolating
 from .metrics import Metrics
 from .requests import check_request
 from .supervision import answering_errors, supervised
@@ -208,6 +208,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     server.BatchGenerator = _logging_batch_generator(
         isolating(server.BatchGenerator), kv_bits, kv_group_size, start, metrics
     )
+    guarding_requests(server, importlib.import_module("mlx_lm.tokenizer_utils").TokenizerWrapper)
     handler = server.APIHandler
     handler.validate_model_parameters = _validating(handler.validate_model_parameters, max_tokens)
     answering_errors(handler, metrics)

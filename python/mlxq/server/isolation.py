@@ -8,6 +8,15 @@ per sequence: a sequence whose sampler or processor raises gets its step
 from the unprocessed logits (greedy) so the batch's step completes, and is
 then ended with ``finish_reason="error"`` (its cache handed back as for any
 finished sequence), while the others go on with the same tokens.
+
+The server's loop runs more of a request's own code: building its sampler
+and processors, detokenizing its tokens and formatting its top log-probs.
+:func:`guarding_requests` guards those too. A sampler or processor that
+cannot be built becomes one that raises, which the guard above ends; a
+detokenizer or formatter that raises marks the response the loop puts next
+(on the same thread, for the same request) as failed, and the request's
+queue (mlxq.server.supervision) turns it into the request's failure and
+stops it, so the loop drops it from the batch at that step.
 """
 
 import logging
@@ -18,6 +27,102 @@ import mlx.core as mx
 log = logging.getLogger("mlxq.server")
 
 ERROR = "error"  # the finish reason of a sequence whose own code raised
+
+# The failure of the request whose response this thread puts next.
+_pending = threading.local()
+
+
+def fail_next_response(error: Exception) -> None:
+    """The response this thread puts next belongs to a request whose own
+    code raised ``error``: it fails that request (the first error kept)."""
+    log.error("mlxq: a request's own code failed: %r", error)
+    if getattr(_pending, "error", None) is None:
+        _pending.error = error
+
+
+def take_pending() -> "Exception | None":
+    """The failure :func:`fail_next_response` set on this thread, cleared."""
+    error = getattr(_pending, "error", None)
+    _pending.error = None
+    return error
+
+
+class _GuardedDetokenizer:
+    """A request's streaming detokenizer whose failure fails that request
+    only: after it, tokens add nothing and the text is empty."""
+
+    def __init__(self, inner):
+        self._inner, self._failed = inner, False
+
+    def _guarded(self, fn, *args):
+        if self._failed:
+            return ""
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001  (this request only)
+            self._failed = True
+            fail_next_response(e)
+            return ""
+
+    def add_token(self, token):
+        self._guarded(self._inner.add_token, token)
+
+    def finalize(self):
+        self._guarded(self._inner.finalize)
+
+    def reset(self):
+        self._inner.reset()
+        self._failed = False
+
+    @property
+    def last_segment(self):
+        return self._guarded(lambda: self._inner.last_segment)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _raising(error: Exception):
+    def raise_it(*args):
+        raise error
+
+    return raise_it
+
+
+def guarding_requests(server, tokenizer_wrapper) -> None:
+    """Patch mlx-lm's server module ``server`` and its ``TokenizerWrapper``
+    class: a request's sampler and processors that cannot be built raise
+    when used (isolated by :func:`isolating`), and its detokenizer and
+    top-log-probs formatting fail only that request."""
+    make_sampler, make_processors = server._make_sampler, server._make_logits_processors
+    format_top = server._format_top_logprobs
+    detokenizer = tokenizer_wrapper.detokenizer
+
+    def _make_sampler(args, tokenizer):
+        try:
+            return make_sampler(args, tokenizer)
+        except Exception as e:  # noqa: BLE001  (this request only)
+            return _raising(e)
+
+    def _make_logits_processors(args):
+        try:
+            return make_processors(args)
+        except Exception as e:  # noqa: BLE001  (this request only)
+            return [_raising(e)]
+
+    def _format_top_logprobs(logprobs, top_n, tokenizer):
+        try:
+            return format_top(logprobs, top_n, tokenizer)
+        except Exception as e:  # noqa: BLE001  (this request only)
+            fail_next_response(e)
+            return ()
+
+    server._make_sampler = _make_sampler
+    server._make_logits_processors = _make_logits_processors
+    server._format_top_logprobs = _format_top_logprobs
+    tokenizer_wrapper.detokenizer = property(
+        lambda self: _GuardedDetokenizer(detokenizer.fget(self))
+    )
 
 
 class _Slot:

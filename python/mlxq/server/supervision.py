@@ -31,7 +31,7 @@ import sys
 import threading
 import weakref
 
-from .isolation import ERROR
+from .isolation import ERROR, take_pending
 
 log = logging.getLogger("mlxq.server")
 
@@ -56,20 +56,30 @@ def client_gone(sock) -> bool:
 class _Counting:
     """A request's response queue as the generation loop sees it: each token
     it puts is counted (metrics); a response that ends the sequence with an
-    error (mlxq.server.isolation) becomes :class:`GenerationFailed`, and the
-    end-of-request marker after it is dropped."""
+    error, or that follows a failure of the request's own code on this
+    thread (mlxq.server.isolation), becomes :class:`GenerationFailed` and
+    stops the request (the loop drops it from the batch at that step), and
+    what the loop puts after it is dropped."""
 
     def __init__(self, rqueue, metrics=None):
         self._rqueue, self._metrics, self._ended = rqueue, metrics, False
+        self._context = None  # the request's GenerationContext, once the loop puts it
 
     def put(self, item, *args, **kwargs):
         if self._ended:
             return
+        if hasattr(item, "_should_stop") and hasattr(item, "stop"):
+            self._context = item
         if hasattr(item, "token") and hasattr(item, "finish_reason"):  # a Response
-            if item.finish_reason == ERROR:
+            error = take_pending()
+            if error is not None or item.finish_reason == ERROR:
                 self._ended = True
+                if self._context is not None:
+                    self._context.stop()
                 item = GenerationFailed(
-                    "generation failed: this request's sampling raised (see the server log)"
+                    "generation failed: this request's own code (sampling, detokenizing or "
+                    f"formatting) raised{f': {error!r}' if error is not None else ''} "
+                    "(see the server log)"
                 )
             elif self._metrics is not None:
                 self._metrics.generated(1)
