@@ -17,8 +17,16 @@ answered 4xx, latency p50/p99 of the valid requests, tokens/s from the
 server's /metrics, the generation loop's failures, and whether the server
 was healthy and back to no active KV after the round.
 
+With ``--against-stock R`` it then measures throughput alone: the valid
+requests (non-streaming, so that each answer counts its tokens), all at
+once, in R rounds alternating between ``mlxq-server --kv-bits 4`` and stock
+``mlx_lm.server`` without ``--kv-bits`` (the only way stock batches: its
+``--kv-bits`` serves one request at a time) on the same model, and reports
+both tokens/s and their ratio.
+
     python bench/e2e/soak.py                          # at most 5 minutes, 30 rounds
     python bench/e2e/soak.py --minutes 1 --rounds 3   # a quick look
+    python bench/e2e/soak.py --rounds 30 --against-stock 5
 """
 
 import argparse
@@ -142,12 +150,15 @@ def settled(url, timeout=30.0):
         time.sleep(0.05)
 
 
-def start_server(root, args):
-    model = save_random_model(os.path.join(root, "model"), "llama", seed=11, dtype=mx.float32)
+def start_server(root, args, stock=False):
+    model = os.path.join(root, "model")
+    if not os.path.isdir(model):
+        save_random_model(model, "llama", seed=11, dtype=mx.float32)
     port = free_port()
-    log = open(os.path.join(root, "server.log"), "w")
-    cmd = [sys.executable, "-m", "mlxq.server", "--model", model, "--port", str(port)]
-    cmd += ["--kv-bits", "4", "--max-tokens", str(args.max_tokens)]
+    log = open(os.path.join(root, "stock.log" if stock else "server.log"), "w")
+    module = "mlx_lm.server" if stock else "mlxq.server"
+    cmd = [sys.executable, "-m", module, "--model", model, "--port", str(port)]
+    cmd += ([] if stock else ["--kv-bits", "4"]) + ["--max-tokens", str(args.max_tokens)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -202,6 +213,66 @@ def run_round(url, valid, alone, args):
     }
 
 
+def throughput(url, valid, max_tokens):
+    """(generated tokens per second, connections reset) of the valid
+    requests sent all at once, non-streaming (each answer's usage counts its
+    tokens). A reset connection is sent again: stock mlx_lm.server listens
+    with the standard library's backlog of 5, which resets connections when
+    dozens of clients connect at once."""
+    resets = []
+
+    def run(req):
+        kind, _, prompt = req
+        body = {"max_tokens": max_tokens, "temperature": 0.0}
+        path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+        if kind == "chat":
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        for _ in range(100):
+            try:
+                status, raw = post(url, path, body)
+                break
+            except (ConnectionResetError, urllib.error.URLError):
+                resets.append(1)
+                time.sleep(0.05)
+        assert status == 200, raw[:200]
+        return json.loads(raw)["usage"]["completion_tokens"]
+
+    jobs = [r for r in valid for _ in range(2)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        tokens = sum(pool.map(run, jobs))
+    return tokens / (time.perf_counter() - t0), len(resets)
+
+
+def against_stock(root, args, valid) -> dict:
+    servers = {name: start_server(root, args, stock=name == "stock") for name in ("mlxq", "stock")}
+    rates = {name: [] for name in servers}
+    resets = {name: 0 for name in servers}
+    try:
+        for _ in range(args.against_stock):
+            for name, (_, url) in servers.items():
+                rate, n = throughput(url, valid, args.max_tokens)
+                rates[name].append(rate)
+                resets[name] += n
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(timeout=30)
+    out = {name: statistics.median(r) for name, r in rates.items()}
+    out["ratio"] = out["mlxq"] / out["stock"]
+    out["rounds"] = args.against_stock
+    out["connections_reset"] = resets
+    print(
+        f"throughput, {2 * len(valid)} concurrent requests: mlxq-server --kv-bits 4 "
+        f"{out['mlxq']:.0f} tok/s, stock mlx_lm.server {out['stock']:.0f} tok/s "
+        f"({out['ratio']:.2f}x; median of {args.against_stock} alternating rounds); "
+        f"connections reset: mlxq {resets['mlxq']}, stock {resets['stock']}"
+    )
+    return out
+
+
 COLUMNS = [
     ("round", "round", "{}"),
     ("clients", "clients", "{}"),
@@ -223,6 +294,13 @@ def main():
     p.add_argument("--rounds", type=int, default=30, help="stop after this many rounds")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--hang-ups", type=int, default=8, help="clients that hang up, per round")
+    p.add_argument(
+        "--against-stock",
+        type=int,
+        default=0,
+        metavar="R",
+        help="then R alternating throughput rounds against stock mlx_lm.server",
+    )
     common.add_output_args(p)
     args = p.parse_args()
     out = common.output_path(args, "soak_cpu")
@@ -249,6 +327,7 @@ def main():
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+        stock = against_stock(root, args, valid) if args.against_stock else None
     total = {
         "rounds": len(rows),
         "requests": sum(r["clients"] for r in rows),
@@ -260,7 +339,10 @@ def main():
         "always_healthy_and_idle_after": all(r["healthy"] and r["idle_after"] for r in rows),
     }
     print(json.dumps(total))
-    common.save_json(out, {"benchmark": "soak", "machine": info, "rows": rows, "total": total})
+    payload = {"benchmark": "soak", "machine": info, "rows": rows, "total": total}
+    if stock is not None:
+        payload["against_stock"] = stock
+    common.save_json(out, payload)
 
 
 if __name__ == "__main__":
