@@ -2,7 +2,7 @@
 
 For an mlx-lm model folder, a GGUF file or a packaged model
 (``smollm2-135m``, ``gemma3-270m``), and any list of KV settings (see
-:mod:`mlxq.fidelity.spec`), it measures against the unquantized model over a
+:mod:`mlxq.kv_spec`), it measures against the unquantized model over a
 text: perplexity, the mean and 99th-percentile KL divergence of the
 next-token distribution, the top-1 flip rate and the KV bytes, and with
 ``per_layer`` each layer's sensitivity (one layer quantized at a time).
@@ -18,8 +18,8 @@ from typing import List, Optional
 
 import mlx.core as mx
 
+from ..kv_spec import GRAMMAR, KVSpec, parse_spec
 from .measure import REFERENCE, caches_for, compare, measure
-from .spec import GRAMMAR, KVSpec, parse_spec
 
 # The Apache License 2.0, shipped with mlxq: a text every install has.
 DEFAULT_TEXT = str(Path(__file__).resolve().parent.parent / "data" / "apache-2.0.txt")

@@ -48,6 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="the cache indices --per-layer measures (default: every one)",
     )
     p.add_argument(
+        "--write-layers",
+        default=None,
+        metavar="PATH",
+        help='with --per-layer: write {"kv_layers": ...} giving the --protect most sensitive '
+        "caches --protect-with, for mlxq.mlx_lm.enable(kv_layers=PATH)",
+    )
+    p.add_argument("--protect", type=int, default=2, help="caches --write-layers protects (2)")
+    p.add_argument(
+        "--protect-with", default="8", metavar="SETTING", help="their setting (default 8)"
+    )
+    p.add_argument(
         "--text", default=DEFAULT_TEXT, help="a UTF-8 text file (default: the Apache License 2.0)"
     )
     p.add_argument(
@@ -65,6 +76,9 @@ def main(argv=None) -> int:
     try:
         specs = [parse_spec(s) for s in args.kv]
         per_layer = parse_spec(args.per_layer) if args.per_layer else None
+        protect_with = parse_spec(args.protect_with)
+        if args.write_layers and per_layer is None:
+            raise ValueError("--write-layers needs --per-layer (the sensitivity it ranks by).")
         model, tokenizer = load(args.model, dtype=default_dtype())
         ids = text_ids(tokenizer, args.text, args.tokens)
     except (ValueError, OSError) as e:
@@ -99,6 +113,11 @@ def main(argv=None) -> int:
     out = args.out or f"fidelity_{name}.json"
     save_json(out, result)
     print(f"saved {out}")
+    if args.write_layers:
+        ranked = sorted(result["per_layer"]["layers"], key=lambda r: -r["kl_mean"])
+        chosen = {str(r["layer"]): protect_with.label for r in ranked[: max(args.protect, 0)]}
+        save_json(args.write_layers, {"kv_layers": chosen, "ranked_by": per_layer.label})
+        print(f"saved {args.write_layers}: {chosen}")
     png = args.plot or os.path.splitext(out)[0] + ".png"
     why = plot(png, result)
     print(f"no plot: {why}" if why else f"saved {png}")

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence
 import mlx.core as mx
 import numpy as np
 
-from .spec import KVSpec
+from ..kv_spec import KVSpec
 
 REFERENCE = "unquantized"
 

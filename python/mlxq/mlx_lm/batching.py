@@ -186,7 +186,8 @@ class BatchGenerator(lm_generate.BatchGenerator):
                     and not c.empty()
                     and c.size() >= self.quantized_kv_start
                 ):
-                    layers[i] = quantize_batch(c, self.kv_group_size, self.kv_bits, self.settings)
+                    own = self.settings.for_cache(i, self.kv_group_size, self.kv_bits)
+                    layers[i] = quantize_batch(c, *own)
 
     def _next(self):
         responses = super()._next()

@@ -157,9 +157,21 @@ def quantize_caches(prompt_cache, quantized_kv_start, kv_group_size, kv_bits, op
     quantized as mlx-lm does, and chunked and latent ones raise."""
     if kv_bits is None:
         return
-    ours = kv_bits in BITS and kv_group_size in GROUP_SIZES and device_supported()
+    check_layers(options, len(prompt_cache))
     for i, c in enumerate(prompt_cache):
-        prompt_cache[i] = _quantized(c, quantized_kv_start, kv_group_size, kv_bits, options, ours)
+        group_size, bits, own = options.for_cache(i, kv_group_size, kv_bits)
+        ours = bits in BITS and group_size in GROUP_SIZES and device_supported()
+        prompt_cache[i] = _quantized(c, quantized_kv_start, group_size, bits, own, ours)
+
+
+def check_layers(options: Settings, caches: int) -> None:
+    """ValueError if ``kv_layers`` names a cache index the prompt cache lacks."""
+    beyond = [i for i, _ in options.kv_layers if i >= caches]
+    if beyond:
+        raise ValueError(
+            f"[mlxq.mlx_lm] kv_layers names cache {beyond[0]}, but this model's prompt cache "
+            f"has {caches} (indices 0 to {caches - 1}): see enable(kv_layers=...)."
+        )
 
 
 def _carry(old, new) -> None:

@@ -13,7 +13,7 @@ from ..cache import ChunkedQuantizedKVCache, RotatingQuantizedKVCache
 from ..kv_format import BITS, GROUP_SIZES
 from . import attention, generation
 from .originals import record, recorded
-from .settings import DEFAULT, settings
+from .settings import DEFAULT, layers_from, settings
 from .settings import install as install_settings
 
 _lock = threading.RLock()
@@ -135,6 +135,7 @@ def enable(
     kv_recent: Optional[int] = None,
     compiled_decode: Optional[bool] = None,
     *,
+    kv_layers=None,
     kv_rotate: Optional[bool] = None,
     kv_keep_recent: Optional[int] = None,
 ) -> _Handle:
@@ -164,6 +165,12 @@ def enable(
           bit-identical tokens and logits, a fraction of the host time.
           Steps it cannot compile decode eagerly (the reason goes to the
           ``mlxq.compiled`` debug log). Default False.
+        kv_layers (dict or path, optional): Caches quantized otherwise than
+          ``kv_bits`` and the options above say: prompt-cache index to a KV
+          setting (``{0: "8", 5: "8/4+hadamard"}``, the grammar of
+          mlxq.kv_spec, or bits as an int), or the path of a JSON file with
+          ``{"kv_layers": {...}}`` (``mlxq-fidelity --write-layers``). They
+          apply whenever ``kv_bits`` is set. ``{}`` clears them.
         kv_rotate, kv_keep_recent: Deprecated names of ``kv_hadamard`` and
           ``kv_recent``.
 
@@ -186,6 +193,8 @@ def enable(
         changes["compiled_decode"] = compiled_decode
     if kv_recent is not None:
         changes["kv_recent"] = as_int(kv_recent, "kv_recent", where, minimum=0)
+    if kv_layers is not None:
+        changes["kv_layers"] = layers_from(kv_layers, where)
     if kv_hadamard is not None:
         if not isinstance(kv_hadamard, bool):
             raise ValueError(f"[{where}] kv_hadamard must be a bool, got {kv_hadamard!r}.")

@@ -8,7 +8,11 @@ batch.
 """
 
 import dataclasses
-from typing import Optional
+import json
+import os
+from typing import Optional, Tuple
+
+from ..kv_spec import KVSpec, parse_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,10 +25,65 @@ class Settings:
     v_bits: Optional[int] = None
     kv_recent: int = 0  # recent tokens also kept exact
     compiled_decode: bool = False  # one-token steps through one mx.compile'd graph
+    # (cache index, setting) of the caches quantized otherwise than kv_bits says
+    kv_layers: Tuple[Tuple[int, KVSpec], ...] = ()
 
     def cache_options(self) -> dict:
         """The quantized caches' keyword arguments these settings give."""
         return dict(hadamard=self.kv_hadamard, v_group_size=self.v_group_size, v_bits=self.v_bits)
+
+    def for_cache(self, index: int, group_size: int, bits: int):
+        """``(group_size, bits, settings)`` for the prompt cache's entry
+        ``index``: its own ``kv_layers`` setting where it has one, else
+        these."""
+        spec = dict(self.kv_layers).get(index)
+        if spec is None:
+            return group_size, bits, self
+        f = spec.format
+        own = Settings(
+            kv_hadamard=f.hadamard,
+            v_group_size=f.v_group_size if f.separate else None,
+            v_bits=f.v_bits if f.separate else None,
+            kv_recent=spec.recent,
+            compiled_decode=self.compiled_decode,
+        )
+        return f.group_size, f.bits, own
+
+
+def layers_from(value, where: str) -> Tuple[Tuple[int, KVSpec], ...]:
+    """``kv_layers`` as Settings holds them, from a mapping of cache index to
+    setting (a KV setting string such as ``"8"`` or ``"8/4+hadamard"``, bits
+    as an int, or a KVSpec) or the path of a JSON file holding
+    ``{"kv_layers": {index: setting}}``; ValueError naming the entry."""
+    if isinstance(value, (str, os.PathLike)):
+        try:
+            with open(value, encoding="utf-8") as f:
+                value = json.load(f)["kv_layers"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(
+                f'[{where}] kv_layers file {str(value)!r} is not JSON with a "kv_layers" '
+                f"mapping: {e}"
+            ) from None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"[{where}] kv_layers must map cache indices to KV settings (or name a JSON file), "
+            f"got {type(value).__name__}."
+        )
+    out = {}
+    for key, spec in value.items():
+        try:
+            index = int(key)
+        except (TypeError, ValueError):
+            index = -1
+        if isinstance(key, bool) or index < 0:
+            raise ValueError(f"[{where}] kv_layers key {key!r} is not a cache index (an int >= 0).")
+        if isinstance(spec, bool) or not isinstance(spec, (int, str, KVSpec)):
+            raise ValueError(
+                f"[{where}] kv_layers[{key!r}] must be a KV setting such as '8' or '8/4', "
+                f"got {spec!r}."
+            )
+        out[index] = spec if isinstance(spec, KVSpec) else parse_spec(str(spec))
+    return tuple(sorted(out.items()))
 
 
 DEFAULT = Settings()

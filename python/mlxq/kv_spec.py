@@ -1,5 +1,6 @@
-"""KV settings as the fidelity tool names them: ``4``, ``4g32``, ``8/4``,
-``4+hadamard``, ``4+recent128``, ``8g64/4g32+hadamard+recent64``.
+"""KV settings named as text: ``4``, ``4g32``, ``8/4``, ``4+hadamard``,
+``4+recent128``, ``8g64/4g32+hadamard+recent64`` (mlxq-fidelity's
+``--kv``, ``mlxq.mlx_lm.enable(kv_layers=...)``).
 
 ``K[gG][/V[gG]]`` gives the keys' bits and group size (group 64 when not
 given) and, after ``/``, the values' own; ``+hadamard`` stores rows in the
@@ -11,7 +12,7 @@ import dataclasses
 import re
 from typing import Optional
 
-from ..kv_format import KVFormat
+from .kv_format import KVFormat
 
 _SPEC = re.compile(
     r"^(?P<bits>\d+)(?:g(?P<group>\d+))?"
@@ -50,13 +51,13 @@ def parse_spec(text: str) -> KVSpec:
     naming the text and the grammar otherwise."""
     m = _SPEC.match(text.strip())
     if m is None:
-        raise ValueError(f"[mlxq.fidelity] KV setting {text!r} is not {GRAMMAR}.")
+        raise ValueError(f"[mlxq.kv_spec] KV setting {text!r} is not {GRAMMAR}.")
     options = [o for o in m["options"].split("+") if o]
     recent = [int(o[len("recent") :]) for o in options if o.startswith("recent")]
     if len(recent) > 1 or options.count("hadamard") > 1:
-        raise ValueError(f"[mlxq.fidelity] KV setting {text!r} repeats an option.")
+        raise ValueError(f"[mlxq.kv_spec] KV setting {text!r} repeats an option.")
     group = int(m["group"] or 64)
     v_bits: Optional[int] = int(m["v_bits"]) if m["v_bits"] else None
     v_group: Optional[int] = int(m["v_group"]) if m["v_group"] else (group if v_bits else None)
     fmt = KVFormat(group, int(m["bits"]), v_group, v_bits, "hadamard" in options)
-    return KVSpec(fmt.checked("mlxq.fidelity"), recent[0] if recent else 0)
+    return KVSpec(fmt.checked("mlxq.kv_spec"), recent[0] if recent else 0)
