@@ -140,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
         "128 makes 4-bit KV near-lossless on the packaged models: docs/results/accuracy.md).",
     )
     p.add_argument(
+        "--kv-layers",
+        default=None,
+        metavar="JSON",
+        help='With --kv-bits: a JSON file {"kv_layers": {index: setting}} quantizing those '
+        "caches otherwise (mlxq-fidelity --write-layers writes one; docs/usage/mlx-lm.md).",
+    )
+    p.add_argument(
         "--quantized-kv-start",
         type=int,
         default=0,
@@ -252,6 +259,8 @@ def main(argv=None) -> int:
         parser.error("--v-bits / --v-group-size need --kv-bits, and mlxq (not --no-mlxq)")
     if args.kv_recent is not None and (args.kv_bits is None or args.no_mlxq):
         parser.error("--kv-recent needs --kv-bits, and mlxq (not --no-mlxq)")
+    if args.kv_layers is not None and (args.kv_bits is None or args.no_mlxq):
+        parser.error("--kv-layers needs --kv-bits, and mlxq (not --no-mlxq)")
     if args.seed is not None:
         mx.random.seed(args.seed)
     lm_generate = importlib.import_module("mlx_lm.generate")
@@ -266,6 +275,7 @@ def main(argv=None) -> int:
             v_bits=args.v_bits,
             v_group_size=args.v_group_size,
             kv_recent=args.kv_recent,
+            kv_layers=args.kv_layers,
         )
     )
     try:
