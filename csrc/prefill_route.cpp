@@ -59,10 +59,8 @@ bool route_to_mx_fast(GpuBackend backend, const PrefillProblem& p) {
   if (!environment().dequantized_prefill || backend == GpuBackend::None) {
     return false;
   }
-  if (!is_half(p.dtype) || p.scales_dtype != p.dtype) {
-    return false;
-  }
-  if (p.mask == kMaskArray || (p.mask == kMaskCausal && p.L > p.N)) {
+  // Half-precision queries and causal masks with L <= N: mlx_has_fused_attention.
+  if (p.scales_dtype != p.dtype || p.mask == kMaskArray) {
     return false;
   }
   if (p.sinks_dtype && *p.sinks_dtype != p.dtype) {

@@ -22,21 +22,18 @@ ratios are against stock-bf16 at the same N.
 """
 
 import argparse
-import contextlib
-import importlib
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import common  # noqa: E402
+import decode_step  # noqa: E402
 import gpu_runs  # noqa: E402
 import mlx.core as mx  # noqa: E402
 
 import mlxq  # noqa: E402
-import mlxq.mlx_lm as mlxq_lm  # noqa: E402
 from mlxq.random_models import random_model  # noqa: E402
 
 RUNS = {"stock-bf16": None, "mlxq-kv8": 8, "mlxq-kv4": 4}
@@ -62,44 +59,6 @@ def filled_caches(model, bits, N):
 
 def kv_bytes(caches, N):
     return sum(c.nbytes for c in caches) / N if all(c.offset == N for c in caches) else None
-
-
-def bare(model, caches, steps):
-    y, prev, times = mx.array([1]), None, []
-    t_last = time.perf_counter()
-    for _ in range(steps):
-        logits = model(y[None], cache=caches)
-        y = mx.argmax(logits[:, -1, :], axis=-1)
-        mx.async_eval(y)
-        if prev is not None:
-            prev.item()
-            t = time.perf_counter()
-            times.append(t - t_last)
-            t_last = t
-        prev = y
-    prev.item()
-    return statistics.median(times[2:]) * 1e3
-
-
-def generate(model, caches, steps):
-    gen = importlib.import_module("mlx_lm.generate")
-    times, t_last = [], None
-    for _ in gen.generate_step(mx.array([1]), model, prompt_cache=caches, max_tokens=steps):
-        t = time.perf_counter()
-        if t_last is not None:
-            times.append(t - t_last)
-        t_last = t
-    return statistics.median(times[2:]) * 1e3
-
-
-@contextlib.contextmanager
-def enabled(run):
-    handle = mlxq_lm.enable() if run.startswith("mlxq") else None
-    try:
-        yield
-    finally:
-        if handle is not None:
-            mlxq_lm.disable()
 
 
 def trim_to(caches, N):
@@ -140,10 +99,13 @@ def main():
         samples = {run: ([], []) for run in RUNS}
         for _ in range(args.rounds):
             for run in RUNS:
-                with enabled(run):
-                    samples[run][0].append(bare(model, caches[run], args.steps))
+                with decode_step._mlxq_enabled(run):
+                    samples[run][0].append(decode_step.bare(model, caches[run], args.steps, []))
                     trim_to(caches[run], N)
-                    samples[run][1].append(generate(model, caches[run], args.steps))
+                    # The caches are quantized already: generate_step gets no kv_bits.
+                    samples[run][1].append(
+                        decode_step.generate(model, caches[run], args.steps, False)
+                    )
                     trim_to(caches[run], N)
         base = {k: statistics.median(samples["stock-bf16"][i]) for i, k in enumerate("bg")}
         for run in RUNS:
