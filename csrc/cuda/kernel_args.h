@@ -48,6 +48,10 @@ struct SdpaArgs {
   int mask_kind; // MaskCode
   float scale;
   int rows; // rep * L rows per (batch, KV head)
+  // Decode kernel only: query-head groups per KV head of the problem, which
+  // the launch binds as Hkv KV heads of rep rows each (plan.h's grouped());
+  // K/V are read at KV head blockIdx.y / head_groups.
+  int head_groups;
   int row_tile; // rows per block (<= kMaxTileRows)
   int row_tiles;
   int splits;

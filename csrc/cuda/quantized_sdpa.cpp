@@ -275,6 +275,7 @@ SdpaArgs bind(
   a.out = mx::gpu_ptr<void>(out);
   a.vec_loads = layout.vec_loads;
   a.rows = plan.rows;
+  a.head_groups = plan.head_groups;
   a.row_tile = plan.row_tile;
   a.row_tiles = plan.row_tiles;
   a.splits = plan.splits;
@@ -382,7 +383,10 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::a
   const Candidates c = candidates_for(p, layout, limits);
   const int generic_smem = generic_smem_bytes(p.Dk, p.Dv, p.k_bits, p.v_bits);
   const Plan plan = plan_sdpa(p, layout, limits, c.decode_shape, c.tiled_shape, generic_smem);
-  SdpaArgs a = bind(p, layout, plan, in, out);
+  // A decode plan of several query-head groups per KV head runs as that
+  // many times the KV heads (the kernel maps them back for K/V).
+  const SdpaProblem bound = plan.head_groups > 1 ? grouped(p, plan.head_groups) : p;
+  SdpaArgs a = bind(bound, layout, plan, in, out);
   a.lse = lse ? mx::gpu_ptr<float>(*lse) : nullptr;
   void* kernel = kernel_of(plan, c, p);
   if (plan.family == Family::Generic) {
@@ -393,7 +397,7 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::a
   }
   mx::array counters({1}, mx::uint32, nullptr, {});
   if (plan.fused_merge) {
-    counters = merge_counters(enc, p);
+    counters = merge_counters(enc, bound);
     a.counters = mx::gpu_ptr<unsigned>(counters);
   }
   // The dense tiled kernel's copies of K and V come first; the attention

@@ -283,6 +283,66 @@ def _part_masks(keys, mask, L: int):
     return mask_q, mask_e
 
 
+def _one_pass_prefill(q, keys, values, mask: Mask, sinks, stream) -> bool:
+    """Whether a recent-window step runs as one ``mx.fast`` attention over
+    the dequantized rows followed by the window's: on a GPU, where the op
+    routes a prefill of that size through ``mx.fast`` (mlxq.routing), rows
+    in order (no ring layout, no hidden rows). Two parts merged by
+    log-sum-exp would attend the step's own rows densely in float32 MLX ops,
+    ``O(L^2)`` of them."""
+    if keys.hidden is not None or keys.columns is not None or keys.quantized_length == 0:
+        return False
+    device = _device_of(stream).type
+    if device != mx.gpu:
+        return False
+    from . import routing
+
+    L, N = q.shape[2], keys.quantized_length + keys.exact.shape[2]
+    mask_kind = "none" if mask is None else "causal" if isinstance(mask, str) else "array"
+    return routing.route_through_mx_fast(
+        routing.gpu_backend(),
+        L=L,
+        N=N,
+        Hq=q.shape[1],
+        Hkv=keys.exact.shape[1],
+        Dk=q.shape[3],
+        Dv=values.exact.shape[3],
+        dtype=q.dtype,
+        scales_dtype=keys.quantized[1].dtype,
+        mask_kind=mask_kind,
+        sinks_dtype=None if sinks is None else sinks.dtype,
+    )
+
+
+def _dequantized_rows(part, dtype, stream) -> mx.array:
+    """A RecentSplit's quantized rows, dequantized into the exact rows' basis."""
+    triple = part.quantized
+    D = part.exact.shape[3]  # (bits and group size as the shapes give them)
+    bits, group_size = triple[0].shape[3] * 32 // D, D // triple[1].shape[3]
+    rows = mx.dequantize(*triple, group_size=group_size, bits=bits, stream=stream)
+    rows = rows.astype(dtype, stream=stream)
+    if is_hadamard(triple):
+        rows = transform(rows, stream=stream)  # H is its own inverse
+    return rows
+
+
+def _dequantized_one_pass(q, keys, values, *, scale, mask: Mask, sinks, stream) -> mx.array:
+    """A recent-window step as one attention over ``[dequantized rows, window
+    rows]`` (see :func:`_one_pass_prefill`): the mask's columns are in that
+    order already, and a causal mask hides no quantized row."""
+    k = mx.concatenate(
+        [_dequantized_rows(keys, keys.exact.dtype, stream), keys.exact], axis=2, stream=stream
+    )
+    v = mx.concatenate(
+        [_dequantized_rows(values, values.exact.dtype, stream), values.exact],
+        axis=2,
+        stream=stream,
+    )
+    return mx.fast.scaled_dot_product_attention(
+        q, k, v, scale=scale, mask=mask, sinks=sinks, stream=stream
+    )
+
+
 def recent_split_sdpa(
     q: mx.array,
     keys,
@@ -321,6 +381,10 @@ def recent_split_sdpa(
         raise ValueError(
             f"[mlxq.sdpa] a recent-window fetch must hold the step's {L} query tokens exactly, "
             f"got {T} exact rows."
+        )
+    if _one_pass_prefill(q, keys, values, mask, sinks, stream):
+        return _dequantized_one_pass(
+            q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
         )
     mask_q, mask_e = _part_masks(keys, mask, L)
     # recent_attention: any step on the CPU (MLX's CPU matmuls are slow); on

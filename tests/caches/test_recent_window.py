@@ -112,6 +112,60 @@ def test_attention_reads_the_window_exactly(rng, gs, bits, v_fmt, rotate, R):
         assert np.max(np.abs(to_f64(out) - ref)) < tolerance(), f"T={T}"
 
 
+@pytest.mark.parametrize(
+    "gs,bits,v_fmt,rotate,mask",
+    [
+        (64, 4, None, False, "causal"),
+        (64, 4, None, True, "array"),
+        (64, 8, (32, 4), False, None),
+        (32, 3, None, True, "causal"),
+    ],
+)
+def test_one_pass_prefill_attends_the_dequantized_rows_then_the_window(
+    rng, gs, bits, v_fmt, rotate, mask
+):
+    """A GPU prefill step whose problem MLX's fused attention takes runs as
+    one mx.fast call over [dequantized rows, window rows] (the two-part path
+    would attend the step's own rows densely in float32). Checked here
+    through the same function on this device's mx.fast."""
+    from mlxq.attention import _dequantized_one_pass, _one_pass_prefill
+
+    vg, vb = v_fmt or (None, None)
+    cache = mlxq.QuantizedKVCache(gs, bits, hadamard=rotate, v_group_size=vg, v_bits=vb, recent=16)
+    sinks = mx.array(rng.normal(0.5, 1.5, 4).astype(np.float32))
+    ks, vs = [], []
+    for T in [40, 1, 1, 24]:
+        k, v = kv(rng, T, D=64)
+        ks.append(k)
+        vs.append(v)
+        K, V = cache.update_and_fetch(k, v)
+    assert K.columns is None and K.quantized_length == 42 - 16
+    N, n = cache.offset, K.quantized_length
+    vis = None
+    if mask == "array":
+        vis = rng.random((24, N)) < 0.6
+        vis[:, 0] = True
+    m = mx.array(vis) if mask == "array" else mask
+    q = mx.array(rng.standard_normal((1, 4, 24, 64)).astype(np.float32))
+    if mx.default_device() == mx.cpu:
+        assert not _one_pass_prefill(q, K, V, m, sinks, None)  # (only where MLX's route is)
+    out = _dequantized_one_pass(q, K, V, scale=0.125, mask=m, sinks=sinks, stream=None)
+    ref = reference(
+        q,
+        ks,
+        vs,
+        n,
+        scale=0.125,
+        gs=gs,
+        bits=bits,
+        v_fmt=v_fmt,
+        rotate=rotate,
+        sinks=sinks,
+        mask=vis if mask == "array" else mask,
+    )
+    assert np.max(np.abs(to_f64(out) - ref)) < tolerance()
+
+
 @pytest.mark.parametrize("L", [5, 1])
 def test_an_array_mask_is_cut_at_the_window(rng, L):
     # L = 1: a decode step with a full window, whose exact rows come in ring order.

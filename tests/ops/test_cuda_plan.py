@@ -46,10 +46,39 @@ def test_decode_merges_in_its_last_block_while_a_head_partials_fit():
     assert off["merge_kernel"] and not off["fused_merge"]
 
 
-def test_decode_takes_bool_mask_arrays():
+@pytest.mark.parametrize("mask_dtype", [BOOL, F32, F16, BF16])
+def test_decode_takes_mask_arrays(mask_dtype):
     """A left-padded batch's decode step (mlxq's batch caches) masks with a
-    bool array: the decode kernel reads it per score."""
-    assert plan(B=8, mask=ARRAY, mask_dtype=BOOL)["kernel"] == "cuda_decode"
+    bool array, multi-head latent attention adds its RoPE scores: the decode
+    kernel reads either per score."""
+    assert plan(B=8, mask=ARRAY, mask_dtype=mask_dtype)["kernel"] == "cuda_decode"
+
+
+@pytest.mark.parametrize(
+    "Hq,Hkv,groups",
+    [(16, 1, 2), (128, 1, 16), (64, 4, 2), (24, 2, 2), (11, 1, 11), (32, 8, 1)],
+)
+def test_decode_attends_many_query_heads_per_kv_head_in_groups(Hq, Hkv, groups):
+    """A decode step with more query heads per KV head than the kernel's 8
+    rows (multi-head latent attention's 16-128 heads on one latent head of
+    512 dims) runs as groups of heads, each of them a KV head of the grid:
+    the fewest groups that divide the heads and fit 8 rows."""
+    p = plan(Hq=Hq, Hkv=Hkv, Dk=512, mask=ARRAY, mask_dtype=BF16)
+    assert p["kernel"] == "cuda_decode" and p["head_groups"] == groups
+    assert p["rows"] == Hq // Hkv // groups <= DECODE["max_rows"]
+    assert p["grid"][1] == Hkv * groups
+    if p["merge_kernel"] or p["fused_merge"]:
+        assert p["partial_slots"] == Hkv * groups * p["splits"] * p["rows"]
+    # Splits are planned over the grouped heads: one wave of blocks.
+    want = DECODE["blocks_per_sm"] * H200["sm_count"]
+    assert p["splits"] * Hkv * groups <= want + Hkv * groups
+
+
+def test_groups_of_heads_are_for_decode_steps_only():
+    """Drafts of several positions keep their rows together (the tiled
+    kernel) rather than reading K/V once per head group."""
+    p = plan(Hq=16, Hkv=1, L=4)
+    assert p["kernel"] != "cuda_decode" and p["head_groups"] == 1
 
 
 @pytest.mark.parametrize(
@@ -57,8 +86,7 @@ def test_decode_takes_bool_mask_arrays():
     [
         dict(q_dtype=F32),  # f32 queries
         dict(Dv=64),  # Dk != Dv
-        dict(mask=ARRAY, mask_dtype=F32),  # additive masks
-        dict(L=3),  # 12 rows per KV head > max_rows
+        dict(L=3),  # 12 rows per KV head > max_rows (not a decode step)
         dict(N=0),
     ],
 )

@@ -1,6 +1,7 @@
 // CUDA QuantizedSDPA, tensor-core decode path (4- and 8-bit codes, K and V
 // of one width or 8-bit keys with 4-bit values, f16/bf16 queries, at most 8
-// query rows per KV head: decode and short drafts).
+// query rows per block: decode and short drafts; a decode step with more
+// query heads per KV head runs as groups of them, plan.h's head_groups).
 //
 // Why this shape: decode reads every packed K/V byte once, so the kernel must
 // stream at HBM speed with enough bytes in flight and few instructions per
@@ -508,18 +509,22 @@ __device__ __forceinline__ void decode_step(
     }
   }
   if constexpr (!clean) {
-    // Each row's bool mask over the keys (a left-padded batch's padding, a
-    // ring's window), or null: rows past R and problems without one. Made
-    // here from the kernel's parameters and block index, not kept live
-    // through the loop: the clean steps' registers stay as they were.
-    const uint8_t* mrow[2] = {nullptr, nullptr};
+    // Each row's mask over the keys (bool: a left-padded batch's padding, a
+    // ring's window; additive: multi-head latent attention's RoPE scores),
+    // as the element offset of its key 0 where `masked_row` (not rows past R,
+    // nor problems without one). Made here from the kernel's parameters and block index,
+    // not kept live through the loop: the clean steps' registers stay as
+    // they were.
+    int64_t mrow[2] = {0, 0};
+    bool masked_row[2] = {false, false};
     if (a.mask_kind == kMaskArray) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int r = 2 * t + i;
         if (r < a.rows) {
-          mrow[i] = static_cast<const uint8_t*>(a.mask) + blockIdx.z * a.m_st[0] +
-              row_head(blockIdx.y, r, a.rep) * a.m_st[1] + row_position(r, a.rep) * a.m_st[2];
+          masked_row[i] = true;
+          mrow[i] = blockIdx.z * a.m_st[0] + row_head(blockIdx.y, r, a.rep) * a.m_st[1] +
+              row_position(r, a.rep) * a.m_st[2];
         }
       }
     }
@@ -528,9 +533,16 @@ __device__ __forceinline__ void decode_step(
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + 16 * mt + q + 8 * (e >> 1);
-        const uint8_t* row_mask = mrow[e & 1];
-        const bool visible = key < N && key <= ((e & 1) ? limit1 : limit0) &&
-            (row_mask == nullptr || row_mask[key * a.m_st[3]] != 0);
+        bool visible = key < N && key <= ((e & 1) ? limit1 : limit0);
+        if (visible && masked_row[e & 1]) {
+          // (Scores are in log2 units: an additive term is scaled to them.)
+          const float mv = load_float(a.mask, mrow[e & 1] + key * a.m_st[3], a.mask_dtype);
+          if (a.mask_dtype == kBool) {
+            visible = mv != 0.0f;
+          } else {
+            s[mt][e] = fmaf(mv, kLog2e, s[mt][e]);
+          }
+        }
         s[mt][e] = visible ? s[mt][e] : -INFINITY;
       }
     }
@@ -876,12 +888,14 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<KB, VB, D, KGS, VGS, ST>::k
   // are in flight while the query loads below wait on memory, so a block's
   // start costs one memory latency, not two.
   Views<ST> views;
-  views.k = reinterpret_cast<const uint8_t*>(a.kw + b * a.kw_st[0] + kvh * a.kw_st[1]);
-  views.v = reinterpret_cast<const uint8_t*>(a.vw + b * a.vw_st[0] + kvh * a.vw_st[1]);
-  views.ks = static_cast<const ST*>(a.ks) + b * a.ks_st[0] + kvh * a.ks_st[1];
-  views.kb = static_cast<const ST*>(a.kb) + b * a.kb_st[0] + kvh * a.kb_st[1];
-  views.vs = static_cast<const ST*>(a.vs) + b * a.vs_st[0] + kvh * a.vs_st[1];
-  views.vb = static_cast<const ST*>(a.vb) + b * a.vb_st[0] + kvh * a.vb_st[1];
+  // (kvh is a query-head group of KV head kv when the plan splits one.)
+  const int kv = kvh / a.head_groups;
+  views.k = reinterpret_cast<const uint8_t*>(a.kw + b * a.kw_st[0] + kv * a.kw_st[1]);
+  views.v = reinterpret_cast<const uint8_t*>(a.vw + b * a.vw_st[0] + kv * a.vw_st[1]);
+  views.ks = static_cast<const ST*>(a.ks) + b * a.ks_st[0] + kv * a.ks_st[1];
+  views.kb = static_cast<const ST*>(a.kb) + b * a.kb_st[0] + kv * a.kb_st[1];
+  views.vs = static_cast<const ST*>(a.vs) + b * a.vs_st[0] + kv * a.vs_st[1];
+  views.vb = static_cast<const ST*>(a.vb) + b * a.vb_st[0] + kv * a.vb_st[1];
   const int N = a.N;
   // Keys up to `clean_end` are visible to every row: no per-score masking
   // (none with a bool mask array: every step reads it).

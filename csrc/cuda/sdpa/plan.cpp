@@ -87,17 +87,37 @@ const char* family_name(Family f) {
   }
 }
 
+int decode_head_groups(const SdpaProblem& p, int max_rows) {
+  if (p.rows() <= max_rows) {
+    return 1;
+  }
+  if (p.L != 1) {
+    return 0;
+  }
+  for (int g = 2; g <= p.rep; ++g) {
+    if (p.rep % g == 0 && p.rep / g <= max_rows) {
+      return g;
+    }
+  }
+  return 0;
+}
+
+SdpaProblem grouped(const SdpaProblem& p, int groups) {
+  SdpaProblem v = p;
+  v.Hkv = p.Hkv * groups;
+  v.rep = p.rep / groups;
+  return v;
+}
+
 // The decode kernel stages K and V rows of one quantization, or 8-bit keys
 // with 4-bit values (whose group sizes it has instances of), under no mask,
-// a causal one or a bool array (additive ones go elsewhere); the tiled
+// a causal one or an array (bool or additive, read per score); the tiled
 // kernel over codes only the first, so other mixed pairs reach it as the
 // dense tiled kernel's (or the GEMM family's) dequantized copies.
 bool decode_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits) {
   const bool pair = p.same_quantization() || (p.k_bits == 8 && p.v_bits == 4);
-  // Array masks: bool ones only (a score hidden or not), read per score.
-  const bool mask_ok = p.mask != kMaskArray || p.mask_dtype == kBool;
-  return limits.decode_on && half_queries(p) && p.Dk == p.Dv && pair && mask_ok &&
-      layout.vec_loads && p.N >= 1 && layout.head_fits_32bit && layout.dense_kv;
+  return limits.decode_on && half_queries(p) && p.Dk == p.Dv && pair && layout.vec_loads &&
+      p.N >= 1 && layout.head_fits_32bit && layout.dense_kv;
 }
 
 namespace {
@@ -126,7 +146,8 @@ bool gemm_candidate(const SdpaProblem& p, const Limits& limits) {
 }
 
 bool decode_fits(const SdpaProblem& p, const Limits& limits, const DecodeShape& decode) {
-  return decode.available && p.rows() <= decode.max_rows && decode.smem <= limits.max_smem;
+  return decode.available && decode_head_groups(p, decode.max_rows) > 0 &&
+      decode.smem <= limits.max_smem;
 }
 
 bool tiled_fits(const Limits& limits, const TiledShape& tiled) {
@@ -143,7 +164,10 @@ Plan plan_sdpa(
   Plan plan;
   plan.rows = p.rows();
   if (decode_candidate(p, layout, limits) && decode_fits(p, limits, decode)) {
-    plan_decode(plan, p, limits, decode);
+    plan.head_groups = decode_head_groups(p, decode.max_rows);
+    const SdpaProblem g = grouped(p, plan.head_groups);
+    plan.rows = g.rows();
+    plan_decode(plan, g, limits, decode);
   } else if (gemm_candidate(p, limits)) {
     plan_gemm(plan, p, limits);
   } else if (tiled_candidate(p, layout, limits) && tiled_fits(limits, tiled)) {
@@ -187,8 +211,8 @@ Plan plan_sdpa(
     plan.merge_kernel = true; // the merge writes the log-sum-exp
   }
   if (plan.merge_kernel || plan.fused_merge) {
-    plan.partial_slots =
-        int64_t(p.B) * p.Hkv * plan.row_tiles * plan.splits * int64_t(plan.row_tile);
+    plan.partial_slots = int64_t(p.B) * p.Hkv * plan.head_groups * plan.row_tiles * plan.splits *
+        int64_t(plan.row_tile);
   }
   return plan;
 }

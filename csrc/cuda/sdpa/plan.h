@@ -78,7 +78,11 @@ struct TiledShape {
 
 struct Plan {
   Family family = Family::Generic;
-  int rows = 0; // rep * L rows per (batch, KV head)
+  int rows = 0; // rep * L rows per (batch, KV head), per head group (decode)
+  // Decode: a KV head's query heads attended in this many groups of at most
+  // max_rows rows, one block row each (see decode_head_groups). The launch
+  // then binds the problem as head_groups times the KV heads (grouped()).
+  int head_groups = 1;
   int row_tile = 0;
   int row_tiles = 0;
   int splits = 1;
@@ -122,6 +126,18 @@ bool tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& l
 bool gemm_candidate(const SdpaProblem& p, const Limits& limits);
 // Whether a tiled candidate should take the dense-K/V instance.
 bool dense_tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& limits);
+
+// How many groups a decode step's query heads of one KV head split into so
+// that each group has at most max_rows rows: the fewest that divide rep
+// (1 when rows() already fit), or 0 when none does (L > 1 with too many
+// rows). Multi-head latent attention puts all query heads (16-128) on one
+// latent KV head; each group's blocks read the same K/V, the later ones
+// mostly from L2.
+int decode_head_groups(const SdpaProblem& p, int max_rows);
+// The problem as `groups` times the KV heads with rep / groups query heads
+// each: query, mask, output and sinks index as before; the decode kernel
+// reads KV head (head / groups).
+SdpaProblem grouped(const SdpaProblem& p, int groups);
 
 // Whether a looked-up instance exists and fits the problem and the device:
 // plan_sdpa takes the first kernel that does, and only those need their
