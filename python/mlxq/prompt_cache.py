@@ -22,6 +22,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from .cache import (
     BatchQuantizedKVCache,
     BatchRotatingQuantizedKVCache,
+    ChunkedQuantizedKVCache,
     KVCache,
     QuantizedKVCache,
     RotatingKVCache,
@@ -38,6 +39,7 @@ CACHE_CLASSES = {
         RotatingQuantizedKVCache,
         BatchQuantizedKVCache,
         BatchRotatingQuantizedKVCache,
+        ChunkedQuantizedKVCache,
     )
 }
 
@@ -102,11 +104,22 @@ def _cache_class(name: str):
         ) from None
 
 
+def _load_cache(name: str, state):
+    if name == "CacheList":
+        # mlx-lm's CacheList rebuilds its members by mlx-lm's class names,
+        # which would give an mlxq member's state to mlx-lm's class.
+        from mlx_lm.models.cache import CacheList
+
+        return CacheList(*[_load_cache(member, s) for s, member in state])
+    return _cache_class(name).from_state(state)
+
+
 def load_prompt_cache(file_name: str, return_metadata: bool = False):
     """Load caches saved by :func:`save_prompt_cache` or by mlx-lm.
 
     mlx-lm's ``KVCache``, ``QuantizedKVCache`` and ``RotatingKVCache`` load as
-    the mlxq classes of the same name; other mlx-lm classes load as mlx-lm's.
+    the mlxq classes of the same name, in a ``CacheList`` too; other mlx-lm
+    classes load as mlx-lm's.
 
     Returns:
         list, or (list, dict) when ``return_metadata`` is set.
@@ -127,5 +140,5 @@ def load_prompt_cache(file_name: str, return_metadata: bool = False):
             f"[mlxq.load_prompt_cache] {file_name} lists {len(classes)} caches but holds "
             f"state for {len(states)}."
         )
-    caches = [_cache_class(name).from_state(state) for name, state in zip(classes, states)]
+    caches = [_load_cache(name, state) for name, state in zip(classes, states)]
     return (caches, metadata) if return_metadata else caches

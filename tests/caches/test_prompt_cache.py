@@ -125,6 +125,31 @@ def test_own_round_trip_with_every_class(rng, tmp_path):
     assert_same(loaded[5][0], mx.ones((1, 3)))
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: mlxq.QuantizedKVCache(64, 4, hadamard=True),
+        lambda: mlxq.QuantizedKVCache(64, 8, v_bits=4, v_group_size=32),
+        lambda: mlxq.ChunkedQuantizedKVCache(8, 64, 4),
+    ],
+    ids=["hadamard", "v_bits", "chunked"],
+)
+def test_cache_list_members_keep_their_format(rng, tmp_path, make):
+    """mlx-lm's CacheList rebuilds members by mlx-lm's classes; mlxq's loader
+    builds them as mlxq's, with the format they were saved in."""
+    member = filled(make, rng, [5, 1])
+    state = lm.ArraysCache(1)
+    state[0] = mx.ones((1, 3))
+    path = str(tmp_path / "list.safetensors")
+    mlxq.save_prompt_cache(path, [lm.CacheList(state, member)])
+    (loaded,) = mlxq.load_prompt_cache(path)
+    assert type(loaded) is lm.CacheList and type(loaded.caches[0]) is lm.ArraysCache
+    got = loaded.caches[1]
+    assert type(got) is type(member) and got.format == member.format
+    assert_same(got.state, member.state)
+    lockstep(rng, got, member)
+
+
 def test_loader_rejects_bad_files(tmp_path):
     path = str(tmp_path / "plain.safetensors")
     mx.save_safetensors(path, {"x": mx.ones(2)})

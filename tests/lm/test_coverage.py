@@ -284,19 +284,23 @@ def test_cache_list_prompt_cache_files(enabled, tmp_path, saver):
 
 
 def test_chunked_prompt_cache_files(enabled, tmp_path, monkeypatch):
-    """llama4's quantized chunked caches load where mlx-lm's cache module has
-    ChunkedQuantizedKVCache registered; elsewhere the load says which class."""
+    """llama4's quantized chunked caches load with mlxq's loader, and with
+    mlx-lm's where its cache module has ChunkedQuantizedKVCache registered
+    (enable() does)."""
     model = model_of("llama4")
     cache = mlxq_lm.make_prompt_cache(model, kv_bits=8)
     _continue(model, cache, mx.array(list(range(3, 23))))
     path = str(tmp_path / "llama4.safetensors")
     mlxq.save_prompt_cache(path, cache)
-    if not hasattr(lm_cache, "ChunkedQuantizedKVCache"):
-        with pytest.raises(ValueError, match="ChunkedQuantizedKVCache"):
-            mlxq.load_prompt_cache(path)
-        monkeypatch.setattr(
-            lm_cache, "ChunkedQuantizedKVCache", mlxq.ChunkedQuantizedKVCache, raising=False
-        )
+    monkeypatch.delattr(lm_cache, "ChunkedQuantizedKVCache", raising=False)
+    with pytest.raises(KeyError, match="ChunkedQuantizedKVCache"):
+        lm_cache.load_prompt_cache(path)
+    monkeypatch.setattr(
+        lm_cache, "ChunkedQuantizedKVCache", mlxq.ChunkedQuantizedKVCache, raising=False
+    )
+    # (mlx-lm's loader gives the last, global layer mlx-lm's own class.)
+    theirs = lm_cache.load_prompt_cache(path)
+    assert [type(c) for c in theirs[:3]] == [mlxq.ChunkedQuantizedKVCache] * 3
     loaded = mlxq.load_prompt_cache(path)
     assert [type(c) for c in loaded] == [type(c) for c in cache]
     nxt = mx.array([7])
