@@ -48,10 +48,11 @@ struct SdpaArgs {
   int mask_kind; // MaskCode
   float scale;
   int rows; // rep * L rows per (batch, KV head)
-  // Decode kernel only: query-head groups per KV head of the problem, which
-  // the launch binds as Hkv KV heads of rep rows each (plan.h's grouped());
-  // K/V are read at KV head blockIdx.y / head_groups.
-  int head_groups;
+  // Decode kernel only, where the plan attends a KV head's query heads in
+  // groups (plan.h's head_groups; the launch binds Hkv KV heads of rep rows
+  // each, grouped()): K/V are read at KV head blockIdx.y / head_groups,
+  // computed as __umulhi(blockIdx.y, head_group_magic). 0: no groups.
+  unsigned head_group_magic;
   int row_tile; // rows per block (<= kMaxTileRows)
   int row_tiles;
   int splits;

@@ -275,7 +275,7 @@ SdpaArgs bind(
   a.out = mx::gpu_ptr<void>(out);
   a.vec_loads = layout.vec_loads;
   a.rows = plan.rows;
-  a.head_groups = plan.head_groups;
+  a.head_group_magic = head_group_magic(plan.head_groups);
   a.row_tile = plan.row_tile;
   a.row_tiles = plan.row_tiles;
   a.splits = plan.splits;

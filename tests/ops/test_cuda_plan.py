@@ -6,6 +6,7 @@ how it splits and merges is checked here without a GPU. The GPU tests pin
 the same choices on real arrays (helpers.assert_cuda_kernel).
 """
 
+import numpy as np
 import pytest
 
 from mlxq import _ext
@@ -67,6 +68,13 @@ def test_decode_attends_many_query_heads_per_kv_head_in_groups(Hq, Hkv, groups):
     assert p["kernel"] == "cuda_decode" and p["head_groups"] == groups
     assert p["rows"] == Hq // Hkv // groups <= DECODE["max_rows"]
     assert p["grid"][1] == Hkv * groups
+    # The kernel finds a grid row's KV head as a multiply-high by the magic.
+    magic = p["head_group_magic"]
+    if groups == 1:
+        assert magic == 0
+    else:
+        rows = np.arange(1 << 16, dtype=np.uint64)
+        assert ((rows * np.uint64(magic)) >> np.uint64(32) == rows // groups).all()
     if p["merge_kernel"] or p["fused_merge"]:
         assert p["partial_slots"] == Hkv * groups * p["splits"] * p["rows"]
     # Splits are planned over the grouped heads: one wave of blocks.

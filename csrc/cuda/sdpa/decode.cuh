@@ -511,20 +511,20 @@ __device__ __forceinline__ void decode_step(
   if constexpr (!clean) {
     // Each row's mask over the keys (bool: a left-padded batch's padding, a
     // ring's window; additive: multi-head latent attention's RoPE scores),
-    // as the element offset of its key 0 where `masked_row` (not rows past R,
-    // nor problems without one). Made here from the kernel's parameters and block index,
-    // not kept live through the loop: the clean steps' registers stay as
-    // they were.
-    int64_t mrow[2] = {0, 0};
-    bool masked_row[2] = {false, false};
+    // or null: rows past R and problems without one. Made here from the
+    // kernel's parameters and block index, not kept live through the loop:
+    // the clean steps' registers stay as they were.
+    const uint8_t* mrow[2] = {nullptr, nullptr};
+    const int item = a.mask_dtype == kF32 ? 4 : a.mask_dtype == kBool ? 1 : 2; // bytes
     if (a.mask_kind == kMaskArray) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int r = 2 * t + i;
         if (r < a.rows) {
-          masked_row[i] = true;
-          mrow[i] = blockIdx.z * a.m_st[0] + row_head(blockIdx.y, r, a.rep) * a.m_st[1] +
-              row_position(r, a.rep) * a.m_st[2];
+          mrow[i] = static_cast<const uint8_t*>(a.mask) +
+              (blockIdx.z * a.m_st[0] + row_head(blockIdx.y, r, a.rep) * a.m_st[1] +
+               row_position(r, a.rep) * a.m_st[2]) *
+                  item;
         }
       }
     }
@@ -533,10 +533,11 @@ __device__ __forceinline__ void decode_step(
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + 16 * mt + q + 8 * (e >> 1);
+        const uint8_t* row_mask = mrow[e & 1];
         bool visible = key < N && key <= ((e & 1) ? limit1 : limit0);
-        if (visible && masked_row[e & 1]) {
+        if (visible && row_mask != nullptr) {
           // (Scores are in log2 units: an additive term is scaled to them.)
-          const float mv = load_float(a.mask, mrow[e & 1] + key * a.m_st[3], a.mask_dtype);
+          const float mv = load_float(row_mask + key * a.m_st[3] * item, 0, a.mask_dtype);
           if (a.mask_dtype == kBool) {
             visible = mv != 0.0f;
           } else {
@@ -888,8 +889,10 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<KB, VB, D, KGS, VGS, ST>::k
   // are in flight while the query loads below wait on memory, so a block's
   // start costs one memory latency, not two.
   Views<ST> views;
-  // (kvh is a query-head group of KV head kv when the plan splits one.)
-  const int kv = kvh / a.head_groups;
+  // (kvh is a query-head group of KV head kv when the plan splits one: a
+  // multiply-high by the host's magic instead of a division, which took
+  // registers from the step loop.)
+  const int kv = a.head_group_magic ? int(__umulhi(unsigned(kvh), a.head_group_magic)) : kvh;
   views.k = reinterpret_cast<const uint8_t*>(a.kw + b * a.kw_st[0] + kv * a.kw_st[1]);
   views.v = reinterpret_cast<const uint8_t*>(a.vw + b * a.vw_st[0] + kv * a.vw_st[1]);
   views.ks = static_cast<const ST*>(a.ks) + b * a.ks_st[0] + kv * a.ks_st[1];

@@ -109,6 +109,13 @@ SdpaProblem grouped(const SdpaProblem& p, int groups) {
   return v;
 }
 
+uint32_t head_group_magic(int groups) {
+  if (groups <= 1) {
+    return 0;
+  }
+  return uint32_t(((uint64_t(1) << 32) + uint64_t(groups) - 1) / uint64_t(groups));
+}
+
 // The decode kernel stages K and V rows of one quantization, or 8-bit keys
 // with 4-bit values (whose group sizes it has instances of), under no mask,
 // a causal one or an array (bool or additive, read per score); the tiled

@@ -138,6 +138,9 @@ int decode_head_groups(const SdpaProblem& p, int max_rows);
 // each: query, mask, output and sinks index as before; the decode kernel
 // reads KV head (head / groups).
 SdpaProblem grouped(const SdpaProblem& p, int groups);
+// m with floor(h * m / 2^32) == h / groups for every grid row h < 2^16
+// (ceil(2^32 / groups)), or 0 for one group: the decode kernel's KV head.
+uint32_t head_group_magic(int groups);
 
 // Whether a looked-up instance exists and fits the problem and the device:
 // plan_sdpa takes the first kernel that does, and only those need their

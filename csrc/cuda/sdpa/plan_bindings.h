@@ -85,6 +85,7 @@ inline nb::dict sdpa(
   out["kernel"] = std::string(family_name(plan.family));
   out["rows"] = plan.rows;
   out["head_groups"] = plan.head_groups;
+  out["head_group_magic"] = head_group_magic(plan.head_groups);
   out["row_tile"] = plan.row_tile;
   out["row_tiles"] = plan.row_tiles;
   out["splits"] = plan.splits;
