@@ -40,6 +40,7 @@ class Script:
         self.dtype = dtype
         self.rotating = rotating
         self.max_size = max_size
+        self.smaller = True  # mlxq's cache is smaller than mlx-lm's
 
     # ------------------------------------------------------------ inputs
     def kv(self, B, T):
@@ -160,7 +161,8 @@ class Script:
         for o, t in ((ours.keys, theirs.keys), (ours.values, theirs.values)):
             assert o[0].shape[2] == t.shape[2]
             self.assert_quantized(tuple(a[..., :n, :] for a in o), t[..., :n, :])
-        assert ours.nbytes < theirs.nbytes
+        if self.smaller:  # (an exact window may outweigh a short quantized buffer)
+            assert ours.nbytes < theirs.nbytes
 
     def kv_like(self, cache):
         """mlx-lm's single cache's content, to fill a fresh cache with."""

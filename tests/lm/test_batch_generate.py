@@ -285,3 +285,48 @@ def test_an_unquantized_batch_joined_by_a_quantized_one_takes_its_format():
     assert merged.format == joining.format and merged.batch_size == 3
     k, v = merged.update_and_fetch(*rows(3, 1))
     assert k.format.hadamard and (v.group_size, v.bits) == (64, 4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_recent_window_batches_too(arch):
+    """enable(kv_recent=R) reaches the batch caches: every sequence keeps its
+    last R tokens exact through prefill, joins and leaves, and its tokens
+    equal generating it alone with the same window. A window that the
+    batch dropped would read those tokens 4-bit (the one-by-one tokens part
+    from the batch's within a few steps on these models)."""
+    model, tok = random_model(arch, seed=5, dtype=mx.float32)
+    first, later = prompts(3, (9, 41, 23)), prompts(4, (30, 47))
+    lengths = [14, 20, 9, 16, 18]
+    with mlxq_lm.enable(kv_recent=8):
+        gen = lm_generate.BatchGenerator(
+            model, kv_bits=4, prefill_batch_size=2, completion_batch_size=8
+        )
+        uids = gen.insert(first, lengths[:3])
+        out = {u: [] for u in uids}
+        steps = 0
+        windows = []
+        while True:
+            responses = gen.next_generated()
+            if not responses:
+                break
+            steps += 1
+            for r in responses:
+                out[r.uid].append(r.token)
+            if steps == 3:
+                more = gen.insert(later, lengths[3:])
+                out.update({u: [] for u in more})
+                uids += more
+            batch = gen._generation_batch.prompt_cache
+            windows += [c._recent for c in batch if isinstance(c, mlxq.BatchQuantizedKVCache)]
+        gen.close()
+        assert windows and all(w is not None and w.size == 8 for w in windows)
+        for uid, p, n in zip(uids, first + later, lengths):
+            assert out[uid] == one_by_one(model, p, 4, max_tokens=n), uid
+
+
+def test_sliding_window_batches_say_they_keep_no_window():
+    """gemma3's sliding-window layers batch as rings, which keep no window:
+    a warning says so rather than reading those tokens quantized silently."""
+    model, tok = random_model("gemma3", seed=5, dtype=mx.float32)
+    with mlxq_lm.enable(kv_recent=8), pytest.warns(UserWarning, match="keeps no recent window"):
+        lm_generate.batch_generate(model, tok, prompts(3, (9, 41)), max_tokens=3, kv_bits=4)

@@ -93,8 +93,11 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tight_server(tmp_path_factory):
-    """A server whose KV budget holds one sequence: the rest wait."""
-    yield from serving(tmp_path_factory.mktemp("tight"), 160, "--max-kv-memory", "1K")
+    """A server whose KV budget holds one sequence: the rest wait. Its
+    caches keep the last 8 tokens exact (--kv-recent)."""
+    yield from serving(
+        tmp_path_factory.mktemp("tight"), 160, "--max-kv-memory", "1K", "--kv-recent", "8"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -490,6 +493,7 @@ def test_a_client_that_hangs_up_frees_its_slot_and_kv(long_server, stream):
 
 def test_requests_beyond_the_kv_budget_wait_in_the_queue(tight_server):
     url, log_path = tight_server
+    assert "mlxq: KV cache 4-bit, group 64, the last 8 tokens exact" in log_path.read_text()
     requests = [("completion", False, f"request {i}: " + "abc " * i) for i in range(4)]
     body = lambda r: dict(  # noqa: E731
         prompt=r[2], max_tokens=160, temperature=0.0

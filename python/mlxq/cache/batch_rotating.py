@@ -16,6 +16,7 @@ mlx-lm's own class raises in ``to_quantized``; this one is what its
 ``to_quantized`` returns while :mod:`mlxq.mlx_lm` is enabled.
 """
 
+import warnings
 from typing import Optional, Sequence
 
 import mlx.core as mx
@@ -327,6 +328,12 @@ class BatchRotatingQuantizedKVCache(BaseCache):
                 f"[{where}] cannot batch rings of different max_size: {sorted(sizes)}."
             )
         params = batch_rows.quantized_like(caches, where).kwargs()
+        if any(getattr(c, "recent", 0) for c in caches):
+            warnings.warn(
+                f"[{where}] a batch of sliding-window rings keeps no recent window: its "
+                "sequences read their window tokens quantized (growing caches keep theirs).",
+                stacklevel=2,
+            )
         lengths = [batch_rows.tokens_held(c) for c in caches]
         longest = max(lengths, default=0)
         cache = cls(caches[0].max_size, [longest - n for n in lengths], **params)

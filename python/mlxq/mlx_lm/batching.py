@@ -20,6 +20,7 @@ cannot be merged. While mlxq is enabled:
 """
 
 import importlib
+import warnings
 from typing import Any, List, Optional
 
 from mlx_lm.models import cache as lm_cache
@@ -51,8 +52,17 @@ def quantize_batch(cache, group_size: int, bits: int, options: Settings):
     """An (unquantized) batch cache in mlxq's quantized batch cache, stored as
     ``options`` say (rotation, value quantization), an MLA latent cache
     where its role says so (families.py)."""
+    kind = _batch_kind(cache)
     extra = {"latent": True} if families.role_of(cache) == families.LATENT else {}
-    return _batch_kind(cache).quantize(
+    if kind is BatchQuantizedKVCache and not extra:
+        extra = {"recent": options.kv_recent}
+    elif options.kv_recent and not extra:
+        warnings.warn(
+            "[mlxq.mlx_lm] a batch of sliding-window rings keeps no recent window: its "
+            "sequences read their window tokens quantized (growing caches keep theirs).",
+            stacklevel=2,
+        )
+    return kind.quantize(
         cache, group_size=group_size, bits=bits, **options.cache_options(), **extra
     )
 

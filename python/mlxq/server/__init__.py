@@ -26,7 +26,10 @@ OpenAI-style endpoints) with :mod:`mlxq.mlx_lm` enabled, where:
 * ``GET /metrics`` reports requests by status, tokens/s, batch size, queue
   length, KV bytes and prompt-cache hits (mlxq.server.metrics);
 * ``--max-kv-memory BYTES`` (``512M``, ``2G``) makes new requests wait in
-  the queue while the KV in use fills the budget.
+  the queue while the KV in use fills the budget;
+* ``--kv-recent N`` keeps every sequence's last ``N`` tokens exact beside
+  the quantized cache (``enable(kv_recent=N)``; sliding-window layers keep
+  none in a batch, and say so); the server prints its KV setting at start.
 
 Each time the decoding batch changes size, the log says how many
 sequences it decodes together.
@@ -133,12 +136,24 @@ def _kv_options(argv: List[str]):
 
 
 def _own_options(argv: List[str]):
-    """``(argv without them, max_kv_memory)``: the options mlxq-server adds
-    to mlx-lm's (whose parser refuses what it does not know)."""
+    """``(argv without them, max_kv_memory, kv_recent)``: the options
+    mlxq-server adds to mlx-lm's (whose parser refuses what it does not know)."""
     p = argparse.ArgumentParser(prog="mlxq-server", add_help=False, allow_abbrev=False)
     p.add_argument("--max-kv-memory", type=_bytes, default=None)
+    p.add_argument("--kv-recent", type=_tokens, default=0)
     known, rest = p.parse_known_args(argv)
-    return rest, known.max_kv_memory
+    return rest, known.max_kv_memory, known.kv_recent
+
+
+def _tokens(text: str) -> int:
+    """A token count (>= 0)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a token count: {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return n
 
 
 def _bytes(text: str) -> int:
@@ -191,7 +206,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     from ..kv_format import BITS, GROUP_SIZES
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    argv, max_kv_memory = _own_options(argv)
+    argv, max_kv_memory, kv_recent = _own_options(argv)
     argv, kv_bits, kv_group_size, start, max_tokens = _kv_options(argv)
     if kv_bits is not None and kv_bits not in BITS:
         raise SystemExit(f"mlxq.server: --kv-bits must be one of {BITS}, got {kv_bits}.")
@@ -199,7 +214,12 @@ def main(argv: Optional[List[str]] = None) -> None:
         raise SystemExit(
             f"mlxq.server: --kv-group-size must be one of {GROUP_SIZES}, got {kv_group_size}."
         )
-    bridge.enable()
+    if kv_recent and kv_bits is None:
+        raise SystemExit("mlxq.server: --kv-recent keeps recent tokens exact beside --kv-bits.")
+    bridge.enable(kv_recent=kv_recent)
+    if kv_bits is not None:  # (before mlx-lm's server configures logging)
+        window = f", the last {kv_recent} tokens exact" if kv_recent else ""
+        print(f"mlxq: KV cache {kv_bits}-bit, group {kv_group_size}{window}", file=sys.stderr)
     server = importlib.import_module("mlx_lm.server")
     metrics = Metrics()
     server.ResponseGenerator = supervised(
