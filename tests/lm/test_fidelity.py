@@ -73,6 +73,25 @@ def test_measurements(llama):
     assert all(0 < r["kl_mean"] < kv2["kl_mean"] for r in layers)
 
 
+def test_a_mixed_setting_measures_its_caches_at_their_own_settings(llama):
+    """A base setting with per-cache ones (enable(kv_layers=...)): all 2-bit
+    but one cache 8-bit lands between all 2-bit and all 8-bit, at the
+    caches' mean bits per element; every cache 8-bit equals uniform 8-bit."""
+    model, ids = llama
+    two, eight = fidelity.parse_spec("2"), fidelity.parse_spec("8")
+    one = fidelity.measure(model, ids, [two, eight], chunk=48, mixed=(two, {1: eight}))
+    kv2, kv8, mix = one["settings"][1:]
+    assert mix["setting"] == "2 with 1 caches at 8"
+    assert mix["bits_per_element"] == pytest.approx((3 * 2.5 + 8.5) / 4)
+    assert kv8["kl_mean"] < mix["kl_mean"] < kv2["kl_mean"]
+    every = fidelity.measure(
+        model, ids, [eight], chunk=48, mixed=(two, dict.fromkeys(range(4), eight))
+    )
+    assert every["settings"][2]["kl_mean"] == pytest.approx(every["settings"][1]["kl_mean"])
+    with pytest.raises(ValueError, match="cache 9"):
+        fidelity.measure(model, ids, [], mixed=(two, {9: eight}))
+
+
 def test_cli_writes_json_and_a_table(tmp_path, capsys, monkeypatch):
     # The CLI on a random model saved as an mlx-lm folder.
     from mlxq.random_models import save_random_model

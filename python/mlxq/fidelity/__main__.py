@@ -59,6 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--protect-with", default="8", metavar="SETTING", help="their setting (default 8)"
     )
     p.add_argument(
+        "--kv-layers",
+        default=None,
+        metavar="PATH",
+        help='also measure --kv-layers-base with the per-cache settings of a {"kv_layers": ...} '
+        "JSON file (as --write-layers writes it), at its mean bits per element",
+    )
+    p.add_argument(
+        "--kv-layers-base",
+        default="4",
+        metavar="SETTING",
+        help="the other caches' setting with --kv-layers (default 4)",
+    )
+    p.add_argument(
         "--text", default=DEFAULT_TEXT, help="a UTF-8 text file (default: the Apache License 2.0)"
     )
     p.add_argument(
@@ -79,13 +92,19 @@ def main(argv=None) -> int:
         protect_with = parse_spec(args.protect_with)
         if args.write_layers and per_layer is None:
             raise ValueError("--write-layers needs --per-layer (the sensitivity it ranks by).")
+        mixed = None
+        if args.kv_layers:
+            from ..mlx_lm.settings import layers_from
+
+            own = dict(layers_from(args.kv_layers, "mlxq-fidelity --kv-layers"))
+            mixed = (parse_spec(args.kv_layers_base), own)
         model, tokenizer = load(args.model, dtype=default_dtype())
         ids = text_ids(tokenizer, args.text, args.tokens)
     except (ValueError, OSError) as e:
         print(f"mlxq-fidelity: {e}", file=sys.stderr)
         return 2
     layers = 0 if per_layer is None else len(args.layers or model.layers)
-    passes = 1 + len(specs) + layers
+    passes = 1 + len(specs) + layers + (mixed is not None)
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -99,6 +118,7 @@ def main(argv=None) -> int:
             chunk=args.chunk,
             per_layer=per_layer,
             layers=args.layers,
+            mixed=mixed,
             progress=bar.update if bar is not None else None,
         )
     except ValueError as e:

@@ -8,7 +8,7 @@ each setting's, so nothing of vocabulary size is kept between chunks.
 """
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import numpy as np
@@ -61,9 +61,15 @@ def bits_per_element(spec: Optional[KVSpec], tokens: int) -> float:
     return (k + v) / 2 + 16 * min(spec.recent, tokens) / tokens
 
 
-def caches_for(model, spec: Optional[KVSpec], layers: Optional[Sequence[int]] = None) -> list:
+def caches_for(
+    model,
+    spec: Optional[KVSpec],
+    layers: Optional[Sequence[int]] = None,
+    own: Optional[Dict[int, KVSpec]] = None,
+) -> list:
     """mlx-lm's prompt cache for ``model``, with the caches at ``layers``
-    (default: all) quantized by mlxq as ``spec`` says (``None``: none)."""
+    (default: all) quantized by mlxq as ``spec`` says (``None``: none), or
+    as ``own`` says for the cache indices it names."""
     from mlx_lm.models import cache as lm_cache
 
     from ..mlx_lm import families
@@ -73,20 +79,28 @@ def caches_for(model, spec: Optional[KVSpec], layers: Optional[Sequence[int]] = 
     cache = lm_cache.make_prompt_cache(model)
     if spec is None:
         return cache
-    f = spec.format
-    families.check(model, f.bits, "mlxq.fidelity")
+    own = dict(own or {})
+    families.check(model, spec.format.bits, "mlxq.fidelity")
     families.tag_roles(model, cache)
-    settings = Settings(
-        kv_hadamard=f.hadamard,
-        v_group_size=f.v_group_size if f.separate else None,
-        v_bits=f.v_bits if f.separate else None,
-        kv_recent=spec.recent,
-    )
     for i in range(len(cache)) if layers is None else layers:
+        s = own.get(i, spec)
+        f = s.format
+        settings = Settings(
+            kv_hadamard=f.hadamard,
+            v_group_size=f.v_group_size if f.separate else None,
+            v_bits=f.v_bits if f.separate else None,
+            kv_recent=s.recent,
+        )
         one = [cache[i]]
         quantize_caches(one, 0, f.group_size, f.bits, settings)
         cache[i] = one[0]
     return cache
+
+
+def mixed_label(base: KVSpec, own: Dict[int, KVSpec]) -> str:
+    """``"4 with 3 caches at 8"``: a base setting with per-cache ones."""
+    kinds = sorted({s.label for s in own.values()})
+    return f"{base.label} with {len(own)} caches at {'/'.join(kinds)}"
 
 
 def _logprobs(model, x, cache) -> mx.array:
@@ -149,16 +163,29 @@ def measure(
     chunk: int = 64,
     per_layer: Optional[KVSpec] = None,
     layers: Optional[Sequence[int]] = None,
+    mixed: Optional[Tuple[KVSpec, Dict[int, KVSpec]]] = None,
     progress=None,
 ) -> dict:
     """Every setting in ``specs`` against the unquantized model over ``ids``
     (see :func:`compare`), and with ``per_layer`` that setting applied to one
     cache at a time (the others unquantized): each layer's sensitivity, for
-    the cache indices ``layers`` (default: every one)."""
+    the cache indices ``layers`` (default: every one). ``mixed``, a base
+    setting and per-cache ones (what ``enable(kv_layers=...)`` applies),
+    adds a row whose bits per element are the caches' mean."""
     runs = {REFERENCE: caches_for(model, None)}
     for spec in specs:
         runs[spec.label] = caches_for(model, spec)
     count = len(runs[REFERENCE])
+    rows = [(s.label, bits_per_element(s, len(ids))) for s in specs]
+    if mixed is not None:
+        base, own = mixed
+        for i in own:
+            if not 0 <= i < count:
+                raise ValueError(f"[mlxq.fidelity] kv_layers names cache {i}, not in [0, {count}).")
+        label = mixed_label(base, own)
+        runs[label] = caches_for(model, base, own=own)
+        per_cache = [bits_per_element(own.get(i, base), len(ids)) for i in range(count)]
+        rows.append((label, float(np.mean(per_cache))))
     if per_layer is None:
         layers = []
     elif layers is None:
@@ -168,13 +195,9 @@ def measure(
             raise ValueError(f"[mlxq.fidelity] layer {i} is not a cache index in [0, {count}).")
         runs[f"layer {i}"] = caches_for(model, per_layer, [i])
     out = compare(model, ids, runs, chunk=chunk, progress=progress)
-    n = len(ids)
     result = {
         "settings": [dict(setting=REFERENCE, bits_per_element=16.0, **out[REFERENCE])]
-        + [
-            dict(setting=s.label, bits_per_element=bits_per_element(s, n), **out[s.label])
-            for s in specs
-        ],
+        + [dict(setting=label, bits_per_element=bpe, **out[label]) for label, bpe in rows],
     }
     if per_layer is not None:
         result["per_layer"] = {
