@@ -1,0 +1,159 @@
+"""Long-context retrieval with quantized KV: a pass key in a haystack.
+
+The pass-key task of Mohtashami and Jaggi (2023): a five-digit key is
+stated once, at a depth of the prompt, inside filler sentences that repeat
+("The grass is green. The sky is blue. ..."), and the prompt ends by asking
+for it. Greedy decoding of a few tokens must reproduce the key. Each length
+(tokens of the whole prompt) and depth (where the key sits, 0 = start, 1 =
+end) gets ``--keys`` different keys; accuracy is the fraction retrieved.
+
+The model is a packaged one (mlxq.gguf: Gemma 3 270M has a 32k context) or
+any .gguf file or mlx-lm folder, in bf16, through mlx-lm's ``generate_step``
+with the cache of each run:
+
+  bf16     mlx-lm's own caches, unquantized
+  kv8      mlxq's caches at 8 bits (group 64) from the first token
+  kv4      mlxq's caches at 4 bits (group 64) from the first token
+  recipe   kv4 that also keeps the last 128 tokens exact (kv_recent=128)
+
+    python bench/e2e/needle.py --lengths 4096 8192 16384
+    python bench/e2e/needle.py --lengths 32768 --record      # on a GPU
+"""
+
+import argparse
+import importlib
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import common  # noqa: E402
+import gpu_runs  # noqa: E402
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+import mlxq.mlx_lm as mlxq_lm  # noqa: E402
+
+RUNS = {"bf16": None, "kv8": (8, 0), "kv4": (4, 0), "recipe": (4, 128)}
+INTRO = (
+    "There is an important piece of information hidden inside a lot of irrelevant text. "
+    "Find it and memorize it. I will quiz you about it.\n\n"
+)
+FILLER = (
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+)
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
+QUESTION = "\n\nWhat is the pass key? The pass key is"
+
+
+def load(model: str):
+    from mlx_lm import load as lm_load
+
+    from mlxq import gguf
+
+    if model in gguf.PACKAGED:
+        return gguf.load_packaged(model, dtype=mx.bfloat16)
+    if model.endswith(".gguf"):
+        return gguf.load_gguf(model, dtype=mx.bfloat16)
+    return lm_load(model)
+
+
+def prompt_ids(tokenizer, length: int, depth: float, key: int):
+    """``length`` tokens: the intro, filler with the needle at ``depth`` of
+    the filler, the question (the filler is cut at sentence ends)."""
+    encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    head = tokenizer.encode(INTRO)  # (with the model's BOS)
+    needle = encode(NEEDLE.format(key=key))
+    tail = encode(QUESTION)
+    sentence = encode(FILLER)
+    room = length - len(head) - len(needle) - len(tail)
+    if room < len(sentence):
+        raise ValueError(f"--lengths {length} leaves no room for filler.")
+    n = room // len(sentence)
+    before = int(round(depth * n))
+    ids = head + sentence * before + needle + sentence * (n - before) + tail
+    return ids
+
+
+def retrieve(model, tokenizer, ids, run, max_tokens=8):
+    lm_generate = importlib.import_module("mlx_lm.generate")
+    from mlx_lm.models import cache as lm_cache
+
+    spec = RUNS[run]
+    handle = None if spec is None else mlxq_lm.enable(kv_recent=spec[1])
+    try:
+        if spec is None:
+            cache, kwargs = lm_cache.make_prompt_cache(model), {}
+        else:
+            cache = lm_cache.make_prompt_cache(model, kv_bits=spec[0], kv_group_size=64)
+            kwargs = dict(kv_bits=spec[0], kv_group_size=64, quantized_kv_start=0)
+        out = [
+            int(t)
+            for t, _ in lm_generate.generate_step(
+                mx.array(ids), model, max_tokens=max_tokens, prompt_cache=cache, **kwargs
+            )
+        ]
+    finally:
+        if handle is not None:
+            mlxq_lm.disable()
+    return tokenizer.decode(out)
+
+
+def main():
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", default="gemma3-270m")
+    p.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
+    p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
+    p.add_argument("--keys", type=int, default=3, help="keys per length and depth (default 3)")
+    p.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
+    p.add_argument("--seed", type=int, default=0)
+    common.add_output_args(p)
+    args = p.parse_args()
+    info = common.machine_info()
+    common.print_machine(info)
+    model, tokenizer = load(args.model)
+    rng = np.random.default_rng(args.seed)
+    cols = [("length", "length", "{}"), ("depth", "depth", "{:.2f}")]
+    cols += [(run, run, "{:.2f}") for run in args.runs]
+    table, rows, trials = common.Table(cols), [], []
+    table.header()
+    for length in args.lengths:
+        for depth in args.depths:
+            keys = [int(k) for k in rng.integers(10000, 100000, args.keys)]
+            row = dict(length=length, depth=depth)
+            for run in args.runs:
+                hits = 0
+                for key in keys:
+                    ids = prompt_ids(tokenizer, length, depth, key)
+                    t0 = time.perf_counter()
+                    text = retrieve(model, tokenizer, ids, run)
+                    hit = str(key) in text
+                    hits += hit
+                    trials.append(
+                        dict(
+                            length=length,
+                            depth=depth,
+                            run=run,
+                            key=key,
+                            answer=text,
+                            retrieved=hit,
+                            seconds=time.perf_counter() - t0,
+                        )
+                    )
+                row[run] = hits / len(keys)
+            table.row(row)
+            rows.append(row)
+    slug, device = gpu_runs.device_name()
+    info["device"] = device
+    name = os.path.basename(os.path.normpath(args.model)).removesuffix(".gguf")
+    common.save_json(
+        common.output_path(args, f"needle_{common.slug(name)}_{slug}"),
+        {"machine": info, "model": args.model, "rows": rows, "trials": trials},
+    )
+
+
+if __name__ == "__main__":
+    main()
