@@ -77,6 +77,33 @@ def assert_same_tokens(model, prompts_, got, kv_bits, near_tie=0.05, max_tokens=
         assert lp[want[i]] - lp[ids[i]] <= near_tie, (i, lp[want[i]], lp[ids[i]])
 
 
+def run_continuous(gen, first, later, lengths, *, join_at, remove=None, each_step=None):
+    """Drive ``gen``: insert ``first`` (their lengths first in ``lengths``),
+    insert ``later`` after ``join_at`` steps, remove the ``remove[1]``-th
+    sequence after ``remove[0]`` steps, call ``each_step()`` after every
+    step, until done. Returns (uids, tokens per uid)."""
+    uids = gen.insert(first, lengths[: len(first)])
+    out = {u: [] for u in uids}
+    steps = 0
+    while True:
+        responses = gen.next_generated()
+        if not responses:
+            break
+        steps += 1
+        for r in responses:
+            out[r.uid].append(r.token)
+        if steps == join_at:
+            more = gen.insert(later, lengths[len(first) :])
+            out.update({u: [] for u in more})
+            uids += more
+        if remove is not None and steps == remove[0]:
+            gen.remove([uids[remove[1]]])
+        if each_step is not None:
+            each_step()
+    gen.close()
+    return uids, out
+
+
 def quantized_layers(cache):
     return [c for c in cache if hasattr(c, "bits")]
 
@@ -139,24 +166,8 @@ def test_continuous_batching_with_joins_and_leaves(enabled, arch):
     gen = lm_generate.BatchGenerator(
         model, kv_bits=8, kv_group_size=32, prefill_batch_size=2, completion_batch_size=8
     )
-    uids = gen.insert(first, lengths[:3])
-    out = {u: [] for u in uids}
+    uids, out = run_continuous(gen, first, later, lengths, join_at=4, remove=(6, 2))
     removed = uids[2]
-    steps = 0
-    while True:
-        responses = gen.next_generated()
-        if not responses:
-            break
-        steps += 1
-        for r in responses:
-            out[r.uid].append(r.token)
-        if steps == 4:
-            more = gen.insert(later, lengths[3:])
-            out.update({u: [] for u in more})
-            uids += more
-        if steps == 6:
-            gen.remove([removed])
-    gen.close()
     kinds = {type(c).__name__ for c in gen._generation_batch.prompt_cache}
     assert not kinds - {"BatchQuantizedKVCache", "BatchRotatingQuantizedKVCache"}
     for uid, p, n in zip(uids, first + later, lengths):
@@ -301,24 +312,13 @@ def test_a_recent_window_batches_too(arch):
         gen = lm_generate.BatchGenerator(
             model, kv_bits=4, prefill_batch_size=2, completion_batch_size=8
         )
-        uids = gen.insert(first, lengths[:3])
-        out = {u: [] for u in uids}
-        steps = 0
         windows = []
-        while True:
-            responses = gen.next_generated()
-            if not responses:
-                break
-            steps += 1
-            for r in responses:
-                out[r.uid].append(r.token)
-            if steps == 3:
-                more = gen.insert(later, lengths[3:])
-                out.update({u: [] for u in more})
-                uids += more
+
+        def each_step():
             batch = gen._generation_batch.prompt_cache
-            windows += [c._recent for c in batch if isinstance(c, mlxq.BatchQuantizedKVCache)]
-        gen.close()
+            windows.extend(c._recent for c in batch if isinstance(c, mlxq.BatchQuantizedKVCache))
+
+        uids, out = run_continuous(gen, first, later, lengths, join_at=3, each_step=each_step)
         assert windows and all(w is not None and w.size == 8 for w in windows)
         for uid, p, n in zip(uids, first + later, lengths):
             assert out[uid] == one_by_one(model, p, 4, max_tokens=n), uid

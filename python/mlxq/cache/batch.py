@@ -30,11 +30,10 @@ import numpy as np
 from ..arguments import as_int
 from ..kv_format import KVFormat
 from ..masks import create_causal_mask, left_padded
-from ..split import RecentSplit
 from . import batch_recent, batch_rows, decode_step, quantized
 from .batch_rows import host_ints, set_rows
 from .decode_step import DecodePlan
-from .kv import KVCache, QuantizedKVCache
+from .kv import KVCache, QuantizedKVCache, windowed_fetch
 from .latent import latent_fetch
 from .recent import window_for
 
@@ -126,12 +125,8 @@ class BatchQuantizedKVCache(KVCache):
         """Write ``[B, H, T, D]`` at row ``_idx`` of every sequence; return
         rows ``[0, _idx)`` (padding included: the mask hides it)."""
         batch_rows.check_batch(self, keys)
-        if self._recent is not None:
-            prev = self._idx  # (the window is over buffer rows: see batch_recent.py)
-            qk, qv = self._append(keys, values, self._recent.first_exact(prev))
-            lo, exact_k, exact_v, order = self._recent.step(keys, values, prev)
-            columns = None if order is None else lo + order
-            return RecentSplit(qk, exact_k, None, columns), RecentSplit(qv, exact_v, None, columns)
+        if self._recent is not None:  # (over buffer rows: see batch_recent.py)
+            return windowed_fetch(self, keys, values)
         fetch = self._append(keys, values, None)
         return latent_fetch(self, fetch, keys.shape[2]) if self.format.latent else fetch
 

@@ -227,12 +227,19 @@ class QuantizedKVCache(KVCache):
             return latent_fetch(self, super().update_and_fetch(keys, values), keys.shape[2])
         if self._recent is None:
             return super().update_and_fetch(keys, values)
-        prev = self.offset
-        # The quantized rows attention reads: those before the window.
-        qk, qv = self._append(keys, values, self._recent.first_exact(prev))
-        lo, exact_k, exact_v, order = self._recent.step(keys, values, prev)
-        columns = None if order is None else lo + order
-        return RecentSplit(qk, exact_k, None, columns), RecentSplit(qv, exact_v, None, columns)
+        return windowed_fetch(self, keys, values)
 
 
-__all__ = ["KVCache", "QuantizedKVCache"]
+def windowed_fetch(cache, keys, values):
+    """Append to a growing cache with a recent window and fetch the
+    :class:`RecentSplit` pair: the quantized rows before the window, then the
+    window's exact rows. Positions are the buffer's rows (``_used()``: a
+    batch's rows, which every sequence shares, or a single cache's offset)."""
+    prev = cache._used()
+    qk, qv = cache._append(keys, values, cache._recent.first_exact(prev))
+    lo, exact_k, exact_v, order = cache._recent.step(keys, values, prev)
+    columns = None if order is None else lo + order
+    return RecentSplit(qk, exact_k, None, columns), RecentSplit(qv, exact_v, None, columns)
+
+
+__all__ = ["KVCache", "QuantizedKVCache", "windowed_fetch"]

@@ -84,15 +84,8 @@ def caches_for(
     families.tag_roles(model, cache)
     for i in range(len(cache)) if layers is None else layers:
         s = own.get(i, spec)
-        f = s.format
-        settings = Settings(
-            kv_hadamard=f.hadamard,
-            v_group_size=f.v_group_size if f.separate else None,
-            v_bits=f.v_bits if f.separate else None,
-            kv_recent=s.recent,
-        )
         one = [cache[i]]
-        quantize_caches(one, 0, f.group_size, f.bits, settings)
+        quantize_caches(one, 0, s.format.group_size, s.format.bits, Settings.of_spec(s))
         cache[i] = one[0]
     return cache
 

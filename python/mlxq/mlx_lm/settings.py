@@ -39,15 +39,21 @@ class Settings:
         spec = dict(self.kv_layers).get(index)
         if spec is None:
             return group_size, bits, self
+        own = Settings.of_spec(spec, compiled_decode=self.compiled_decode)
+        return spec.format.group_size, spec.format.bits, own
+
+    @staticmethod
+    def of_spec(spec: KVSpec, compiled_decode: bool = False) -> "Settings":
+        """The settings a KV setting (``mlxq.kv_spec``) gives its caches
+        (its bits and group size are the caller's ``kv_bits`` / group)."""
         f = spec.format
-        own = Settings(
+        return Settings(
             kv_hadamard=f.hadamard,
             v_group_size=f.v_group_size if f.separate else None,
             v_bits=f.v_bits if f.separate else None,
             kv_recent=spec.recent,
-            compiled_decode=self.compiled_decode,
+            compiled_decode=compiled_decode,
         )
-        return f.group_size, f.bits, own
 
 
 def layers_from(value, where: str) -> Tuple[Tuple[int, KVSpec], ...]:
