@@ -173,7 +173,7 @@ def run(model, config, prompts, max_tokens):
     mx.synchronize()
     row = {"config": config, "prompts": len(prompts), "max_tokens": max_tokens}
     if config == "mlxq-kv4":
-        mlxq_lm.enable()
+        mlxq_lm.enable(kv_recent=0)  # plain 4-bit: no recent window
     try:
         mx.reset_peak_memory()
         _pool_peak()  # restarts it

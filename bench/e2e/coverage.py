@@ -9,7 +9,7 @@ where they are smaller (``mx.quantize`` groups of 64), and runs greedy
 
   bf16        no kv_bits: the reference tokens
   stock kv4   stock mlx-lm, kv_bits=4, quantized_kv_start=0
-  mlxq kv4    mlxq.mlx_lm.enable(), the same call
+  mlxq kv4    mlxq.mlx_lm.enable(), the same call (the 4-bit recipe)
   mlxq kv8    mlxq, kv_bits=8: greedy-token agreement with the reference
 
 Each quantized run is recorded as ``error`` (the exception, first line),

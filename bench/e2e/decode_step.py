@@ -144,7 +144,7 @@ def build(model, caches, steps):
 
 @contextlib.contextmanager
 def _mlxq_enabled(run):
-    handle = mlxq_lm.enable() if run.startswith("mlxq") else None
+    handle = mlxq_lm.enable(kv_recent=0) if run.startswith("mlxq") else None  # plain 4-bit
     try:
         yield
     finally:

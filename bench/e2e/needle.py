@@ -14,7 +14,8 @@ with the cache of each run:
   bf16     mlx-lm's own caches, unquantized
   kv8      mlxq's caches at 8 bits (group 64) from the first token
   kv4      mlxq's caches at 4 bits (group 64) from the first token
-  recipe   kv4 that also keeps the last 128 tokens exact (kv_recent=128)
+  recipe   what kv_bits=4 gets under enable(): the last 128 tokens also kept
+           exact (mlxq.mlx_lm's 4-bit recipe)
 
     python bench/e2e/needle.py --lengths 4096 8192 16384
     python bench/e2e/needle.py --lengths 32768 --record      # on a GPU
@@ -35,7 +36,7 @@ import numpy as np  # noqa: E402
 
 import mlxq.mlx_lm as mlxq_lm  # noqa: E402
 
-RUNS = {"bf16": None, "kv8": (8, 0), "kv4": (4, 0), "recipe": (4, 128)}
+RUNS = {"bf16": None, "kv8": (8, 0), "kv4": (4, 0), "recipe": (4, None)}
 INTRO = (
     "There is an important piece of information hidden inside a lot of irrelevant text. "
     "Find it and memorize it. I will quiz you about it.\n\n"

@@ -170,7 +170,7 @@ struct GemmFinishArgs {
 };
 
 // RecentAttention (recent_attention.cu): one block per query row.
-constexpr int kWindowWarps = 4;
+constexpr int kWindowWarps = 16;
 struct WindowArgs {
   const void* q; // [B, Hq, L, Dk] (strided), dtype
   const void* k; // [B, Hkv, T, Dk]

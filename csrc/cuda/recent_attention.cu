@@ -1,5 +1,7 @@
 // CUDA RecentAttention: one block of kWindowWarps warps per query row. Each
-// warp runs an online softmax over every kWindowWarps-th window key (a
+// warp runs an online softmax over every kWindowWarps-th window key: a
+// chain of dependent loads, so the warps are many (a 129-key window is 9
+// keys per warp) and each key's value row is fetched with its key (a
 // warp-wide dot product per key; each lane owns head dims lane + 32 i of the
 // output), then the warps' states fold in shared memory and the row is
 // merged with the quantized part's output by log-sum-exp.
@@ -36,7 +38,16 @@ __global__ void __launch_bounds__(kWindowWarps * 32) window_kernel_impl(WindowAr
     acc[i] = 0.0f;
   }
   for (int j = warp; j < visible; j += kWindowWarps) {
+    // The key's value row is loaded before the score's reduction, so its
+    // latency overlaps the key's (each warp's keys are a dependent chain).
     const int64_t k0 = b * a.k_st[0] + kvh * a.k_st[1] + j * a.k_st[2];
+    const int64_t v0 = b * a.v_st[0] + kvh * a.v_st[1] + j * a.v_st[2];
+    float vrow[kChunks];
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int d = lane + 32 * i;
+      vrow[i] = d < a.Dv ? load_float(a.v, v0 + d * a.v_st[3], a.dtype) : 0.0f;
+    }
     float s = 0.0f;
     for (int d = lane; d < a.Dk; d += 32) {
       s += q[d] * load_float(a.k, k0 + d * a.k_st[3], a.dtype);
@@ -46,13 +57,9 @@ __global__ void __launch_bounds__(kWindowWarps * 32) window_kernel_impl(WindowAr
     const float carry = expf(m - m_new); // 0 at the first key (m = -inf)
     const float p = expf(s - m_new);
     sum = sum * carry + p;
-    const int64_t v0 = b * a.v_st[0] + kvh * a.v_st[1] + j * a.v_st[2];
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
-      const int d = lane + 32 * i;
-      if (d < a.Dv) {
-        acc[i] = acc[i] * carry + p * load_float(a.v, v0 + d * a.v_st[3], a.dtype);
-      }
+      acc[i] = acc[i] * carry + p * vrow[i];
     }
     m = m_new;
   }

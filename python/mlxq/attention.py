@@ -283,6 +283,24 @@ def _part_masks(keys, mask, L: int):
     return mask_q, mask_e
 
 
+def _exact_only(q, keys, values, scale: float, mask, sinks, stream) -> mx.array:
+    """A recent-window step with no quantized row yet (a first prefill
+    chunk): attention over the exact rows alone. ``mx.fast`` where its rows
+    agree with mlxq's (no mask, or causal with every row seeing a key) and
+    it takes the sinks; else float32 MLX ops, whose ``O(L^2)`` scores a
+    GPU prefill chunk would otherwise hold for every layer of the step."""
+    L, T = q.shape[2], keys.shape[2]
+    plain = mask is None or (mask == "causal" and L <= T)
+    if plain and (sinks is None or sinks.dtype == q.dtype):
+        return mx.fast.scaled_dot_product_attention(
+            q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
+        )
+    out, _ = dense_attention_with_lse(
+        q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
+    )
+    return out
+
+
 def _one_pass_prefill(q, keys, values, mask: Mask, sinks, stream) -> bool:
     """Whether a recent-window step runs as one ``mx.fast`` attention over
     the dequantized rows followed by the window's: on a GPU, where the op
@@ -395,10 +413,7 @@ def recent_split_sdpa(
     fused = fused and (L <= 16 or device == mx.cpu)
     fused = fused and not (device == mx.gpu and mx.metal.is_available())  # no kernel yet
     if n == 0 and not fused:
-        out, _ = dense_attention_with_lse(
-            q, keys.exact, values.exact, scale=scale, mask=mask_e, sinks=sinks, stream=stream
-        )
-        return out
+        return _exact_only(q, keys.exact, values.exact, scale, mask_e, sinks, stream)
     if n == 0:
         # Nothing quantized yet: the "other part" is the sink alone (a key
         # of logit sink and value 0), or nothing.

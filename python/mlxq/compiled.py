@@ -22,6 +22,7 @@ prefill chunks and input embeddings always run eagerly.
 """
 
 import logging
+import warnings
 from collections import OrderedDict
 from typing import List, Optional
 
@@ -175,6 +176,13 @@ class CompiledDecode:
         if why not in self._reasons:  # one line per reason
             self._reasons.add(why)
             log.debug("mlxq compiled decode: eager step (%s)", why)
+            if decode_step.WINDOW_REFUSAL in why:  # asked for, and not given: say so
+                warnings.warn(
+                    "[mlxq.compiled] compiled_decode: caches with a recent window (the "
+                    "4-bit recipe keeps one unless kv_recent=0) decode eagerly; "
+                    "enable(kv_recent=0) compiles their steps.",
+                    stacklevel=3,
+                )
         if for_good:
             self.declined = why
         return None

@@ -136,8 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="kv_recent",
         type=int,
         default=None,
-        help="With --kv-bits: also keep the last N tokens' K/V exact (mlxq.cache.recent; "
-        "128 makes 4-bit KV near-lossless on the packaged models: docs/results/accuracy.md).",
+        help="With --kv-bits: also keep the last N tokens' K/V exact (mlxq.cache.recent). "
+        "Default: 128 at 4 bits or fewer (the recipe: 4-bit KV near-lossless on the packaged "
+        "models, docs/results/accuracy.md), 0 above; 0 turns it off.",
     )
     p.add_argument(
         "--kv-layers",
@@ -304,11 +305,13 @@ def main(argv=None) -> int:
         mlxq_lm.mark_private(prompt_cache)
         sampler = make_sampler(args.temp, args.top_p, args.min_p, top_k=args.top_k)
         backend = "stock mlx-lm" if args.no_mlxq else "mlx-lm + mlxq"
-        kv = f"{args.kv_bits}-bit KV (group {args.kv_group_size})" if args.kv_bits else "bf16 KV"
-        if separate:
-            kv = (
-                f"{args.kv_bits}-bit K (group {args.kv_group_size}), "
-                f"{args.v_bits or args.kv_bits}-bit V (group {args.v_group_size or args.kv_group_size})"
+        if args.kv_bits is None:
+            kv = "bf16 KV"
+        elif args.no_mlxq:
+            kv = f"{args.kv_bits}-bit KV (group {args.kv_group_size})"
+        else:
+            kv = "KV cache " + mlxq_lm.settings().describe(
+                args.kv_bits, args.kv_group_size, off="--kv-recent 0"
             )
         name = (
             f"random {args.random_model} ({args.random_size})" if args.random_model else args.model

@@ -169,6 +169,9 @@ class Script:
         return cache.keys[..., : cache.offset, :], cache.values[..., : cache.offset, :]
 
     def assert_quantized(self, ours, theirs):
+        if theirs.shape[2] == 0:  # (mx.quantize of no rows dies on CUDA)
+            assert all(o.shape[2] == 0 for o in parts(ours))
+            return
         if self.hadamard:
             theirs = mlxq.hadamard.transform(theirs)
         want = mx.quantize(theirs, **self.q)

@@ -1,5 +1,6 @@
-"""A batch cache's recent window (``BatchQuantizedKVCache(recent=R)``) in
-lockstep with mlx-lm's unquantized ``BatchKVCache``, over random scripts.
+"""A batch cache's recent window (``BatchQuantizedKVCache(recent=R)``,
+``BatchRotatingQuantizedKVCache(..., recent=R)``) in lockstep with mlx-lm's
+unquantized ``BatchKVCache`` / ``BatchRotatingKVCache``, over random scripts.
 
 The scripts of test_batch_caches.py (batches made from left-padded prompts,
 right-padded prompts finalized, single caches merged; decode steps, chunks,
@@ -23,29 +24,40 @@ import mlxq
 from mlxq.split import RecentSplit
 
 
-def in_order(split: RecentSplit) -> mx.array:
-    """A fetch's exact rows oldest first (a decode step's come in ring order)."""
+def exact_columns(split: RecentSplit) -> np.ndarray:
+    """The fetch columns (mlx-lm's fetch, the mask) of a split's exact rows:
+    in order after the quantized rows, or a decode step's ring slots."""
     if split.columns is None:
-        return split.exact
-    order = np.argsort(np.asarray(split.columns))
-    return split.exact[..., mx.array(order), :]
+        n = split.quantized_length
+        return np.arange(n, n + split.exact.shape[2])
+    return np.asarray(split.columns)
 
 
 class WindowScript(Script):
-    def __init__(self, seed, R, **kw):
-        super().__init__(seed, 64, 4, mx.bfloat16, rotating=False, **kw)
+    def __init__(self, seed, R, rotating=False, max_size=None, **kw):
+        max_size = max_size or R + 1 + int(np.random.default_rng(seed).integers(0, 9))
+        super().__init__(seed, 64, 4, mx.bfloat16, rotating=rotating, max_size=max_size, **kw)
         self.R = R
-        self.smaller = R < 8
+        self.smaller = R < 8 and not rotating
         self.full = True  # every sequence's last R tokens exact (until a trim)
 
     def empty_pair(self, left_padding):
         ours, theirs = super().empty_pair(left_padding)
-        ours = mlxq.BatchQuantizedKVCache(left_padding, **self.ours_q, recent=self.R)
-        ours.step = 16
+        if self.rotating:
+            ours = mlxq.BatchRotatingQuantizedKVCache(
+                self.max_size, left_padding, **self.ours_q, recent=self.R
+            )
+        else:
+            ours = mlxq.BatchQuantizedKVCache(left_padding, **self.ours_q, recent=self.R)
+            ours.step = 16
         return ours, theirs
 
     def single_pair(self, n):
-        ours, theirs = mlxq.QuantizedKVCache(**self.ours_q, recent=self.R), lm.KVCache()
+        if self.rotating:
+            ours = mlxq.RotatingQuantizedKVCache(self.max_size, 0, **self.ours_q, recent=self.R)
+            theirs = lm.RotatingKVCache(self.max_size)
+        else:
+            ours, theirs = mlxq.QuantizedKVCache(**self.ours_q, recent=self.R), lm.KVCache()
         done = 0
         while done < n:
             T = 1 if self.rng.random() < 0.5 else int(self.rng.integers(1, n - done + 1))
@@ -55,51 +67,59 @@ class WindowScript(Script):
             done += T
         return ours, theirs
 
+    def padded(self, ours) -> bool:
+        """Whether a right-padded prefill is under way (rows past a prompt are padding)."""
+        return getattr(ours, "_right_padding", None) is not None or (
+            getattr(ours, "_lengths", None) is not None
+        )
+
     def step(self, pair, T):
         ours, theirs = pair
-        prev = ours._idx
+        prev = ours._offset if self.rotating else ours._idx
         k, v = self.kv(theirs.offset.shape[0], T)
-        mask = ours.make_mask(T) if ours._right_padding is None else None  # (as a model makes it)
+        mask = None if self.padded(ours) else ours.make_mask(T)  # (as a model makes it)
         got = ours.update_and_fetch(k, v)
         want = theirs.update_and_fetch(k, v)
         assert all(isinstance(g, RecentSplit) for g in got)
         n = got[0].quantized_length
-        if self.full and ours._right_padding is None:
-            assert n == max(prev - self.R, 0), (n, prev, self.R)
-        lp = np.array(theirs.left_padding)
+        if self.full and mask is not None:
+            assert got[0].exact.shape[2] == min(prev, self.R) + T, (prev, self.R, T)
         for g, w in zip(got, want):
-            self.assert_quantized(g.quantized, w[..., :n, :])
-            exact = np.array(in_order(g).astype(mx.float32))
-            ref = np.array(w[..., n:, :].astype(mx.float32))
+            cols = exact_columns(g)
+            if g.hidden is None:  # rows before the split quantized, the window's not
+                self.assert_quantized(g.quantized, w[..., :n, :])
+            else:  # the whole ring quantized, the window's slots hidden
+                self.assert_quantized(g.quantized, w)
+                assert np.array_equal(np.flatnonzero(np.array(g.hidden)), np.sort(cols))
+            exact = np.array(g.exact.astype(mx.float32))
+            ref = np.array(w[..., mx.array(cols), :].astype(mx.float32))
             assert exact.shape == ref.shape
-            if ours._right_padding is not None:
+            if mask is None:
                 continue  # (a right-padded prefill: rows past a prompt are padding)
+            real = np.array(mask).any(axis=2)[:, 0, cols]  # [B, rows]: a sequence's own
             for b in range(ref.shape[0]):
-                real = max(int(lp[b]) - n, 0)  # the sequence's rows within the exact part
-                assert np.array_equal(exact[b, :, real:], ref[b, :, real:]), b
-        self.attend(ours, theirs, got, T, mask)
+                assert np.array_equal(exact[b][:, real[b]], ref[b][:, real[b]]), b
+        self.attend(got, want, T, mask)
         self.check(pair)
 
-    def attend(self, ours, theirs, got, T, mask):
+    def attend(self, got, want, T, mask):
         """mlxq.sdpa over the split equals float64 attention over mlx-lm's
-        rows, those before the split dequantized."""
-        if theirs.offset.shape[0] == 0:
+        fetch, its rows outside the window as stored (mx.quantize of mlx-lm's)."""
+        B = want[0].shape[0]
+        if B == 0 or mask is None:
             return
-        B = theirs.offset.shape[0]
         q = mx.array(self.rng.standard_normal((B, 2 * 2, T, 128)).astype(np.float32))
         q = q.astype(mx.bfloat16)
-        if mask is None:
-            return
-        n = got[0].quantized_length
         out = mlxq.sdpa(q, got[0], got[1], scale=128**-0.5, mask=mask)
-        # float64: rows before the split as stored (mx.quantize of mlx-lm's), then exact.
-        rows = []
-        for t in (theirs.keys, theirs.values):
-            t = t[..., : ours._idx, :]
-            head = dequantize64(quantize(t[..., :n, :], 64, 4), 64, 4) if n else None
-            tail = to_f64(t[..., n:, :])
-            rows.append(tail if head is None else np.concatenate([head, tail], axis=2))
-        K, V = rows
+        cols = exact_columns(got[0])
+        K, V = (
+            np.where(
+                np.isin(np.arange(w.shape[2]), cols)[None, None, :, None],
+                to_f64(w),
+                dequantize64(quantize(w, 64, 4), 64, 4),
+            )
+            for w in want
+        )
         q64, vis = to_f64(q), np.array(mask)
         rep = q64.shape[1] // K.shape[1]
         K, V = np.repeat(K, rep, axis=1), np.repeat(V, rep, axis=1)
@@ -133,7 +153,7 @@ class WindowScript(Script):
                 mine, stock = pair[0].extract(i), pair[1].extract(i)
                 self.check_extracted(mine, stock)
                 self.check_window(mine, stock)
-            elif op == "trim":
+            elif op == "trim" and (not self.rotating or pair[1].is_trimmable()):
                 n = int(self.rng.integers(0, 3))
                 assert pair[0].trim(n) == pair[1].trim(n)
                 self.full = self.full and n == 0
@@ -142,18 +162,18 @@ class WindowScript(Script):
     def check_window(self, mine, stock):
         """An extracted sequence keeps its window: its next step reads its
         last R tokens exactly."""
+        prev = mine.offset
         k, v = self.kv(1, 1)
         got = mine.update_and_fetch(k, v)
         want = stock.update_and_fetch(k, v)
-        n = got[0].quantized_length
         if self.full:
-            assert n == max(mine.offset - 1 - self.R, 0)
+            assert got[0].exact.shape[2] == min(prev, self.R) + 1
         for g, w in zip(got, want):
-            exact = in_order(g)
-            assert mx.array_equal(exact, w[..., n : mine.offset, :]).item()
+            assert mx.array_equal(g.exact, w[..., mx.array(exact_columns(g)), :]).item()
 
 
 @pytest.mark.parametrize("R", [3, 8, 40])
+@pytest.mark.parametrize("rotating", [False, True], ids=["growing", "rotating"])
 @pytest.mark.parametrize("seed", range(3))
-def test_window_lockstep_with_mlx_lm(seed, R):
-    WindowScript(seed, R).run()
+def test_window_lockstep_with_mlx_lm(seed, rotating, R):
+    WindowScript(seed, R, rotating).run()

@@ -166,6 +166,39 @@ def test_one_pass_prefill_attends_the_dequantized_rows_then_the_window(
     assert np.max(np.abs(to_f64(out) - ref)) < tolerance()
 
 
+@pytest.mark.parametrize("mask", [None, "causal", "array"])
+@pytest.mark.parametrize("sinks_dtype", [None, mx.float32, mx.bfloat16])
+def test_a_first_chunk_attends_its_exact_rows_alone(rng, mask, sinks_dtype):
+    """A window cache's first prefill chunk has no quantized row: on a GPU
+    it attends its exact rows through mx.fast where that agrees with mlxq
+    (else float32 MLX ops). Checked here through the same function."""
+    from mlxq.attention import _exact_only
+
+    L = T = 24
+    k, v = kv(rng, T, D=64)
+    k, v = k.astype(mx.bfloat16), v.astype(mx.bfloat16)
+    q = mx.array(rng.standard_normal((1, 4, L, 64)).astype(np.float32)).astype(mx.bfloat16)
+    sinks = None
+    if sinks_dtype is not None:
+        sinks = mx.array(rng.normal(0.5, 1.5, 4).astype(np.float32)).astype(sinks_dtype)
+    vis = np.tril(np.ones((L, T), bool)) if mask != "array" else rng.random((L, T)) < 0.6
+    if mask == "array":
+        vis[:, 0] = True
+    m = mx.array(vis) if mask == "array" else mask
+    out = _exact_only(q, k, v, 0.125, m, sinks, None)
+    K, V = np.repeat(to_f64(k), 2, axis=1), np.repeat(to_f64(v), 2, axis=1)
+    s = np.einsum("bhld,bhnd->bhln", to_f64(q), K) * 0.125
+    if mask is not None:
+        s = np.where(vis, s, -np.inf)
+    if sinks is not None:
+        sink = np.broadcast_to(to_f64(sinks)[None, :, None, None], s.shape[:3] + (1,))
+        s = np.concatenate([s, sink], axis=-1)
+        V = np.concatenate([V, np.zeros_like(V[:, :, :1])], axis=2)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = np.einsum("bhln,bhnd->bhld", p / p.sum(-1, keepdims=True), V)
+    assert np.max(np.abs(to_f64(out) - ref)) < 2e-2
+
+
 @pytest.mark.parametrize("L", [5, 1])
 def test_an_array_mask_is_cut_at_the_window(rng, L):
     # L = 1: a decode step with a full window, whose exact rows come in ring order.
@@ -282,7 +315,7 @@ def test_a_window_over_everything_generates_as_unquantized(arch):
         got = generate(model, prompt, 24, kv_bits=4, kv_group_size=32, quantized_kv_start=0)
         assert mlxq_lm.counters()["mlxq"] > 0
     assert got == want
-    assert mlxq_lm.settings().kv_recent == 0  # disable() resets it
+    assert mlxq_lm.settings().kv_recent is None  # disable() resets it: the recipe
 
 
 def test_a_short_window_still_generates_and_stays_near_unquantized():
@@ -299,9 +332,66 @@ def test_cli_kv_recent(capsys):
     args = ["--random-model", "llama", "--max-tokens", "4", "--prompt-tokens", "40"]
     main(args + ["--kv-bits", "4", "--kv-recent", "16"])
     out, _ = capsys.readouterr()
-    assert "Generation: 4 tokens" in out and mlxq_lm.settings().kv_recent == 0
+    assert "Generation: 4 tokens" in out and mlxq_lm.settings().kv_recent is None
     with pytest.raises(SystemExit):
         main(args + ["--kv-recent", "16"])  # without --kv-bits
+
+
+@pytest.mark.parametrize(
+    "bits, recent, max_kv_size, want",
+    [
+        (4, None, None, 128),  # the recipe
+        (2, None, None, 128),
+        (5, None, None, 0),  # above 4 bits: none unless asked
+        (8, None, None, 0),
+        (4, 0, None, 0),  # turned off by name
+        (8, 32, None, 32),
+    ],
+)
+def test_the_recipe_is_what_kv_bits_gets(bits, recent, max_kv_size, want, capsys):
+    """Under enable(), caches of at most 4 bits keep the last 128 tokens
+    exact unless kv_recent says otherwise, and mlxq-generate says which."""
+    from mlxq.generate import main
+
+    model, _ = random_model("llama", seed=2)
+    with mlxq_lm.enable(kv_recent=recent):
+        from mlx_lm.models.cache import make_prompt_cache  # (enable() replaces it)
+
+        assert mlxq_lm.settings().recent_for(bits) == (want if max_kv_size is None else 128)
+        caches = make_prompt_cache(model, max_kv_size, kv_bits=bits)
+    assert {(c.bits, c.recent) for c in caches} == {(bits, want)}
+    if max_kv_size is None:
+        args = ["--random-model", "llama", "--max-tokens", "2", "--prompt-tokens", "20"]
+        args += ["--kv-bits", str(bits)] + ([] if recent is None else ["--kv-recent", str(recent)])
+        main(args)
+        err = capsys.readouterr().err
+        assert (f"the last {want} tokens exact" in err) == bool(want), err
+        assert ("--kv-recent 0 turns it off" in err) == (recent is None and bits <= 4), err
+
+
+def test_the_recipe_passes_by_caches_that_keep_no_window():
+    """Chunked-attention caches keep no window: the recipe leaves them
+    without one (no error), a kv_recent asked for by name is refused; a
+    sliding window's ring keeps what fits. (MLA latent caches:
+    tests/lm/test_mla.py.)"""
+    from mlx_lm.models.cache import ChunkedKVCache, RotatingKVCache
+
+    from mlxq.mlx_lm.caches import quantize_caches
+    from mlxq.mlx_lm.settings import Settings
+
+    def chunked():
+        c = ChunkedKVCache(16)
+        c.update_and_fetch(mx.zeros((1, 2, 3, 64)), mx.zeros((1, 2, 3, 64)))
+        return c
+
+    ring = RotatingKVCache(40, keep=4)
+    ring.update_and_fetch(mx.zeros((1, 2, 3, 64)), mx.zeros((1, 2, 3, 64)))
+    caches = [chunked(), ring]
+    quantize_caches(caches, 0, 64, 4, Settings())
+    assert caches[1].recent == 40 - 4 - 1  # a ring's window holds at most this
+    assert isinstance(caches[0], mlxq.ChunkedQuantizedKVCache) and caches[0].bits == 4
+    with pytest.raises(ValueError, match="kv_recent=0"):
+        quantize_caches([chunked()], 0, 64, 4, Settings(kv_recent=16))
 
 
 ROTATING_STEPS = [5, 1, 1, 7] + [1] * 40 + [20] + [1] * 12 + [3] + [1] * 6

@@ -298,16 +298,18 @@ def test_an_unquantized_batch_joined_by_a_quantized_one_takes_its_format():
     assert k.format.hadamard and (v.group_size, v.bits) == (64, 4)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
 def test_a_recent_window_batches_too(arch):
-    """enable(kv_recent=R) reaches the batch caches: every sequence keeps its
-    last R tokens exact through prefill, joins and leaves, and its tokens
-    equal generating it alone with the same window. A window that the
-    batch dropped would read those tokens 4-bit (the one-by-one tokens part
-    from the batch's within a few steps on these models)."""
+    """enable(kv_recent=R) reaches the batch caches, growing ones and
+    sliding-window rings (gemma3): every sequence keeps its last R tokens
+    exact through prefill, joins and leaves, and its tokens equal generating
+    it alone with the same window. A window that the batch dropped would
+    read those tokens 4-bit (the one-by-one tokens part from the batch's
+    within a few steps on these models)."""
     model, tok = random_model(arch, seed=5, dtype=mx.float32)
     first, later = prompts(3, (9, 41, 23)), prompts(4, (30, 47))
     lengths = [14, 20, 9, 16, 18]
+    kinds = (mlxq.BatchQuantizedKVCache, mlxq.BatchRotatingQuantizedKVCache)
     with mlxq_lm.enable(kv_recent=8):
         gen = lm_generate.BatchGenerator(
             model, kv_bits=4, prefill_batch_size=2, completion_batch_size=8
@@ -316,7 +318,7 @@ def test_a_recent_window_batches_too(arch):
 
         def each_step():
             batch = gen._generation_batch.prompt_cache
-            windows.extend(c._recent for c in batch if isinstance(c, mlxq.BatchQuantizedKVCache))
+            windows.extend(c._recent for c in batch if isinstance(c, kinds))
 
         uids, out = run_continuous(gen, first, later, lengths, join_at=3, each_step=each_step)
         assert windows and all(w is not None and w.size == 8 for w in windows)
@@ -324,9 +326,21 @@ def test_a_recent_window_batches_too(arch):
             assert out[uid] == one_by_one(model, p, 4, max_tokens=n), uid
 
 
-def test_sliding_window_batches_say_they_keep_no_window():
-    """gemma3's sliding-window layers batch as rings, which keep no window:
-    a warning says so rather than reading those tokens quantized silently."""
+@pytest.mark.parametrize(
+    "bits, recent, want", [(4, None, 128), (3, None, 128), (8, None, 0), (4, 0, 0), (4, 16, 16)]
+)
+def test_the_recipe_reaches_batches(bits, recent, want):
+    """``kv_bits`` of 4 or fewer keeps the recipe's window in batch caches,
+    rings included (at most their max_size - 1), unless kv_recent says
+    otherwise; 8 bits keep none."""
     model, tok = random_model("gemma3", seed=5, dtype=mx.float32)
-    with mlxq_lm.enable(kv_recent=8), pytest.warns(UserWarning, match="keeps no recent window"):
-        lm_generate.batch_generate(model, tok, prompts(3, (9, 41)), max_tokens=3, kv_bits=4)
+    with mlxq_lm.enable(kv_recent=recent):
+        gen = lm_generate.BatchGenerator(model, kv_bits=bits, completion_batch_size=4)
+        gen.insert(prompts(3, (9, 41)), [2, 2])
+        gen.next_generated()
+        caches = gen._generation_batch.prompt_cache
+        gen.close()
+    sizes = {type(c).__name__: getattr(c, "recent", None) for c in caches}
+    rings = [c for c in caches if isinstance(c, mlxq.BatchRotatingQuantizedKVCache)]
+    assert rings and sizes["BatchQuantizedKVCache"] == want
+    assert all(c.recent == min(want, c.max_size - 1) for c in rings)

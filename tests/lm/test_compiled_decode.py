@@ -86,8 +86,9 @@ def _disabled():
     mlxq_lm.disable()
 
 
-def _generate(model, prompt, n, compiled, **kw):
-    mlxq_lm.enable(compiled_decode=compiled)
+def _generate(model, prompt, n, compiled, kv_recent=0, **kw):
+    # (kv_recent=0: the 4-bit recipe's window decodes eagerly, see below)
+    mlxq_lm.enable(compiled_decode=compiled, kv_recent=kv_recent)
     kw.setdefault("quantized_kv_start", 0)
     steps = generate_module.generate_step(prompt, model, max_tokens=n, prefill_step_size=16, **kw)
     return [(t, lp) for t, lp in steps]
@@ -177,7 +178,7 @@ def _ring_signatures(positions, w):
 def test_trim_then_decode_is_bit_identical(rng):
     """A trim (speculative decoding's rollback) and a continued compiled
     decode match eager decode over the same steps."""
-    mlxq_lm.enable()
+    mlxq_lm.enable(kv_recent=0)
     model, _ = random_model("llama")
     prompt = mx.array(rng.integers(0, 256, (1, 300)))
 
@@ -206,7 +207,7 @@ def test_trim_then_decode_is_bit_identical(rng):
 def test_handed_out_buffers_are_copied_not_overwritten(rng):
     """A cache whose state was handed out copies its buffers before the
     graph writes in place: the state a caller kept does not change."""
-    mlxq_lm.enable()
+    mlxq_lm.enable(kv_recent=0)
     model, _ = random_model("llama")
     cache = mlxq_lm.make_prompt_cache(model, kv_bits=4)
     mx.eval(model(mx.array(rng.integers(0, 256, (1, 20))), cache=cache))
@@ -244,13 +245,15 @@ def test_what_it_cannot_compile_decodes_eagerly_with_a_reason(rng, caplog):
     eager decode, give the same tokens, and log why."""
     model, _ = random_model("llama")
     prompt = mx.array(rng.integers(0, 256, (PROMPT,)))
-    mlxq_lm.enable(kv_recent=8)
-    eager = _generate(model, prompt, 30, False, kv_bits=4)
-    mlxq_lm.enable(kv_recent=8)
+    eager = _generate(model, prompt, 30, False, kv_recent=8, kv_bits=4)
     with caplog.at_level(logging.DEBUG, logger="mlxq.compiled"):
-        compiled = _generate(model, prompt, 30, True, kv_bits=4)
+        with pytest.warns(UserWarning, match="kv_recent=0"):
+            compiled = _generate(model, prompt, 30, True, kv_recent=8, kv_bits=4)
     _assert_identical(eager, compiled)
     assert "recent" in caplog.text
+    fresh, _ = random_model("llama")  # (each model's decoder warns once)
+    with pytest.warns(UserWarning, match="kv_recent=0"):  # the recipe's window alike
+        _generate(fresh, prompt, 3, True, kv_recent=None, kv_bits=4)
     mlxq_lm.disable()
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="mlxq.compiled"):
@@ -317,7 +320,7 @@ def test_ring_plans_follow_mlx_lms_ring(rng):
 def _continuous_batch(model, compiled, kv_bits=4):
     """A continuous batch (joins mid-generation, a removal, different
     lengths): each sequence's tokens and log-probabilities."""
-    mlxq_lm.enable(compiled_decode=compiled)
+    mlxq_lm.enable(compiled_decode=compiled, kv_recent=0)
     rng = np.random.default_rng(5)
     first = [[int(t) for t in rng.integers(1, 255, n)] for n in (9, 41, 3)]
     later = [[int(t) for t in rng.integers(1, 255, n)] for n in (26, 300)]

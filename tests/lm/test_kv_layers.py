@@ -35,9 +35,11 @@ def test_each_named_cache_gets_its_own_setting(model):
     with mlxq_lm.enable(kv_layers={0: "8", 2: "8/4+hadamard", "3": 2}):
         mlxq_lm.reset_counters()
         _, cache = greedy(model, kv_bits=4, quantized_kv_start=0)
+        # The base setting (kv_bits=4) keeps the recipe's window; each
+        # kv_layers entry is its cache's whole setting.
         assert formats(cache) == [
             (8, 8, False, 0),
-            (4, 4, False, 0),
+            (4, 4, False, 128),
             (8, 4, True, 0),
             (2, 2, False, 0),
         ]
@@ -52,7 +54,7 @@ def test_layers_alone_do_not_quantize(model):
 
 
 def test_a_window_for_one_layer(model):
-    with mlxq_lm.enable(kv_layers={1: "4+recent4"}):
+    with mlxq_lm.enable(kv_layers={1: "4+recent4"}, kv_recent=0):
         got, cache = greedy(model, kv_bits=4, quantized_kv_start=0)
         assert [c.recent for c in cache] == [0, 4, 0, 0] and len(got) == 6
 

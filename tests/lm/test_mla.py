@@ -82,6 +82,7 @@ def test_kv_bits_gives_latent_caches(enabled, model, bits):
     got = greedy(model, p, prompt_cache=cache, kv_bits=bits, quantized_kv_start=0)
     assert all(getattr(c, "format", None) is not None and c.format.latent for c in cache)
     assert all(c.bits == bits for c in cache)
+    assert all(c.recent == 0 for c in cache)  # the 4-bit recipe's window passes latents by
     if bits == 8:
         assert got == greedy(model, p)
 

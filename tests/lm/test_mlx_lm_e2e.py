@@ -255,7 +255,9 @@ def test_generate_step_quantizes_from_the_first_chunk(arch):
     model, _ = random_model(arch)
     prompt = mx.array(tokens(8, 100))
     layers = len(model.layers)
-    with mlxq_lm.enabled():
+    # (kv_recent=0: the quantized buffers' writes alone; the window's ring is
+    # test_the_windows_ring_copies_only_when_it_changes_shape's)
+    with mlxq_lm.enable(kv_recent=0):
         mlxq_lm.reset_counters()
         mlxq._ext._take_ring_copies()
         out = [
@@ -294,6 +296,26 @@ def test_generate_step_quantizes_from_the_first_chunk(arch):
     assert copies == 0, f"{copies} cache writes copied their buffers"
     # Quantized once the offset reaches 64: chunks 1-2 (offsets 0, 32) on bf16.
     assert later.get("mlx_lm", 0) == 2 * layers and later["mlxq"] == 7 * layers, later
+
+
+def test_the_windows_ring_copies_only_when_it_changes_shape():
+    """Under generate_step the recipe's window writes its ring in place: it
+    copies once per layer's K and V where the prefill's last fetch still
+    holds it (the first decode step) and where the window first fills (the
+    ring served in order becomes the ring served as laid out), never in
+    steady decoding."""
+    model, _ = random_model("llama")
+    layers = len(model.layers)
+    with mlxq_lm.enabled():
+        mlxq._ext._take_ring_copies()
+        copies = []
+        steps = lm_generate.generate_step(
+            mx.array(tokens(8, 100)), model, max_tokens=60, kv_bits=4, prefill_step_size=32
+        )
+        for _ in steps:
+            copies.append(mlxq._ext._take_ring_copies())
+    assert sum(copies) <= 4 * layers, copies
+    assert sum(copies[30:]) == 0, copies  # steady decoding past the fill at 128 tokens
 
 
 def _quantized_cache_and_kv(rng_seed, Hq=8, Hkv=2, L=1, N=40, D=64, bits=BITS):
@@ -353,7 +375,9 @@ def test_saved_prompt_cache_loads_and_continues_identically(arch, tmp_path):
     model, tokenizer = random_model(arch)
     prompt, cont = tokens(8, 90), tokens(9, 24)
     path = str(tmp_path / "prompt.safetensors")
-    with mlxq_lm.enabled():
+    # (kv_recent=0: a file holds every token quantized, not the recipe's exact
+    # window, so only caches without one continue identically after a load)
+    with mlxq_lm.enable(kv_recent=0):
         cache = lm_cache.make_prompt_cache(model)
         for chunk in (prompt[:50], prompt[50:]):
             model(mx.array([chunk]), cache=cache)

@@ -29,6 +29,7 @@ from support.masks import MASK_KINDS, make_mask
 from support.reference64 import sdpa64
 
 import mlxq
+from mlxq import routing
 
 BITS = [2, 3, 4, 5, 6, 8]
 GROUP_SIZES = [32, 64, 128]
@@ -161,7 +162,7 @@ def check_pair(
     )
     sinks = random_sinks(rng, Hq)
     scale = D**-0.5
-    old = mlxq.routing.set_dequantized_prefill(False)  # mlxq's own kernels
+    old = routing.set_dequantized_prefill(False)  # mlxq's own kernels
     try:
         mlxq._ext._take_last_sdpa_kernel()
         out = mlxq.sdpa(
@@ -170,7 +171,7 @@ def check_pair(
         mx.eval(out)
         assert_cuda_kernel(kernel)
     finally:
-        mlxq.routing.set_dequantized_prefill(old)
+        routing.set_dequantized_prefill(old)
     ref = sdpa64(
         q,
         k,

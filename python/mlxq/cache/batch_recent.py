@@ -89,6 +89,12 @@ def plain_rows(keys: mx.array, values: mx.array, end: int, size: int) -> Rows:
     return lo, keys[..., lo:end, :], values[..., lo:end, :]
 
 
+def newest_rows(keys: mx.array, values: mx.array, end: int) -> Rows:
+    """Unquantized rows in order, the last at position ``end - 1``: as
+    many as they hold."""
+    return end - keys.shape[2], keys, values
+
+
 def joined(size: int, sides: Sequence[Tuple[Rows, int, int]], end: int) -> RecentWindow:
     """One window over sides stacked along the batch (``extend``,
     ``merge``), each ``(rows, side_end, sequences)``: a batch's or a single
@@ -138,6 +144,7 @@ __all__ = [
     "rolled",
     "filtered",
     "plain_rows",
+    "newest_rows",
     "joined",
     "sequence_rows",
 ]

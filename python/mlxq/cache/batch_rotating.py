@@ -12,11 +12,16 @@ batch (see batch.py for the batch side). Step for step as mlx-lm's:
 * ``prepare(lengths=, right_padding=)`` makes that longer step roll each
   right-padded sequence first, so padding never evicts its tokens.
 
+``recent=R`` (``R < max_size``) keeps every sequence's last ``R`` tokens
+exact, as :class:`~mlxq.RotatingQuantizedKVCache` does for one sequence: a
+:class:`~mlxq.cache.recent.RecentWindow` over the ring's written rows
+(``_offset``), which every sequence shares (see batch_recent.py for how
+the batch operations move it).
+
 mlx-lm's own class raises in ``to_quantized``; this one is what its
 ``to_quantized`` returns while :mod:`mlxq.mlx_lm` is enabled.
 """
 
-import warnings
 from typing import Optional, Sequence
 
 import mlx.core as mx
@@ -25,11 +30,13 @@ import numpy as np
 from ..arguments import as_int
 from ..kv_format import KVFormat
 from ..masks import left_padded
-from . import batch_rows, checks, decode_step, quantized
+from ..split import RecentSplit
+from . import batch_recent, batch_rows, checks, decode_step, quantized
 from .base import BaseCache
 from .batch_rows import host_ints, set_rows
 from .decode_step import DecodePlan
 from .decode_step import remember_mask as _remember_mask
+from .recent import window_for
 from .rotating import RotatingQuantizedKVCache, grow_ring, overwrite_in_place
 
 
@@ -39,6 +46,7 @@ class BatchRotatingQuantizedKVCache(BaseCache):
 
     mlx_lm_name = "BatchRotatingQuantizedKVCache"  # mlx-lm has no such class
     format = KVFormat()
+    recent = 0
     to_quantized = quantized.already_quantized
 
     def __init__(
@@ -50,6 +58,7 @@ class BatchRotatingQuantizedKVCache(BaseCache):
         hadamard: bool = False,
         v_group_size: Optional[int] = None,
         v_bits: Optional[int] = None,
+        recent: int = 0,
         *,
         kv_rotate: Optional[bool] = None,
     ):
@@ -57,8 +66,9 @@ class BatchRotatingQuantizedKVCache(BaseCache):
         self.values = None
         where = self._where("__init__")
         self.max_size = as_int(max_size, "max_size", where, minimum=1)
-        hadamard, _ = quantized.options(where, hadamard, kv_rotate=kv_rotate)
+        hadamard, recent = quantized.options(where, hadamard, recent, kv_rotate=kv_rotate)
         self.format = KVFormat(group_size, bits, v_group_size, v_bits, hadamard)
+        self.recent = recent
         self._idx = 0
         self._offset = 0  # tokens written to the ring (the batch's longest)
         self.rotated = False
@@ -68,6 +78,15 @@ class BatchRotatingQuantizedKVCache(BaseCache):
 
     def _configure(self) -> None:
         self._store = quantized.store(self)
+        where = self._where("__init__")
+        self.recent = as_int(self.recent, "recent", where, minimum=0)
+        if self.recent and self.recent >= self.max_size:
+            raise ValueError(
+                f"[{where}] recent ({self.recent}) must be < max_size ({self.max_size}): "
+                "the window must fit in the ring."
+            )
+        # (from_state configures before the ring's positions are known)
+        self._recent = window_for(self._recent, self.recent, getattr(self, "_offset", 0))
 
     def _used(self) -> int:
         return min(self._offset, self._store.length(self.keys))
@@ -75,11 +94,38 @@ class BatchRotatingQuantizedKVCache(BaseCache):
     # ------------------------------------------------------------- writes
     def update_and_fetch(self, keys, values):
         """One token: written at ring row ``_idx``, the ring returned in ring
-        order. Several: the kept context in temporal order, then the new rows."""
+        order. Several: the kept context in temporal order, then the new rows.
+        With ``recent``, a :class:`RecentSplit` of keys and one of values:
+        as :class:`~mlxq.RotatingQuantizedKVCache` splits its fetches."""
         batch_rows.check_batch(self, keys)
-        if checks.update(self, keys, values) == 1:
-            return self._update_in_place(keys, values)
-        return self._fetched(*self._update_concat(keys, values))
+        one = checks.update(self, keys, values) == 1
+        prev = self._offset
+        if self._recent is None:
+            return (
+                self._update_in_place(keys, values)
+                if one
+                else self._fetched(*self._update_concat(keys, values))
+            )
+        if not one:
+            k_all, v_all = self._update_concat(keys, values)
+            lo, exact_k, exact_v, _ = self._recent.step(keys, values, prev)
+            n = self._store.length(k_all) - (self._offset - lo)
+            rows = self._store.rows
+            qk, qv = self._fetched(rows(k_all, stop=n), rows(v_all, stop=n))
+            return RecentSplit(qk, exact_k), RecentSplit(qv, exact_v)
+        qk, qv = self._update_in_place(keys, values)
+        lo, exact_k, exact_v, order = self._recent.step(keys, values, prev)
+        # The ring slots of positions [lo, prev], newest first (back from the
+        # slot just written, wrapping: a batch ring keeps no tokens), hidden
+        # from the quantized part; each exact row's mask column is its slot.
+        length = self._store.length(self.keys)  # a ring still filling has spare rows
+        slots = (self._idx - 1 - np.arange(self._offset - lo)) % length
+        hidden = np.zeros(self._store.length(qk), dtype=np.bool_)
+        hidden[slots] = True
+        t = np.arange(self._offset - lo) if order is None else order
+        columns = slots[prev - lo - t]
+        hidden = mx.array(hidden)
+        return RecentSplit(qk, exact_k, hidden, columns), RecentSplit(qv, exact_v, hidden, columns)
 
     def _to_temporal_order(self) -> None:
         """Unroll a wrapped ring so that row 0 is the oldest."""
@@ -109,7 +155,7 @@ class BatchRotatingQuantizedKVCache(BaseCache):
                 self.keys = store.rows(self.keys, stop=self._idx)
                 self.values = store.rows(self.values, stop=self._idx)
             if self._lengths is not None:  # padded sequences: roll, so none is cut short
-                batch_rows.roll(self, np.maximum(0, self._off - self._lengths))
+                self._roll(np.maximum(0, self._off - self._lengths), widened=True)
             trim_size = self._idx - self.max_size + 1
             lp = self._lp - trim_size if trim_size > 0 else self._lp
             set_rows(self, lp, self._off)
@@ -204,13 +250,24 @@ class BatchRotatingQuantizedKVCache(BaseCache):
     # ------------------------------------------------------------- padding
     def _take_right_padding(self, lengths, right_padding) -> None:
         self._lengths = lengths + self._off
+        if self._recent is not None:  # room for the rows the rolls bring in
+            more = int(np.max(right_padding, initial=0))
+            self._recent = batch_recent.widened(self._recent, more, self._offset)
+
+    def _roll(self, shifts: np.ndarray, widened: bool) -> None:
+        """Roll each sequence right by ``shifts`` rows, its window too (kept
+        ``widened`` while more right-padded rows may come)."""
+        batch_rows.roll(self, shifts)
+        if self._recent is not None:
+            size = self._recent.size if widened else self.recent
+            self._recent = batch_recent.rolled(self._recent, size, shifts, self._offset)
 
     def finalize(self) -> None:
         """After a right-padded prefill: roll each sequence's padding to its left."""
         if self._lengths is not None:
             shifts = np.maximum(0, self._off - self._lengths)
             self._lengths = None
-            batch_rows.roll(self, shifts)
+            self._roll(shifts, widened=False)
 
     # ---------------------------------------------------------------- state
     @property
@@ -242,6 +299,8 @@ class BatchRotatingQuantizedKVCache(BaseCache):
         self.rotated = bool(rotated)
         self._lengths = None
         self._adopt(keys, values, "state")
+        if self._recent is not None:  # adopted rows were never held exactly
+            self._recent.reset(self._offset)
 
     # ------------------------------------------------------------ the rest
     def size(self) -> int:
@@ -255,6 +314,8 @@ class BatchRotatingQuantizedKVCache(BaseCache):
         self._offset -= n
         self._idx -= n
         set_rows(self, self._lp, self._off - n)
+        if self._recent is not None and n:
+            self._recent.trimmed(self._offset + n, self._offset)
         return n
 
     def make_mask(self, N: int, window_size=None, return_array: bool = False, **kwargs):
@@ -277,6 +338,9 @@ class BatchRotatingQuantizedKVCache(BaseCache):
     def filter(self, batch_indices) -> None:
         """Keep only the sequences ``batch_indices``."""
         batch_rows.filter_rows(self, batch_indices)
+        if self._recent is not None:
+            take = np.asarray(batch_indices, dtype=np.int64).reshape(-1)
+            self._recent = batch_recent.filtered(self._recent, take, self._offset, 0)
 
     def extend(self, other) -> None:
         """Append ``other``'s sequences (both unrolled first unless their
@@ -288,15 +352,21 @@ class BatchRotatingQuantizedKVCache(BaseCache):
                     f"{self.max_size} with one of {other.max_size}."
                 )
         if not batch_rows.is_batch(other):
-            other = type(self).quantize(other, **self.format.kwargs())
+            other = type(self).quantize(other, **self.format.kwargs(), recent=self.recent)
         if (self.keys is not None or other.keys is not None) and (
             self.rotated != other.rotated or self._idx != other._idx
         ):
             self._to_temporal_order()
             other._to_temporal_order()
         offset = max(self._offset, other._offset)
+        sides = [  # (exact rows, end, sequences) of each side, in its own positions
+            (_exact_rows(self), self._offset, self.batch_size),
+            (_exact_rows(other), other._offset, len(other.offset)),
+        ]
         batch_rows.extend(self, other, self._where("extend"))
         self._offset = offset
+        if self._recent is not None:
+            self._recent = batch_recent.joined(self.recent, sides, offset)
 
     def extract(self, idx: int) -> RotatingQuantizedKVCache:
         """Sequence ``idx``'s ring as a :class:`~mlxq.RotatingQuantizedKVCache`
@@ -310,9 +380,16 @@ class BatchRotatingQuantizedKVCache(BaseCache):
             k, v = (self._store.map(t, lambda a: mx.roll(a, shift, axis=2)) for t in (k, v))
             end = self.max_size
         k, v = (self._store.map(t, lambda a: mx.contiguous(a[:, :, pad:end])) for t in (k, v))
-        cache = RotatingQuantizedKVCache(self.max_size, 0, **self.format.kwargs())
+        cache = RotatingQuantizedKVCache(
+            self.max_size, 0, **self.format.kwargs(), recent=self.recent
+        )
         self._handing_out()  # the copy is lazy: no in-place write before it is made
-        return cache.restore(k, v, int(self._off[idx]), self._store.length(k))
+        own = int(self._off[idx])
+        cache.restore(k, v, own, self._store.length(k))
+        if self._recent is not None:  # its positions: the batch's, less its padding
+            rows = batch_recent.sequence_rows(self._recent, idx, self._offset, self._offset - own)
+            cache._recent = batch_recent.rebuilt(self.recent, rows, own)
+        return cache
 
     @classmethod
     def merge(cls, caches: Sequence) -> "BatchRotatingQuantizedKVCache":
@@ -328,18 +405,16 @@ class BatchRotatingQuantizedKVCache(BaseCache):
                 f"[{where}] cannot batch rings of different max_size: {sorted(sizes)}."
             )
         params = batch_rows.quantized_like(caches, where).kwargs()
-        if any(getattr(c, "recent", 0) for c in caches):
-            warnings.warn(
-                f"[{where}] a batch of sliding-window rings keeps no recent window: its "
-                "sequences read their window tokens quantized (growing caches keep theirs).",
-                stacklevel=2,
-            )
+        recent = max((getattr(c, "recent", 0) for c in caches), default=0)
         lengths = [batch_rows.tokens_held(c) for c in caches]
         longest = max(lengths, default=0)
-        cache = cls(caches[0].max_size, [longest - n for n in lengths], **params)
+        cache = cls(caches[0].max_size, [longest - n for n in lengths], **params, recent=recent)
         batch_rows.take_sequences(cache, caches, lengths)
         set_rows(cache, cache._lp, np.array([int(c.offset) for c in caches], np.int64))
         cache._offset = cache._idx
+        if recent:  # each ring's tokens end at the batch's last row
+            sides = [(_exact_rows(c), int(c.offset), 1) for c in caches]
+            cache._recent = batch_recent.joined(recent, sides, cache._offset)
         return cache
 
     @classmethod
@@ -355,4 +430,24 @@ class BatchRotatingQuantizedKVCache(BaseCache):
         cache._offset, cache.rotated = batch._offset, batch.rotated
         lengths = getattr(batch, "_lengths", None)
         cache._lengths = None if lengths is None else host_ints(lengths, "lengths", where)
+        if cache._recent is not None:
+            cache._recent = batch_recent.rebuilt(cache.recent, _exact_rows(batch), cache._offset)
         return cache
+
+
+def _exact_rows(c) -> batch_recent.Rows:
+    """The rows a ring (a batch's or one sequence's) holds exactly at its
+    end, in its own positions: an mlxq cache's window, the newest rows of
+    an unquantized ring, else none."""
+    if getattr(c, "_recent", None) is not None:
+        return batch_recent.held(c._recent, c._offset if batch_rows.is_batch(c) else c.offset)
+    end = c._offset if hasattr(c, "_offset") else int(c.offset)
+    if c.keys is None or hasattr(c, "bits"):
+        return end, None, None
+    if hasattr(c, "_temporal_order"):  # one sequence's ring
+        keys, values = c._temporal_order(c.keys), c._temporal_order(c.values)
+    elif c.rotated:  # a batch's, wrapped at _idx
+        keys, values = (mx.roll(t, -c._idx, axis=2) for t in (c.keys, c.values))
+    else:
+        keys, values = c.keys[..., : c._idx, :], c.values[..., : c._idx, :]
+    return batch_recent.newest_rows(keys, values, end)

@@ -212,6 +212,12 @@ def check_adopt(cache, plan: Optional[DecodePlan], keys, values, where: str) -> 
 # plan), and ``_decoded(plan)``, the token counted once the graph has run.
 
 
+WINDOW_REFUSAL = (
+    "a cache with a recent window decodes eagerly (its exact window is not part of the "
+    "compiled step)"
+)
+
+
 def refusal(cache) -> Optional[str]:
     """Why ``cache`` cannot take a compiled step now, or None."""
     if not hasattr(cache, "_decode_slot"):
@@ -219,10 +225,7 @@ def refusal(cache) -> Optional[str]:
     if cache.keys is None:
         return "the cache is empty: a compiled step continues a prefill."
     if cache._recent is not None:
-        return (
-            "a cache with a recent window decodes eagerly (its exact window is not part "
-            "of the compiled step)."
-        )
+        return WINDOW_REFUSAL
     if cache._store.quantized and cache._store.format.latent:
         return "an MLA latent cache decodes eagerly (its RoPE keys are not quantized)."
     return None

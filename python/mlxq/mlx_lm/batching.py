@@ -20,7 +20,6 @@ cannot be merged. While mlxq is enabled:
 """
 
 import importlib
-import warnings
 from typing import Any, List, Optional
 
 from mlx_lm.models import cache as lm_cache
@@ -54,14 +53,11 @@ def quantize_batch(cache, group_size: int, bits: int, options: Settings):
     where its role says so (families.py)."""
     kind = _batch_kind(cache)
     extra = {"latent": True} if families.role_of(cache) == families.LATENT else {}
-    if kind is BatchQuantizedKVCache and not extra:
-        extra = {"recent": options.kv_recent}
-    elif options.kv_recent and not extra:
-        warnings.warn(
-            "[mlxq.mlx_lm] a batch of sliding-window rings keeps no recent window: its "
-            "sequences read their window tokens quantized (growing caches keep theirs).",
-            stacklevel=2,
-        )
+    if not extra:
+        recent = options.recent_for(bits)
+        if kind is BatchRotatingQuantizedKVCache:  # a sliding window's ring holds at most this
+            recent = max(0, min(recent, cache.max_size - 1))
+        extra = {"recent": recent}
     return kind.quantize(
         cache, group_size=group_size, bits=bits, **options.cache_options(), **extra
     )

@@ -64,9 +64,11 @@ def to_mlxq_quantized(cache, group_size: int, bits: int, options: Settings, late
                     "has no mlxq quantized version: run the model without kv_bits."
                 )
             return None
-        recent = options.kv_recent
+        # An MLA latent cache keeps no window (its RoPE keys are exact): the
+        # recipe passes it by; an explicit kv_recent reaches it and is refused.
+        recent = (options.kv_recent or 0) if latent else options.recent_for(bits)
         if isinstance(ours, RotatingKVCache):  # a sliding window's ring holds at most this
-            recent = min(recent, ours.max_size - ours.keep - 1)
+            recent = max(0, min(recent, ours.max_size - ours.keep - 1))
         extra = {"latent": True} if latent else {}
         return ours.to_quantized(
             recent=recent,
@@ -82,7 +84,8 @@ def to_mlxq_quantized(cache, group_size: int, bits: int, options: Settings, late
 
 
 def _chunked(cache, group_size: int, bits: int, options: Settings):
-    """mlx-lm's ``ChunkedKVCache`` in mlxq's ``ChunkedQuantizedKVCache``."""
+    """mlx-lm's ``ChunkedKVCache`` in mlxq's ``ChunkedQuantizedKVCache`` (no
+    window: the recipe passes it by, an explicit kv_recent is refused)."""
     if options.kv_recent:
         raise ValueError(
             f"[mlxq.mlx_lm] chunked-attention caches (ChunkedKVCache) keep no recent window, "

@@ -158,7 +158,10 @@ def enable(
           those caches also keep exact (mlxq.cache.recent; the quantized
           rows before them and the exact window merge by log-sum-exp); a
           sliding-window layer keeps at most its ring's ``max_size - keep -
-          1``. Default 0.
+          1``. Default: the recipe, 128 for caches of 4 bits or fewer
+          (``kv_bits=4`` within 1% of unquantized perplexity on the
+          packaged models, docs/results/accuracy.md) and 0 above; MLA
+          latent and chunked-attention caches keep none. 0 turns it off.
         compiled_decode (bool, optional): Whether ``generate_step`` (so
           ``generate`` / ``stream_generate``) runs its one-token steps
           through one ``mx.compile``d graph per model (mlxq.compiled):

@@ -14,6 +14,12 @@ from typing import Optional, Tuple
 
 from ..kv_spec import KVSpec, parse_spec
 
+# The recipe: caches of at most RECIPE_BITS bits keep their last RECIPE_RECENT
+# tokens exact unless kv_recent says otherwise (docs/results/accuracy.md:
+# 4-bit KV within 1% of unquantized perplexity on the packaged models).
+RECIPE_BITS = 4
+RECIPE_RECENT = 128
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -23,7 +29,7 @@ class Settings:
     kv_hadamard: bool = False  # rows quantized in the Hadamard basis
     v_group_size: Optional[int] = None  # the values' own quantization; None: the keys'
     v_bits: Optional[int] = None
-    kv_recent: int = 0  # recent tokens also kept exact
+    kv_recent: Optional[int] = None  # recent tokens also kept exact; None: the recipe
     compiled_decode: bool = False  # one-token steps through one mx.compile'd graph
     # (cache index, setting) of the caches quantized otherwise than kv_bits says
     kv_layers: Tuple[Tuple[int, KVSpec], ...] = ()
@@ -31,6 +37,32 @@ class Settings:
     def cache_options(self) -> dict:
         """The quantized caches' keyword arguments these settings give."""
         return dict(hadamard=self.kv_hadamard, v_group_size=self.v_group_size, v_bits=self.v_bits)
+
+    def recent_for(self, bits: int) -> int:
+        """The exact window a cache of ``bits`` keeps: ``kv_recent`` where
+        given, else the recipe's (RECIPE_RECENT at RECIPE_BITS or fewer)."""
+        if self.kv_recent is not None:
+            return self.kv_recent
+        return RECIPE_RECENT if bits <= RECIPE_BITS else 0
+
+    def describe(self, bits: int, group_size: int, off: str = "kv_recent=0") -> str:
+        """The KV setting caches of ``bits`` / ``group_size`` get, in words
+        (mlxq-generate and mlxq-server print it, naming their ``off``
+        option)."""
+        out = f"{bits}-bit, group {group_size}"
+        if self.v_bits is not None or self.v_group_size is not None:
+            v_bits, v_group = self.v_bits or bits, self.v_group_size or group_size
+            out = f"{bits}-bit K (group {group_size}), {v_bits}-bit V (group {v_group})"
+        if self.kv_hadamard:
+            out += ", Hadamard basis"
+        recent = self.recent_for(bits)
+        if recent:
+            out += f", the last {recent} tokens exact"
+            if self.kv_recent is None:
+                out += f" (the recipe for {RECIPE_BITS} bits or fewer; {off} turns it off)"
+        if self.kv_layers:
+            out += f"; {len(self.kv_layers)} caches set apart by kv_layers"
+        return out
 
     def for_cache(self, index: int, group_size: int, bits: int):
         """``(group_size, bits, settings)`` for the prompt cache's entry
@@ -109,4 +141,4 @@ def install(value: Settings) -> None:
     _current = value
 
 
-__all__ = ["DEFAULT", "Settings", "install", "settings"]
+__all__ = ["DEFAULT", "RECIPE_BITS", "RECIPE_RECENT", "Settings", "install", "settings"]

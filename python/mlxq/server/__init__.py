@@ -29,7 +29,9 @@ OpenAI-style endpoints) with :mod:`mlxq.mlx_lm` enabled, where:
   the queue while the KV in use fills the budget;
 * ``--kv-recent N`` keeps every sequence's last ``N`` tokens exact beside
   the quantized cache (``enable(kv_recent=N)``; sliding-window layers keep
-  none in a batch, and say so); the server prints its KV setting at start.
+  none in a batch, and say so). Without it, ``--kv-bits 4`` or fewer keeps
+  the recipe's 128 (``--kv-recent 0`` turns it off); the server prints its
+  KV setting at start.
 
 Each time the decoding batch changes size, the log says how many
 sequences it decodes together.
@@ -140,7 +142,7 @@ def _own_options(argv: List[str]):
     mlxq-server adds to mlx-lm's (whose parser refuses what it does not know)."""
     p = argparse.ArgumentParser(prog="mlxq-server", add_help=False, allow_abbrev=False)
     p.add_argument("--max-kv-memory", type=_bytes, default=None)
-    p.add_argument("--kv-recent", type=_tokens, default=0)
+    p.add_argument("--kv-recent", type=_tokens, default=None)
     known, rest = p.parse_known_args(argv)
     return rest, known.max_kv_memory, known.kv_recent
 
@@ -214,12 +216,12 @@ def main(argv: Optional[List[str]] = None) -> None:
         raise SystemExit(
             f"mlxq.server: --kv-group-size must be one of {GROUP_SIZES}, got {kv_group_size}."
         )
-    if kv_recent and kv_bits is None:
+    if kv_recent is not None and kv_bits is None:
         raise SystemExit("mlxq.server: --kv-recent keeps recent tokens exact beside --kv-bits.")
     bridge.enable(kv_recent=kv_recent)
     if kv_bits is not None:  # (before mlx-lm's server configures logging)
-        window = f", the last {kv_recent} tokens exact" if kv_recent else ""
-        print(f"mlxq: KV cache {kv_bits}-bit, group {kv_group_size}{window}", file=sys.stderr)
+        kv = bridge.settings().describe(kv_bits, kv_group_size, off="--kv-recent 0")
+        print(f"mlxq: KV cache {kv}", file=sys.stderr)
     server = importlib.import_module("mlx_lm.server")
     metrics = Metrics()
     server.ResponseGenerator = supervised(
