@@ -80,8 +80,7 @@ class RecentWindow:
         lo = self.first_exact(offset)
         if keys.shape[2] == 1 and offset - lo == self.size and self._fits(keys):
             self._write(keys, values, offset)
-            order = (np.arange(self.slots) - lo) % self.slots
-            return lo, self.keys, self.values, order
+            return lo, self.keys, self.values, self._order(lo % self.slots)
         if lo < offset:
             k = mx.concatenate([self._span(self.keys, lo, offset), keys], axis=2)
             v = mx.concatenate([self._span(self.values, lo, offset), values], axis=2)
@@ -89,6 +88,16 @@ class RecentWindow:
             k, v = keys, values
         self._write(keys, values, offset)  # (a copy: the spans still read the ring)
         return lo, k, v, None
+
+    def _order(self, shift: int) -> np.ndarray:
+        """Each ring slot's index in a full window starting at slot ``shift``
+        (``slots`` distinct orders, kept: a decode step's host time)."""
+        orders = self.__dict__.setdefault("_orders", {})
+        order = orders.get(shift)
+        if order is None:
+            order = orders[shift] = (np.arange(self.slots) - shift) % self.slots
+            order.flags.writeable = False
+        return order
 
     def _write(self, keys: mx.array, values: mx.array, offset: int) -> None:
         T = keys.shape[2]
