@@ -150,6 +150,36 @@ def test_cache_list_members_keep_their_format(rng, tmp_path, make):
     lockstep(rng, got, member)
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: mlxq.QuantizedKVCache(64, 4, hadamard=True),
+        lambda: mlxq.QuantizedKVCache(64, 8, v_bits=4, v_group_size=32),
+        lambda: mlxq.QuantizedKVCache(64, 4, latent=True),
+        lambda: mlxq.ChunkedQuantizedKVCache(8, 64, 4),
+    ],
+    ids=["hadamard", "v_bits", "latent", "chunked"],
+)
+@pytest.mark.parametrize("saver", ["mlxq", "mlx_lm"])
+def test_mlx_lms_loader_reads_every_format_while_enabled(rng, tmp_path, make, saver):
+    """While mlxq is enabled, mlx-lm's load_prompt_cache (so mlx-lm's
+    generate and server) is mlxq's: files of formats only mlxq stores load
+    with their format, whichever saver wrote them; disable() puts mlx-lm's
+    loader back."""
+    import mlxq.mlx_lm as mlxq_lm
+
+    cache = filled(make, rng, [5, 1])
+    path = str(tmp_path / "f.safetensors")
+    (mlxq.save_prompt_cache if saver == "mlxq" else lm.save_prompt_cache)(path, [cache])
+    stock = lm.load_prompt_cache
+    with mlxq_lm.enabled():
+        (got,), meta = lm.load_prompt_cache(path, return_metadata=True)
+    assert lm.load_prompt_cache is stock
+    assert type(got) is type(cache) and got.format == cache.format
+    assert_same(got.state, cache.state)
+    lockstep(rng, got, cache)
+
+
 def test_loader_rejects_bad_files(tmp_path):
     path = str(tmp_path / "plain.safetensors")
     mx.save_safetensors(path, {"x": mx.ones(2)})

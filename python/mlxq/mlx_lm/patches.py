@@ -10,6 +10,7 @@ from typing import Any, List, Optional, Tuple
 
 from ..arguments import as_int, renamed
 from ..cache import ChunkedQuantizedKVCache, RotatingQuantizedKVCache
+from .. import prompt_cache
 from ..kv_format import BITS, GROUP_SIZES
 from . import attention, generation
 from .originals import record, recorded
@@ -41,6 +42,9 @@ _PATCHED = (
         attention.quantized_scaled_dot_product_attention,
     ),
     ("mlx_lm.models.cache", "make_prompt_cache", generation.make_prompt_cache),
+    # Files of every mlxq format (Hadamard basis, K/V of two widths, MLA
+    # latents, chunked caches) through mlx-lm's loader, and its commands'.
+    ("mlx_lm.models.cache", "load_prompt_cache", prompt_cache.load_prompt_cache),
     ("mlx_lm.generate", "maybe_quantize_kv_cache", generation.maybe_quantize_kv_cache),
     ("mlx_lm.generate", "generate_step", generation.generate_step),
 )
