@@ -284,25 +284,29 @@ def test_cache_list_prompt_cache_files(enabled, tmp_path, saver):
 
 
 def test_chunked_prompt_cache_files(enabled, tmp_path, monkeypatch):
-    """llama4's quantized chunked caches load with mlxq's loader, and with
-    mlx-lm's where its cache module has ChunkedQuantizedKVCache registered
-    (enable() does)."""
+    """llama4's quantized chunked caches load with mlxq's loader (which
+    mlx-lm's name is while enabled), and with mlx-lm's own where its cache
+    module has ChunkedQuantizedKVCache registered (enable() does)."""
+    from mlxq.mlx_lm.originals import original
+
     model = model_of("llama4")
     cache = mlxq_lm.make_prompt_cache(model, kv_bits=8)
     _continue(model, cache, mx.array(list(range(3, 23))))
     path = str(tmp_path / "llama4.safetensors")
     mlxq.save_prompt_cache(path, cache)
+    stock = original("load_prompt_cache")
     monkeypatch.delattr(lm_cache, "ChunkedQuantizedKVCache", raising=False)
     with pytest.raises(KeyError, match="ChunkedQuantizedKVCache"):
-        lm_cache.load_prompt_cache(path)
+        stock(path)
     monkeypatch.setattr(
         lm_cache, "ChunkedQuantizedKVCache", mlxq.ChunkedQuantizedKVCache, raising=False
     )
-    # (mlx-lm's loader gives the last, global layer mlx-lm's own class.)
-    theirs = lm_cache.load_prompt_cache(path)
+    # (mlx-lm's own loader gives the last, global layer mlx-lm's own class.)
+    theirs = stock(path)
     assert [type(c) for c in theirs[:3]] == [mlxq.ChunkedQuantizedKVCache] * 3
     loaded = mlxq.load_prompt_cache(path)
     assert [type(c) for c in loaded] == [type(c) for c in cache]
+    assert [type(c) for c in lm_cache.load_prompt_cache(path)] == [type(c) for c in cache]
     nxt = mx.array([7])
     assert _continue(model, loaded, nxt) == _continue(model, cache, nxt)
 

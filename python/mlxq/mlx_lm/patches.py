@@ -8,9 +8,9 @@ import threading
 import warnings
 from typing import Any, List, Optional, Tuple
 
+from .. import prompt_cache
 from ..arguments import as_int, renamed
 from ..cache import ChunkedQuantizedKVCache, RotatingQuantizedKVCache
-from .. import prompt_cache
 from ..kv_format import BITS, GROUP_SIZES
 from . import attention, generation
 from .originals import record, recorded
