@@ -30,14 +30,13 @@ import numpy as np
 from ..arguments import as_int
 from ..kv_format import KVFormat
 from ..masks import left_padded
-from ..split import RecentSplit
 from . import batch_recent, batch_rows, checks, decode_step, quantized
 from .base import BaseCache
 from .batch_rows import host_ints, set_rows
 from .decode_step import DecodePlan
 from .decode_step import remember_mask as _remember_mask
 from .recent import window_for
-from .rotating import RotatingQuantizedKVCache, grow_ring, overwrite_in_place
+from .rotating import RotatingQuantizedKVCache, grow_ring, overwrite_in_place, window_split
 
 
 @batch_rows.batch_side
@@ -106,26 +105,18 @@ class BatchRotatingQuantizedKVCache(BaseCache):
                 if one
                 else self._fetched(*self._update_concat(keys, values))
             )
-        if not one:
-            k_all, v_all = self._update_concat(keys, values)
-            lo, exact_k, exact_v, _ = self._recent.step(keys, values, prev)
-            n = self._store.length(k_all) - (self._offset - lo)
-            rows = self._store.rows
-            qk, qv = self._fetched(rows(k_all, stop=n), rows(v_all, stop=n))
-            return RecentSplit(qk, exact_k), RecentSplit(qv, exact_v)
-        qk, qv = self._update_in_place(keys, values)
-        lo, exact_k, exact_v, order = self._recent.step(keys, values, prev)
-        # The ring slots of positions [lo, prev], newest first (back from the
-        # slot just written, wrapping: a batch ring keeps no tokens), hidden
-        # from the quantized part; each exact row's mask column is its slot.
-        length = self._store.length(self.keys)  # a ring still filling has spare rows
-        slots = (self._idx - 1 - np.arange(self._offset - lo)) % length
-        hidden = np.zeros(self._store.length(qk), dtype=np.bool_)
-        hidden[slots] = True
-        t = np.arange(self._offset - lo) if order is None else order
-        columns = slots[prev - lo - t]
-        hidden = mx.array(hidden)
-        return RecentSplit(qk, exact_k, hidden, columns), RecentSplit(qv, exact_v, hidden, columns)
+        if one:
+            fetch, slots = self._update_in_place(keys, values), self._newest_slots
+        else:
+            fetch, slots = self._update_concat(keys, values), None
+        return window_split(self, fetch, keys, values, prev, self._offset, slots)
+
+    def _newest_slots(self, k: int) -> np.ndarray:
+        """The ring slots of the ``k`` newest tokens, newest first, after a
+        one-token step: back from the slot just written, wrapping over the
+        whole buffer (a batch ring keeps no tokens; one still filling has
+        spare rows past ``_idx``, which the wrap never reaches)."""
+        return (self._idx - 1 - np.arange(k)) % self._store.length(self.keys)
 
     def _to_temporal_order(self) -> None:
         """Unroll a wrapped ring so that row 0 is the oldest."""

@@ -382,23 +382,10 @@ class RotatingQuantizedKVCache(RotatingKVCache):
             return super().update_and_fetch(keys, values)
         prev = self.offset
         if checks.update(self, keys, values) > 1:
-            k_all, v_all = self._update_concat(keys, values)
-            lo, exact_k, exact_v, _ = self._recent.step(keys, values, prev)
-            n = self._store.length(k_all) - (self.offset - lo)
-            rows = self._store.rows
-            qk, qv = self._fetched(rows(k_all, stop=n), rows(v_all, stop=n))
-            return RecentSplit(qk, exact_k), RecentSplit(qv, exact_v)
-        qk, qv = self._update_in_place(keys, values)
-        lo, exact_k, exact_v, order = self._recent.step(keys, values, prev)
-        # The ring slots of positions [lo, prev] (newest first), hidden from
-        # the quantized part; each exact row's mask column is its slot.
-        slots = self._newest_slots(self.offset - lo)
-        hidden = np.zeros(self._store.length(qk), dtype=np.bool_)
-        hidden[slots] = True
-        t = np.arange(self.offset - lo) if order is None else order
-        columns = slots[prev - lo - t]
-        hidden = mx.array(hidden)
-        return RecentSplit(qk, exact_k, hidden, columns), RecentSplit(qv, exact_v, hidden, columns)
+            fetch, slots = self._update_concat(keys, values), None
+        else:
+            fetch, slots = self._update_in_place(keys, values), self._newest_slots
+        return window_split(self, fetch, keys, values, prev, self.offset, slots)
 
     def _newest_slots(self, k: int) -> np.ndarray:
         """The ring slots of the ``k`` newest tokens, newest first, after a
@@ -409,3 +396,28 @@ class RotatingQuantizedKVCache(RotatingKVCache):
         if self.offset > length:
             slots = np.where(slots < self.keep, slots + (length - self.keep), slots)
         return slots
+
+
+def window_split(cache, fetch, keys, values, prev: int, end: int, newest_slots=None):
+    """The :class:`RecentSplit` pair of a ring's step with a recent window
+    (a single ring's or a batch ring's; positions ``prev`` before the step,
+    ``end`` after it). ``fetch``: a longer step's unfetched (K, V), the kept
+    context then the new rows in order, cut before the window's rows; or,
+    with ``newest_slots(k)`` (the ring slots of the ``k`` newest tokens,
+    newest first), a one-token step's fetched ring as laid out, whose
+    window slots are hidden from the quantized part and each exact row's
+    mask column is its slot."""
+    lo, exact_k, exact_v, order = cache._recent.step(keys, values, prev)
+    qk, qv = fetch
+    if newest_slots is None:
+        n = cache._store.length(qk) - (end - lo)
+        rows = cache._store.rows
+        qk, qv = cache._fetched(rows(qk, stop=n), rows(qv, stop=n))
+        return RecentSplit(qk, exact_k), RecentSplit(qv, exact_v)
+    slots = newest_slots(end - lo)
+    hidden = np.zeros(cache._store.length(qk), dtype=np.bool_)
+    hidden[slots] = True
+    t = np.arange(end - lo) if order is None else order
+    columns = slots[prev - lo - t]
+    hidden = mx.array(hidden)
+    return RecentSplit(qk, exact_k, hidden, columns), RecentSplit(qv, exact_v, hidden, columns)
