@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from mlx_lm.models import cache as lm_cache
 from support.helpers import on_cuda_gpu
+from support.lm import run_continuous
 
 import mlxq
 import mlxq.mlx_lm as mlxq_lm
@@ -75,33 +76,6 @@ def assert_same_tokens(model, prompts_, got, kv_bits, near_tie=0.05, max_tokens=
         i = next(i for i, (a, b) in enumerate(zip(ids, want)) if a != b)
         lp = alone[i][1]
         assert lp[want[i]] - lp[ids[i]] <= near_tie, (i, lp[want[i]], lp[ids[i]])
-
-
-def run_continuous(gen, first, later, lengths, *, join_at, remove=None, each_step=None):
-    """Drive ``gen``: insert ``first`` (their lengths first in ``lengths``),
-    insert ``later`` after ``join_at`` steps, remove the ``remove[1]``-th
-    sequence after ``remove[0]`` steps, call ``each_step()`` after every
-    step, until done. Returns (uids, tokens per uid)."""
-    uids = gen.insert(first, lengths[: len(first)])
-    out = {u: [] for u in uids}
-    steps = 0
-    while True:
-        responses = gen.next_generated()
-        if not responses:
-            break
-        steps += 1
-        for r in responses:
-            out[r.uid].append(r.token)
-        if steps == join_at:
-            more = gen.insert(later, lengths[len(first) :])
-            out.update({u: [] for u in more})
-            uids += more
-        if remove is not None and steps == remove[0]:
-            gen.remove([uids[remove[1]]])
-        if each_step is not None:
-            each_step()
-    gen.close()
-    return uids, out
 
 
 def quantized_layers(cache):

@@ -27,6 +27,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from support.caches import kv
+from support.lm import run_continuous
 
 import mlxq
 import mlxq.mlx_lm as mlxq_lm
@@ -328,23 +329,9 @@ def _continuous_batch(model, compiled, kv_bits=4):
     gen = generate_module.BatchGenerator(
         model, kv_bits=kv_bits, prefill_batch_size=2, completion_batch_size=8
     )
-    uids = gen.insert(first, lengths[:3])
-    out = {u: [] for u in uids}
-    steps = 0
-    while True:
-        responses = gen.next_generated()
-        if not responses:
-            break
-        steps += 1
-        for r in responses:
-            out[r.uid].append((r.token, r.logprobs))
-        if steps == 4:
-            more = gen.insert(later, lengths[3:])
-            out.update({u: [] for u in more})
-            uids += more
-        if steps == 6:
-            gen.remove([uids[2]])
-    gen.close()
+    uids, out = run_continuous(
+        gen, first, later, lengths, join_at=4, remove=(6, 2), record=lambda r: (r.token, r.logprobs)
+    )
     return [out[u] for u in uids]
 
 

@@ -117,3 +117,33 @@ def runs(arch):
             mlxq_lm.attention.kernel = kernel
     _RUNS[key] = res
     return res
+
+
+def run_continuous(
+    gen, first, later, lengths, *, join_at, remove=None, each_step=None, record=None
+):
+    """Drive ``gen``: insert ``first`` (their lengths first in ``lengths``),
+    insert ``later`` after ``join_at`` steps, remove the ``remove[1]``-th
+    sequence after ``remove[0]`` steps, call ``each_step()`` after every
+    step, until done. Returns (uids, what ``record(response)`` gives per
+    step for each uid: its token by default)."""
+    uids = gen.insert(first, lengths[: len(first)])
+    out = {u: [] for u in uids}
+    steps = 0
+    while True:
+        responses = gen.next_generated()
+        if not responses:
+            break
+        steps += 1
+        for r in responses:
+            out[r.uid].append(r.token if record is None else record(r))
+        if steps == join_at:
+            more = gen.insert(later, lengths[len(first) :])
+            out.update({u: [] for u in more})
+            uids += more
+        if remove is not None and steps == remove[0]:
+            gen.remove([uids[remove[1]]])
+        if each_step is not None:
+            each_step()
+    gen.close()
+    return uids, out
