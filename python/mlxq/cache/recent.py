@@ -44,6 +44,7 @@ class RecentWindow:
     def __init__(self, size: int):
         self.size = size
         self.slots = size + 1
+        self._orders = {}  # start slot -> order (_order)
         self.keys: Optional[mx.array] = None
         self.values: Optional[mx.array] = None
         self.start = 0
@@ -92,10 +93,9 @@ class RecentWindow:
     def _order(self, shift: int) -> np.ndarray:
         """Each ring slot's index in a full window starting at slot ``shift``
         (``slots`` distinct orders, kept: a decode step's host time)."""
-        orders = self.__dict__.setdefault("_orders", {})
-        order = orders.get(shift)
+        order = self._orders.get(shift)
         if order is None:
-            order = orders[shift] = (np.arange(self.slots) - shift) % self.slots
+            order = self._orders[shift] = (np.arange(self.slots) - shift) % self.slots
             order.flags.writeable = False
         return order
 

@@ -31,7 +31,7 @@ from ..cache import (
 from ..cache.batch_rows import is_batch
 from ..kv_format import BITS, GROUP_SIZES
 from . import families
-from .caches import quantize_caches
+from .caches import quantize_caches, ring_window
 from .settings import Settings, settings
 
 # The module (the mlx_lm package's `generate` attribute is the function).
@@ -55,8 +55,8 @@ def quantize_batch(cache, group_size: int, bits: int, options: Settings):
     extra = {"latent": True} if families.role_of(cache) == families.LATENT else {}
     if not extra:
         recent = options.recent_for(bits)
-        if kind is BatchRotatingQuantizedKVCache:  # a sliding window's ring holds at most this
-            recent = max(0, min(recent, cache.max_size - 1))
+        if kind is BatchRotatingQuantizedKVCache:
+            recent = ring_window(recent, cache.max_size)
         extra = {"recent": recent}
     return kind.quantize(
         cache, group_size=group_size, bits=bits, **options.cache_options(), **extra

@@ -67,8 +67,8 @@ def to_mlxq_quantized(cache, group_size: int, bits: int, options: Settings, late
         # An MLA latent cache keeps no window (its RoPE keys are exact): the
         # recipe passes it by; an explicit kv_recent reaches it and is refused.
         recent = (options.kv_recent or 0) if latent else options.recent_for(bits)
-        if isinstance(ours, RotatingKVCache):  # a sliding window's ring holds at most this
-            recent = max(0, min(recent, ours.max_size - ours.keep - 1))
+        if isinstance(ours, RotatingKVCache):
+            recent = ring_window(recent, ours.max_size, ours.keep)
         extra = {"latent": True} if latent else {}
         return ours.to_quantized(
             recent=recent,
@@ -81,6 +81,12 @@ def to_mlxq_quantized(cache, group_size: int, bits: int, options: Settings, late
         if latent:
             raise
         return None
+
+
+def ring_window(recent: int, max_size: int, keep: int = 0) -> int:
+    """The most of a ``recent`` window a sliding window's ring (single, or a
+    batch's, which keeps no tokens) holds: ``max_size - keep - 1``."""
+    return max(0, min(recent, max_size - keep - 1))
 
 
 def _chunked(cache, group_size: int, bits: int, options: Settings):

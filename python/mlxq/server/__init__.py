@@ -28,8 +28,8 @@ OpenAI-style endpoints) with :mod:`mlxq.mlx_lm` enabled, where:
 * ``--max-kv-memory BYTES`` (``512M``, ``2G``) makes new requests wait in
   the queue while the KV in use fills the budget;
 * ``--kv-recent N`` keeps every sequence's last ``N`` tokens exact beside
-  the quantized cache (``enable(kv_recent=N)``; sliding-window layers keep
-  none in a batch, and say so). Without it, ``--kv-bits 4`` or fewer keeps
+  the quantized cache (``enable(kv_recent=N)``; a sliding-window layer
+  keeps what its ring holds). Without it, ``--kv-bits 4`` or fewer keeps
   the recipe's 128 (``--kv-recent 0`` turns it off); the server prints its
   KV setting at start.
 
