@@ -60,6 +60,9 @@ NB_MODULE(_ext, m) {
               std::optional<int> v_group_size,
               std::optional<int> v_bits,
               bool return_lse,
+              const std::optional<mx::array>& recent_keys,
+              const std::optional<mx::array>& recent_values,
+              bool recent_causal,
               mx::StreamOrDevice s) -> nb::object {
             auto outs = mlxq::quantized_sdpa(
                 q,
@@ -78,6 +81,9 @@ NB_MODULE(_ext, m) {
                 v_group_size,
                 v_bits,
                 return_lse,
+                recent_keys,
+                recent_values,
+                recent_causal,
                 s);
             if (!return_lse) {
               return nb::cast(outs[0]);
@@ -101,6 +107,9 @@ NB_MODULE(_ext, m) {
       "v_group_size"_a = nb::none(),
       "v_bits"_a = nb::none(),
       "return_lse"_a = false,
+      "recent_keys"_a = nb::none(),
+      "recent_values"_a = nb::none(),
+      "recent_causal"_a = false,
       "stream"_a = nb::none(),
       "Fused attention over MLX affine-quantized K/V (see mlxq.quantized_sdpa).");
 

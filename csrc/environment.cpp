@@ -19,6 +19,7 @@ constexpr Switch kSwitches[] = {
     {"MLXQ_CUDA_TILED_DENSE", &Environment::cuda_tiled_dense},
     {"MLXQ_CUDA_FUSED_MERGE", &Environment::cuda_fused_merge},
     {"MLXQ_CUDA_GEMM", &Environment::cuda_gemm},
+    {"MLXQ_CUDA_FUSED_RECENT", &Environment::cuda_fused_recent},
     {"MLXQ_CUDA_POOL", &Environment::cuda_pool},
     {"MLXQ_DEQUANTIZED_PREFILL", &Environment::dequantized_prefill},
     {"MLXQ_PREFILL_WORKSPACE", &Environment::prefill_workspace},

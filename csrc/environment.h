@@ -20,6 +20,7 @@ struct Environment {
   bool cuda_tiled_dense = true; // MLXQ_CUDA_TILED_DENSE
   bool cuda_fused_merge = true; // MLXQ_CUDA_FUSED_MERGE
   bool cuda_gemm = true; // MLXQ_CUDA_GEMM
+  bool cuda_fused_recent = true; // MLXQ_CUDA_FUSED_RECENT
   bool cuda_pool = true; // MLXQ_CUDA_POOL
   bool dequantized_prefill = true; // MLXQ_DEQUANTIZED_PREFILL
   bool prefill_workspace = true; // MLXQ_PREFILL_WORKSPACE

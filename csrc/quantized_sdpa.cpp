@@ -2,9 +2,12 @@
 
 #include <cmath>
 
+#include "mlx/backend/metal/metal.h"
+
 #include "prefill_route.h"
 #include "prefill_workspace.h"
 #include "quantization.h"
+#include "recent_attention.h"
 #include "validation.h"
 
 namespace mlxq {
@@ -178,6 +181,9 @@ std::vector<mx::array> quantized_sdpa(
     std::optional<int> v_group_size,
     std::optional<int> v_bits,
     bool return_lse,
+    const std::optional<mx::array>& recent_keys,
+    const std::optional<mx::array>& recent_values,
+    bool recent_causal,
     mx::StreamOrDevice s) {
   if (q.ndim() != 4) {
     fail(kOp, "queries must be 4-D [B, H_q, L, D], got shape ", shape_str(q.shape()), ".");
@@ -293,7 +299,57 @@ std::vector<mx::array> quantized_sdpa(
   }
 
   auto stream = mx::to_stream(s);
-  if (!return_lse && L > 8) {
+  const bool recent = recent_keys || recent_values;
+  if (recent) {
+    if (!recent_keys || !recent_values) {
+      fail(kOp, "pass recent_keys and recent_values together.");
+    }
+    if (return_lse) {
+      fail(kOp, "return_lse is not available with recent rows; attend them apart and merge.");
+    }
+    check_recent_rows(
+        kOp, q, *recent_keys, *recent_values, recent_causal, "recent_keys", "recent_values");
+    if (recent_keys->shape(1) != Hkv || recent_values->shape(3) != Dv) {
+      fail(
+          kOp,
+          "recent_keys ",
+          shape_str(recent_keys->shape()),
+          " and recent_values ",
+          shape_str(recent_values->shape()),
+          " must have the quantized rows' ",
+          Hkv,
+          " KV heads and value dim ",
+          Dv,
+          ".");
+    }
+    if (stream.device == mx::Device::cpu || mx::metal::is_available()) {
+      // The quantized part with its log-sum-exp, then the window merged in.
+      auto parts = quantized_sdpa(
+          q,
+          k_packed,
+          k_scales,
+          k_biases,
+          v_packed,
+          v_scales,
+          v_biases,
+          scale,
+          mask_mode,
+          mask,
+          sinks,
+          kg,
+          kb,
+          vg,
+          vb,
+          true,
+          std::nullopt,
+          std::nullopt,
+          false,
+          s);
+      return {recent_attention(
+          q, *recent_keys, *recent_values, parts[0], parts[1], scale, recent_causal, s)};
+    }
+  }
+  if (!return_lse && !recent && L > 8) {
     std::optional<mx::Dtype> sinks_dtype;
     if (sinks) {
       sinks_dtype = sinks->dtype();
@@ -322,6 +378,12 @@ std::vector<mx::array> quantized_sdpa(
     workspace::release(stream);
   }
   params.with_lse = return_lse;
+  if (recent) {
+    params.recent = recent_keys->shape(2);
+    params.recent_causal = recent_causal;
+    inputs.push_back(*recent_keys);
+    inputs.push_back(*recent_values);
+  }
   auto node = std::make_shared<QuantizedSDPA>(stream, params);
   if (!return_lse) {
     return {mx::array({B, Hq, L, Dv}, q.dtype(), std::move(node), std::move(inputs))};

@@ -28,6 +28,12 @@ struct QuantizedSDPAParams {
   // log, sinks included), so attention over a segment of the keys can be
   // merged with attention over the rest (quantized_sdpa's return_lse).
   bool with_lse = false;
+  // CUDA only: rows of an exact window of recent keys and values among the
+  // inputs, attended with the quantized ones (quantized_sdpa's recent_keys;
+  // the CPU composes RecentAttention instead), causal over the window with
+  // recent_causal.
+  int recent = 0;
+  bool recent_causal = false;
 
   bool operator==(const QuantizedSDPAParams&) const = default;
 };
@@ -38,7 +44,9 @@ struct QuantizedSDPAParams {
  *   k_packed, k_scales, k_biases, v_packed, v_scales, v_biases
  *     (mx.quantize triples of [B, Hkv, N, Dk] and [B, Hkv, N, Dv]),
  *   mask broadcast to [B, Hq, L, N] (bool or float) when mask == Array,
- *   sinks [Hq] float32 when has_sinks.
+ *   sinks [Hq] float32 when has_sinks,
+ *   recent keys [B, Hkv, recent, Dk] and values [B, Hkv, recent, Dv] (q's
+ *     dtype) when params.recent > 0.
  * Outputs: [B, Hq, L, Dv] in q's dtype; with params.with_lse also the
  * rows' log-sum-exp [B, Hq, L] float32 (-inf for a row that sees no key and
  * no sink).
@@ -76,8 +84,16 @@ class QuantizedSDPA : public mx::Primitive {
  * {out, lse}: each row's log-sum-exp [B, Hq, L] (float32, natural log of the
  * softmax denominator, sinks included), so two attentions over disjoint key
  * sets merge exactly by their weights exp(lse_i - logaddexp(lse_1, lse_2));
- * every backend writes it (Metal: the decode kernel and its merge). Raises
- * std::invalid_argument (ValueError in Python) naming the offending input.
+ * every backend writes it (Metal: the decode kernel and its merge).
+ * `recent_keys` / `recent_values` ([B, H_kv, T, D], q's dtype) are an exact
+ * window of T more keys: the output is attention over both sets, the
+ * window's rows after the quantized ones, all of them seen by every query
+ * or, with `recent_causal` (T >= L), query l seeing window rows j <= l + T
+ * - L; sinks count once. On CUDA one node (the decode kernel attends the
+ * window in extra blocks of its split merge); on the CPU the quantized part
+ * with its log-sum-exp, then RecentAttention. Not with `return_lse`.
+ * Raises std::invalid_argument (ValueError in Python) naming the offending
+ * input.
  */
 std::vector<mx::array> quantized_sdpa(
     const mx::array& q,
@@ -96,6 +112,9 @@ std::vector<mx::array> quantized_sdpa(
     std::optional<int> v_group_size = std::nullopt,
     std::optional<int> v_bits = std::nullopt,
     bool return_lse = false,
+    const std::optional<mx::array>& recent_keys = std::nullopt,
+    const std::optional<mx::array>& recent_values = std::nullopt,
+    bool recent_causal = false,
     mx::StreamOrDevice s = {});
 
 } // namespace mlxq

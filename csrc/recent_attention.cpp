@@ -18,6 +18,67 @@ void check_4d(const mx::array& a, const char* name) {
 
 } // namespace
 
+void check_recent_rows(
+    const char* op,
+    const mx::array& q,
+    const mx::array& keys,
+    const mx::array& values,
+    bool causal,
+    const char* keys_name,
+    const char* values_name) {
+  for (auto [a, name] : {std::pair{&q, "q"}, {&keys, keys_name}, {&values, values_name}}) {
+    if (a->ndim() != 4) {
+      fail(op, name, " must be 4-D, got shape ", shape_str(a->shape()), ".");
+    }
+  }
+  if (!is_float_dtype(q.dtype())) {
+    fail(op, "q must be float32, float16 or bfloat16, got ", dtype_str(q.dtype()), ".");
+  }
+  if (keys.dtype() != q.dtype() || values.dtype() != q.dtype()) {
+    fail(
+        op,
+        keys_name,
+        " and ",
+        values_name,
+        " must have q's dtype ",
+        dtype_str(q.dtype()),
+        ", got ",
+        dtype_str(keys.dtype()),
+        " and ",
+        dtype_str(values.dtype()),
+        ".");
+  }
+  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), Dk = q.shape(3);
+  const int Hkv = keys.shape(1), T = keys.shape(2), Dv = values.shape(3);
+  if (keys.shape(0) != B || keys.shape(3) != Dk || values.shape(0) != B || values.shape(1) != Hkv ||
+      values.shape(2) != T) {
+    fail(
+        op,
+        keys_name,
+        " [B, Hkv, T, Dk] and ",
+        values_name,
+        " [B, Hkv, T, Dv] do not fit q ",
+        shape_str(q.shape()),
+        ": got ",
+        shape_str(keys.shape()),
+        " and ",
+        shape_str(values.shape()),
+        ".");
+  }
+  if (Hkv < 1 || Hq % Hkv != 0) {
+    fail(op, "q's ", Hq, " heads are not a multiple of the ", keys_name, "' ", Hkv, ".");
+  }
+  if (T < 1) {
+    fail(op, "the window must hold at least one key, got T = ", T, ".");
+  }
+  if (causal && T < L) {
+    fail(op, "a causal window must hold the step's ", L, " query positions, got T = ", T, ".");
+  }
+  if (Dk < 1 || Dv < 1 || Dk > kWindowMaxHeadDim || Dv > kWindowMaxHeadDim) {
+    fail(op, "head dims must lie in [1, ", kWindowMaxHeadDim, "], got ", Dk, " and ", Dv, ".");
+  }
+}
+
 mx::array recent_attention(
     const mx::array& q,
     const mx::array& keys,
@@ -27,54 +88,18 @@ mx::array recent_attention(
     float scale,
     bool causal,
     mx::StreamOrDevice s) {
-  check_4d(q, "q");
-  check_4d(keys, "keys");
-  check_4d(values, "values");
+  check_recent_rows(kOp, q, keys, values, causal, "keys", "values");
   check_4d(out_q, "out_q");
-  if (!is_float_dtype(q.dtype())) {
-    fail(kOp, "q must be float32, float16 or bfloat16, got ", dtype_str(q.dtype()), ".");
-  }
-  for (const auto* a : {&keys, &values, &out_q}) {
-    if (a->dtype() != q.dtype()) {
-      fail(
-          kOp,
-          "keys, values and out_q must have q's dtype ",
-          dtype_str(q.dtype()),
-          ", got ",
-          dtype_str(keys.dtype()),
-          ", ",
-          dtype_str(values.dtype()),
-          " and ",
-          dtype_str(out_q.dtype()),
-          ".");
-    }
-  }
-  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), Dk = q.shape(3);
-  const int Hkv = keys.shape(1), T = keys.shape(2), Dv = values.shape(3);
-  if (keys.shape(0) != B || keys.shape(3) != Dk || values.shape(0) != B || values.shape(1) != Hkv ||
-      values.shape(2) != T) {
+  if (out_q.dtype() != q.dtype()) {
     fail(
         kOp,
-        "keys [B, Hkv, T, Dk] and values [B, Hkv, T, Dv] do not fit q ",
-        shape_str(q.shape()),
-        ": got ",
-        shape_str(keys.shape()),
-        " and ",
-        shape_str(values.shape()),
+        "out_q must have q's dtype ",
+        dtype_str(q.dtype()),
+        ", got ",
+        dtype_str(out_q.dtype()),
         ".");
   }
-  if (Hkv < 1 || Hq % Hkv != 0) {
-    fail(kOp, "q's ", Hq, " heads are not a multiple of the keys' ", Hkv, ".");
-  }
-  if (T < 1) {
-    fail(kOp, "the window must hold at least one key, got T = ", T, ".");
-  }
-  if (causal && T < L) {
-    fail(kOp, "a causal window must hold the step's ", L, " query positions, got T = ", T, ".");
-  }
-  if (Dk < 1 || Dv < 1 || Dk > kWindowMaxHeadDim || Dv > kWindowMaxHeadDim) {
-    fail(kOp, "head dims must lie in [1, ", kWindowMaxHeadDim, "], got ", Dk, " and ", Dv, ".");
-  }
+  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), Dv = values.shape(3);
   const mx::Shape out_shape{B, Hq, L, Dv};
   if (out_q.shape() != out_shape) {
     fail(

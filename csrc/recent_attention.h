@@ -54,6 +54,19 @@ class RecentAttention : public mx::UnaryPrimitive {
 // The most head dims the window's kernels take (registers per lane on CUDA).
 constexpr int kWindowMaxHeadDim = 512;
 
+// Checks a window's rows against their queries (4-D, q's dtype, [B, Hkv,
+// T, Dk] and [B, Hkv, T, Dv] with Hq a multiple of Hkv, T >= 1, T >= L when
+// causal, head dims at most kWindowMaxHeadDim), naming them keys_name and
+// values_name in the std::invalid_argument it throws.
+void check_recent_rows(
+    const char* op,
+    const mx::array& q,
+    const mx::array& keys,
+    const mx::array& values,
+    bool causal,
+    const char* keys_name,
+    const char* values_name);
+
 mx::array recent_attention(
     const mx::array& q,
     const mx::array& keys,

@@ -60,8 +60,15 @@ SdpaProblem SdpaProblem::from(
     copy4(in[p.mask_input], p.m_st);
   }
   if (p.has_sinks) {
-    p.sinks_input = next;
-    p.sinks_stride = in[next].strides()[0];
+    p.sinks_input = next++;
+    p.sinks_stride = in[p.sinks_input].strides()[0];
+  }
+  if (params.recent > 0) {
+    p.recent = params.recent;
+    p.recent_causal = params.recent_causal;
+    p.recent_input = next;
+    copy4(in[next], p.rk_st);
+    copy4(in[next + 1], p.rv_st);
   }
   return p;
 }

@@ -46,6 +46,12 @@ struct SdpaProblem {
   bool with_lse = false; // a second output: each row's log-sum-exp
   int mask_input = -1; // index in the inputs, or -1
   int sinks_input = -1;
+  // An exact window of `recent` more keys (QuantizedSDPAParams::recent):
+  // its keys' input index (the values' follows) and strides.
+  int recent = 0;
+  bool recent_causal = false;
+  int recent_input = -1;
+  int64_t rk_st[4] = {}, rv_st[4] = {};
   // Strides in elements: q, the six K/V arrays (SdpaInput order, from 1),
   // the mask (broadcast to [B, Hq, L, N]); sinks [Hq].
   int64_t q_st[4] = {0, 0, 0, 1};

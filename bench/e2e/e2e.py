@@ -19,6 +19,9 @@ random bf16 weights (``mlxq.random_models``), at long prompt lengths:
                enable(v_bits=4))
   mlxq-kv4-w128  mlxq kv4 that also keeps the last 128 tokens exact
                (enable(kv_recent=128), mlxq.cache.recent)
+  mlxq-kv4-w128-apart  the same with MLXQ_CUDA_FUSED_RECENT=0: on CUDA the
+               window attended after the quantized part (RecentAttention)
+               instead of in the decode kernel's own blocks
 
 ``--gguf smollm2-135m`` (or ``gemma3-270m``) runs a trained model from
 mlxq.gguf's packaged files in bf16 instead of the random llama;
@@ -29,6 +32,9 @@ at hand (a step's time does not depend on the weights' values).
 Decode tokens/s is 1 / median time between tokens of ``generate_step`` (the
 first two tokens skipped); peak memory is ``mx.get_peak_memory()`` over the
 whole run (prefill + decode), weights included, reset before each run.
+With ``--repeats R`` every configuration runs R times per context, the
+order rotated each time, and the row reports the medians (the prefill
+time, a single measurement per run, then compares fairly).
 
 On a GPU, ``--gpu`` runs the GPU set instead (8B / 1B llama and Gemma 4
 shapes, time to first token, 8k-128k contexts; bench/e2e/gpu_runs.py):
@@ -54,10 +60,19 @@ import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 import mlxq.mlx_lm as mlxq_lm  # noqa: E402
+from mlxq import _ext as mlxq_ext  # noqa: E402
 from mlxq.random_models import model_args, num_parameters, random_model  # noqa: E402
 
 CONTEXTS = [2048, 8192]
-CONFIGS = ["stock-bf16", "stock-kv4", "mlxq-kv4", "mlxq-kv4-rot", "mlxq-k8v4", "mlxq-kv4-w128"]
+CONFIGS = [
+    "stock-bf16",
+    "stock-kv4",
+    "mlxq-kv4",
+    "mlxq-kv4-rot",
+    "mlxq-k8v4",
+    "mlxq-kv4-w128",
+    "mlxq-kv4-w128-apart",
+]
 DEFAULT_CONFIGS = CONFIGS[:3]
 KV_BITS, KV_GROUP = 4, 64
 # The packaged models' configurations (mlxq.gguf.PACKAGED), for --shape-of.
@@ -119,11 +134,15 @@ def run(model, config, n_prompt, decode_tokens, seed):
         mlxq_lm.enable(
             kv_hadamard=config.endswith("-rot"),
             v_bits=KV_BITS if pair else None,
-            kv_recent=128 if config.endswith("-w128") else 0,
+            kv_recent=128 if "-w128" in config else 0,
         )
         if ours
         else None
     )
+    apart = config.endswith("-apart")
+    if apart:
+        fused_recent = mlxq_ext._environment()["MLXQ_CUDA_FUSED_RECENT"]
+        mlxq_ext._set_environment("MLXQ_CUDA_FUSED_RECENT", "0")
     try:
         if ours:
             bits = 8 if pair else KV_BITS
@@ -155,6 +174,8 @@ def run(model, config, n_prompt, decode_tokens, seed):
         if handle is not None:
             mlxq_lm.disable()
             mlxq_lm.reset_counters()
+        if apart:
+            mlxq_ext._set_environment("MLXQ_CUDA_FUSED_RECENT", fused_recent)
     steps = [b - a for a, b in zip(stamps, stamps[1:])][2:]
     kinds = sorted({type(c).__module__.split(".")[0] + "." + type(c).__name__ for c in cache})
     return {
@@ -174,6 +195,25 @@ def run(model, config, n_prompt, decode_tokens, seed):
     }
 
 
+def median_run(runs):
+    """One row for repeated runs of a configuration: the medians of their
+    decode step and prefill time, the highest peak, each run's values kept."""
+    if len(runs) == 1:
+        return runs[0]
+    row = dict(runs[0])
+    row["decode_ms"] = statistics.median(r["decode_ms"] for r in runs)
+    row["decode_tps"] = 1e3 / row["decode_ms"]
+    row["decode_ms_min"] = min(r["decode_ms_min"] for r in runs)
+    row["prefill_s"] = statistics.median(r["prefill_s"] for r in runs)
+    row["prefill_tps"] = row["context"] / row["prefill_s"]
+    row["peak_gb"] = max(r["peak_gb"] for r in runs)
+    row["repeats"] = [
+        {k: r[k] for k in ("decode_ms", "decode_ms_min", "prefill_s", "peak_gb")} for r in runs
+    ]
+    del row["decode_ms_all"]
+    return row
+
+
 def plot(rows, path, title):
     import matplotlib
 
@@ -181,7 +221,7 @@ def plot(rows, path, title):
     import matplotlib.pyplot as plt
 
     fig, (ax_mem, ax_tps) = plt.subplots(1, 2, figsize=(10, 4))
-    for config, style in zip(CONFIGS, ("o-", "s--", "^-", "v:", "d-.", "x-")):
+    for config, style in zip(CONFIGS, ("o-", "s--", "^-", "v:", "d-.", "x-", "+--")):
         pts = sorted((r["context"], r) for r in rows if r["config"] == config)
         if not pts:
             continue
@@ -244,6 +284,12 @@ def main():
     )
     p.add_argument("--layers", type=int, default=8, help="decoder layers (default 8)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per configuration and context, in rotated order; rows give medians",
+    )
     common.add_output_args(p)
     p.add_argument(
         "--plot-only", action="store_true", help="redraw the plot from the JSON of an earlier run"
@@ -303,10 +349,12 @@ def main():
     table.header()
     rows = []
     for n in args.contexts:
-        group = []
-        for c in args.configs:
-            r = run(model, c, n, args.decode_tokens, args.seed)
-            group.append(r)
+        runs = {c: [] for c in args.configs}
+        for i in range(args.repeats):
+            k = i % len(args.configs)
+            for c in args.configs[k:] + args.configs[:k]:
+                runs[c].append(run(model, c, n, args.decode_tokens, args.seed))
+        group = [median_run(runs[c]) for c in args.configs]
         stock4 = next((r for r in group if r["config"] == "stock-kv4"), None)
         for r in group:
             if stock4 is not None:
@@ -330,6 +378,7 @@ def main():
             "kv_bits": KV_BITS,
             "kv_group_size": KV_GROUP,
             "decode_tokens": args.decode_tokens,
+            "repeats": args.repeats,
             "results": rows,
         },
     )

@@ -62,7 +62,20 @@ struct SdpaArgs {
   // in the query's dtype.
   const void* kd;
   const void* vd;
+  // Decode kernel only: an exact window of `recent` rows beside the
+  // quantized keys, [B, Hkv, recent, D] keys and values in the query's
+  // dtype (strided), attended by the last recent_splits blocks of each
+  // (batch, KV head), kRecentKeys rows each; 0: none. With recent_causal,
+  // query position l sees window row j <= l + recent - L.
+  const void* rk;
+  const void* rv;
+  int64_t rk_st[4], rv_st[4];
+  int recent, recent_splits, recent_causal;
+  int recent_vec; // 1: window rows and bases allow 16-byte loads
 };
+
+// Window rows per recent block of the decode kernel.
+constexpr int kRecentKeys = 64;
 
 // merge_kernel: one block of kMergeThreads per output row and 32 columns.
 constexpr int kMergeThreads = 256;

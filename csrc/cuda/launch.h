@@ -72,6 +72,20 @@ DequantLaunch dequantize_launch(
     int group_size,
     int bits);
 
+// RecentAttention's kernel (recent_attention.cpp): attention of q over a
+// window's keys and values merged with out_q / lse_q (attention over other
+// keys) into `out`, allocated by the caller.
+void launch_recent(
+    mx::cu::CommandEncoder& enc,
+    const mx::array& q,
+    const mx::array& keys,
+    const mx::array& values,
+    const mx::array& out_q,
+    const mx::array& lse_q,
+    const mx::array& out,
+    float scale,
+    bool causal);
+
 // Launches a kernel handle from kernel_args.h with one by-value argument.
 // The encoder orders graph nodes by the arrays registered just before each
 // node: `reads` become dependencies (list an array that an earlier kernel of

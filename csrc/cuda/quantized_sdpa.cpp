@@ -29,17 +29,20 @@ namespace {
 
 using namespace mlxq::cuda;
 
+// Whether a 4-D array's rows can be read in 16-byte loads: an aligned base,
+// contiguous rows, and every row start a multiple of 16 bytes in.
 bool aligned16(const mx::array& a) {
   const auto addr = reinterpret_cast<uintptr_t>(mx::gpu_ptr<void>(a));
+  const int per = 16 / int(a.itemsize()); // elements per 16 bytes
   if (addr % 16 != 0 || a.strides()[3] != 1) {
     return false;
   }
   for (int d = 0; d < 3; ++d) {
-    if (a.shape(d) > 1 && a.strides()[d] % 4 != 0) {
+    if (a.shape(d) > 1 && a.strides()[d] % per != 0) {
       return false;
     }
   }
-  return a.shape(3) % 4 == 0;
+  return a.shape(3) % per == 0;
 }
 
 // Per-split partial outputs (o) and (max, sum) pairs (ml), scratch of one
@@ -93,6 +96,7 @@ Limits device_limits() {
   l.dense_on = e.cuda_tiled_dense;
   l.fused_merge_on = e.cuda_fused_merge;
   l.gemm_on = e.cuda_gemm;
+  l.fused_recent_on = e.cuda_fused_recent;
   if (t.cuda_gemm_min_keys > 0) {
     l.gemm_min_keys = int(t.cuda_gemm_min_keys);
   }
@@ -280,6 +284,18 @@ SdpaArgs bind(
   a.row_tiles = plan.row_tiles;
   a.splits = plan.splits;
   a.split_keys = plan.split_keys;
+  if (plan.recent_splits > 0) {
+    const mx::array& rk = in[p.recent_input];
+    const mx::array& rv = in[p.recent_input + 1];
+    a.rk = mx::gpu_ptr<void>(rk);
+    a.rv = mx::gpu_ptr<void>(rv);
+    std::copy_n(p.rk_st, 4, a.rk_st);
+    std::copy_n(p.rv_st, 4, a.rv_st);
+    a.recent = p.recent;
+    a.recent_splits = plan.recent_splits;
+    a.recent_causal = p.recent_causal ? 1 : 0;
+    a.recent_vec = aligned16(rk) && aligned16(rv);
+  }
   return a;
 }
 
@@ -361,28 +377,62 @@ void* kernel_of(const Plan& plan, const Candidates& c, const SdpaProblem& p) {
   }
 }
 
-} // namespace
+// Attention of problem p into `out` (allocated), with each row's
+// log-sum-exp into `lse` when p.with_lse: plan, bind, launch.
+void attend(
+    mx::cu::CommandEncoder& enc,
+    const std::vector<mx::array>& in,
+    const SdpaProblem& p,
+    mx::array& out,
+    mx::array* lse);
 
-void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) {
-  mx::array& out = outs[0];
-  auto& enc = mx::cu::get_command_encoder(stream());
-  allocate(out, enc);
-  poison(out, enc);
-  // The log-sum-exp (quantized_sdpa with return_lse), written by the split merge.
-  mx::array* lse = outs.size() > 1 ? &outs[1] : nullptr;
-  if (lse) {
-    allocate(*lse, enc);
-    poison(*lse, enc);
-  }
-  const SdpaProblem p = SdpaProblem::from(in, params_, out);
-  if (p.empty()) {
-    return;
-  }
+// A window the plan's kernel does not attend (another family than decode,
+// or MLXQ_CUDA_FUSED_RECENT=0): the quantized keys with their log-sum-exp
+// into scratch, then RecentAttention's kernel merges the window in.
+void attend_then_merge_recent(
+    mx::cu::CommandEncoder& enc,
+    const std::vector<mx::array>& in,
+    const SdpaProblem& p,
+    mx::array& out) {
+  SdpaProblem quantized = p;
+  quantized.recent = 0;
+  quantized.recent_input = -1;
+  quantized.with_lse = true;
+  mx::array out_q(out.shape(), out.dtype(), nullptr, {});
+  mx::array lse_q({p.B, p.Hq, p.L}, mx::float32, nullptr, {});
+  allocate(out_q, enc);
+  allocate(lse_q, enc);
+  poison(out_q, enc);
+  poison(lse_q, enc);
+  attend(enc, in, quantized, out_q, &lse_q);
+  launch_recent(
+      enc,
+      in[kInQ],
+      in[p.recent_input],
+      in[p.recent_input + 1],
+      out_q,
+      lse_q,
+      out,
+      p.scale,
+      p.recent_causal);
+  note_sdpa_kernel("cuda_recent");
+}
+
+void attend(
+    mx::cu::CommandEncoder& enc,
+    const std::vector<mx::array>& in,
+    const SdpaProblem& p,
+    mx::array& out,
+    mx::array* lse) {
   const Limits limits = device_limits();
   const Layout layout = layout_of(in, p);
   const Candidates c = candidates_for(p, layout, limits);
   const int generic_smem = generic_smem_bytes(p.Dk, p.Dv, p.k_bits, p.v_bits);
   const Plan plan = plan_sdpa(p, layout, limits, c.decode_shape, c.tiled_shape, generic_smem);
+  if (p.recent > 0 && plan.recent_splits == 0) {
+    attend_then_merge_recent(enc, in, p, out);
+    return;
+  }
   // A decode plan of several query-head groups per KV head runs as that
   // many times the KV heads (the kernel maps them back for K/V).
   const SdpaProblem bound = plan.head_groups > 1 ? grouped(p, plan.head_groups) : p;
@@ -442,6 +492,26 @@ void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::a
   }
   launch(enc, kernel, grid, dim3(plan.threads), plan.smem, a, {&out}, {&parts.scratch});
   merge(enc, a, parts, out, lse);
+}
+
+} // namespace
+
+void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) {
+  mx::array& out = outs[0];
+  auto& enc = mx::cu::get_command_encoder(stream());
+  allocate(out, enc);
+  poison(out, enc);
+  // The log-sum-exp (quantized_sdpa with return_lse), written by the split merge.
+  mx::array* lse = outs.size() > 1 ? &outs[1] : nullptr;
+  if (lse) {
+    allocate(*lse, enc);
+    poison(*lse, enc);
+  }
+  const SdpaProblem p = SdpaProblem::from(in, params_, out);
+  if (p.empty()) {
+    return;
+  }
+  attend(enc, in, p, out, lse);
 }
 
 GpuBackend gpu_backend() {

@@ -4,17 +4,18 @@
 
 namespace mlxq {
 
-using namespace mlxq::cuda;
+namespace cuda {
 
-void RecentAttention::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto& enc = mx::cu::get_command_encoder(stream());
-  const auto& q = inputs[0];
-  const auto& k = inputs[1];
-  const auto& v = inputs[2];
-  const auto& out_q = inputs[3];
-  const auto& lse_q = inputs[4];
-  allocate(out, enc);
-  poison(out, enc);
+void launch_recent(
+    mx::cu::CommandEncoder& enc,
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    const mx::array& out_q,
+    const mx::array& lse_q,
+    const mx::array& out,
+    float scale,
+    bool causal) {
   WindowArgs a{};
   a.q = mx::gpu_ptr<void>(q);
   a.k = mx::gpu_ptr<void>(k);
@@ -36,13 +37,31 @@ void RecentAttention::eval_gpu(const std::vector<mx::array>& inputs, mx::array& 
   a.Dv = v.shape(3);
   a.rep = q.shape(1) / k.shape(1);
   a.dtype = dtype_code(q.dtype());
-  a.scale = scale_;
-  a.causal = causal_ ? 1 : 0;
+  a.scale = scale;
+  a.causal = causal ? 1 : 0;
   const int rows = q.shape(0) * a.Hq * a.L;
   if (rows == 0) {
     return;
   }
-  launch(enc, window_kernel(), dim3(rows), dim3(kWindowWarps * 32), 0, a, inputs, {out});
+  launch(
+      enc,
+      window_kernel(),
+      dim3(rows),
+      dim3(kWindowWarps * 32),
+      0,
+      a,
+      {&q, &k, &v, &out_q, &lse_q, &out},
+      {&out});
+}
+
+} // namespace cuda
+
+void RecentAttention::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& enc = mx::cu::get_command_encoder(stream());
+  cuda::allocate(out, enc);
+  cuda::poison(out, enc);
+  cuda::launch_recent(
+      enc, inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], out, scale_, causal_);
 }
 
 } // namespace mlxq

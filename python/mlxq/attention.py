@@ -97,6 +97,41 @@ def quantized_sdpa(
         ValueError: If a shape, dtype, bits/group size or mask is unsupported
           or inconsistent; the message names the offending input.
     """
+    return _fused(
+        q,
+        keys,
+        values,
+        scale=scale,
+        mask=mask,
+        sinks=sinks,
+        group_size=group_size,
+        bits=bits,
+        v_group_size=v_group_size,
+        v_bits=v_bits,
+        stream=stream,
+        return_lse=return_lse,
+    )
+
+
+def _fused(
+    q,
+    keys,
+    values,
+    *,
+    scale,
+    mask,
+    sinks,
+    group_size,
+    bits,
+    v_group_size,
+    v_bits,
+    stream,
+    return_lse=False,
+    recent=None,
+):
+    """:func:`quantized_sdpa`'s call of the op; ``recent``, a triple
+    ``(keys, values, causal)`` of an exact window in the queries' basis,
+    adds the window's rows (not with rows in the Hadamard basis)."""
     if not (is_quantized(keys) and is_quantized(values)):
         raise ValueError(
             "[mlxq.quantized_sdpa] keys and values must each be a "
@@ -111,11 +146,19 @@ def quantized_sdpa(
     if isinstance(values, FormattedTriple):
         v_group_size = values.group_size if v_group_size is None else v_group_size
         v_bits = values.bits if v_bits is None else v_bits
+    if recent is not None and (is_hadamard(keys) or is_hadamard(values)):
+        raise ValueError(
+            "[mlxq.quantized_sdpa] an exact window beside rows in the Hadamard basis is "
+            "attended apart (mlxq.attention.recent_split_sdpa)."
+        )
     if is_hadamard(keys) and isinstance(q, mx.array):
         # Keys stored in the Hadamard basis (mlxq.hadamard): scores need H q.
         check_head_dim(q.shape[-1], "mlxq.quantized_sdpa")
         q = transform(q, stream=stream)
     mask_mode, mask_arr = _split_mask(mask)
+    recent_keys, recent_values, recent_causal = (
+        recent if recent is not None else (None, None, False)
+    )
     # On a GPU, prefill-sized calls may run as MLX's fused attention over a
     # dequantized copy of this layer (mlxq.routing); the op decides.
     out = _ext.quantized_sdpa(
@@ -131,6 +174,9 @@ def quantized_sdpa(
         v_group_size=v_group_size,
         v_bits=v_bits,
         return_lse=return_lse,
+        recent_keys=recent_keys,
+        recent_values=recent_values,
+        recent_causal=recent_causal,
         stream=stream,
     )
     lse = None
@@ -414,6 +460,26 @@ def recent_split_sdpa(
     fused = fused and not (device == mx.gpu and mx.metal.is_available())  # no kernel yet
     if n == 0 and not fused:
         return _exact_only(q, keys.exact, values.exact, scale, mask_e, sinks, stream)
+    formats = dict(
+        group_size=group_size,
+        bits=bits,
+        v_bits=v_bits,
+        v_group_size=v_group_size,
+        stream=stream,
+    )
+    if fused and n > 0 and not (is_hadamard(keys.quantized) or is_hadamard(values.quantized)):
+        # One op: on CUDA the decode kernel attends the window in extra
+        # blocks of its split merge; on the CPU the two parts as below.
+        return _fused(
+            q,
+            keys.quantized,
+            values.quantized,
+            scale=scale,
+            mask=mask_q,
+            sinks=sinks,
+            recent=(keys.exact, values.exact, mask_e is not None),
+            **formats,
+        )
     if n == 0:
         # Nothing quantized yet: the "other part" is the sink alone (a key
         # of logit sink and value 0), or nothing.
@@ -431,12 +497,8 @@ def recent_split_sdpa(
             scale=scale,
             mask=mask_q,
             sinks=sinks,
-            group_size=group_size,
-            bits=bits,
-            v_bits=v_bits,
-            v_group_size=v_group_size,
-            stream=stream,
             return_lse=True,
+            **formats,
         )
     if fused:
         return recent_attention(

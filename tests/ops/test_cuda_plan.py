@@ -241,6 +241,25 @@ def test_the_log_sum_exp_comes_from_a_split_merge():
     assert plan(tiled=til, with_lse=True, **wide)["kernel"] != "cuda_gemm"
 
 
+def test_a_recent_window_adds_decode_blocks_to_the_merge():
+    # An exact window of 129 rows beside the quantized keys: three more
+    # splits per KV head (64 rows each), merged with the key splits.
+    base, p = plan(), plan(recent=129)
+    assert p["kernel"] == "cuda_decode" and p["recent_splits"] == 3
+    assert p["splits"] == base["splits"] + 3 and p["grid"] == (base["splits"] + 3, 8, 1)
+    assert p["split_keys"] == base["split_keys"]
+    assert p["partial_slots"] == 8 * (base["splits"] + 3) * 4
+    assert p["fused_merge"]
+    # MLA's head groups: each group's blocks attend the window too.
+    mla = plan(Hq=16, Hkv=1, Dk=512, recent=64)
+    assert mla["head_groups"] == 2 and mla["recent_splits"] == 1
+    # Off (MLXQ_CUDA_FUSED_RECENT=0), or another family: no recent blocks;
+    # the launch merges the window in after the quantized part.
+    assert plan(recent=129, limits=dict(H200, fused_recent_on=False))["recent_splits"] == 0
+    other = plan(q_dtype=F32, recent=129)
+    assert other["kernel"] == "cuda_generic" and other["recent_splits"] == 0
+
+
 @pytest.mark.parametrize("N", [1, 100, 255, 257, 1000, 2049, 5000, 32767])
 @pytest.mark.parametrize("q_dtype", [BF16, F32])
 def test_splits_follow_the_key_class(N, q_dtype):

@@ -32,7 +32,9 @@
 // the codes, since under full HBM load a one-step lookahead stalled). Four warps per block merge
 // their online softmax states into one partial per block; the last block of a KV head to finish
 // combines the key splits by log-sum-exp and applies sinks (sdpa/merge.cuh), or merge_kernel does
-// when the host gives no counters.
+// when the host gives no counters. A cache's exact recent window, when the
+// step has one, is attended by extra blocks of each KV head (attend_recent)
+// whose partials that merge folds in.
 #pragma once
 
 #include <cfloat>
@@ -864,6 +866,170 @@ __device__ __forceinline__ void merge_block(
   }
 }
 
+// Eight 16-bit values (f16 or bf16) of a window row from element `at` of
+// `base`, `stride` apart, as floats: one 16-byte load where the host allows
+// it (SdpaArgs::recent_vec), else eight.
+__device__ __forceinline__ void
+load8(const void* base, int64_t at, int64_t stride, int vec, int dtype, float (&out)[8]) {
+  if (vec) {
+    const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + at);
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (dtype == kBF16) {
+        out[2 * i] = __uint_as_float(ws[i] << 16);
+        out[2 * i + 1] = __uint_as_float(ws[i] & 0xFFFF0000u);
+      } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&ws[i]));
+        out[2 * i] = f.x, out[2 * i + 1] = f.y;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      out[e] = load_float(base, at + e * stride, dtype);
+  }
+}
+
+// Shared floats a recent block uses: the rows' scaled queries, their
+// scores (then weights) over the block's keys, and each row's max and sum.
+template <int D, int kMaxRows>
+constexpr int kRecentSmemFloats = kMaxRows * (D + kRecentKeys + 2);
+
+// A recent block: kRecentKeys rows of the step's exact window (SdpaArgs::
+// recent), attended in float32 by the last blocks of a (batch, KV head),
+// each writing one partial as a key split does, so the split merge folds
+// the window in with the quantized keys: no second launch, no log-sum-exp
+// output, no second merge. A thread per (key, half of the rows) computes
+// scores from the queries in shared memory; a warp per row takes the max
+// and the weights; a thread per value dim (and, at head dim 64, half of the
+// rows) sums the weighted rows, loading 16 keys' values before using them.
+template <int D, int kMaxRows>
+__device__ void attend_recent(const SdpaArgs& a, int b, int kvh, int kv, float* sm) {
+  constexpr int kThreads = kWarps * 32;
+  constexpr int K = kRecentKeys;
+  static_assert(kThreads % K == 0 && kMaxRows % (kThreads / K) == 0, "recent block shape");
+  static_assert(K == 64, "each lane of a row's warp takes two keys");
+  const int R = a.rows, T = a.recent;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int j0 = (blockIdx.x - (a.splits - a.recent_splits)) * K;
+  float* qs = sm; // [kMaxRows][D]
+  float* ps = qs + kMaxRows * D; // [kMaxRows][K]
+  float* row_m = ps + kMaxRows * K; // natural-log units
+  float* row_l = row_m + kMaxRows;
+  for (int i = threadIdx.x; i < kMaxRows * D; i += kThreads) {
+    const int r = i / D, d = i % D;
+    float v = 0.0f;
+    if (r < R) {
+      const int h = row_head(kvh, r, a.rep), l = row_position(r, a.rep);
+      v = a.scale *
+          load_float(a.q, b * a.q_st[0] + h * a.q_st[1] + l * a.q_st[2] + d * a.q_st[3], a.q_dtype);
+    }
+    qs[i] = v;
+  }
+  __syncthreads();
+  {
+    constexpr int kRows = kMaxRows * K / kThreads; // rows of a thread's key
+    const int jj = threadIdx.x % K, r0 = (threadIdx.x / K) * kRows;
+    const int j = j0 + jj;
+    float s[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      s[r] = 0.0f;
+    if (j < T) {
+      const int64_t k0 = b * a.rk_st[0] + kv * a.rk_st[1] + int64_t(j) * a.rk_st[2];
+#pragma unroll 4
+      for (int d = 0; d < D; d += 8) {
+        float kx[8];
+        load8(a.rk, k0 + d * a.rk_st[3], a.rk_st[3], a.recent_vec, a.q_dtype, kx);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e)
+            s[r] = fmaf(qs[(r0 + r) * D + d + e], kx[e], s[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = r0 + r;
+      bool visible = j < T && row < R;
+      if (visible && a.recent_causal) {
+        visible = j <= row_position(row, a.rep) + T - a.L;
+      }
+      ps[row * K + jj] = visible ? s[r] : -INFINITY;
+    }
+  }
+  __syncthreads();
+  for (int r = warp; r < kMaxRows; r += kWarps) {
+    const float x0 = ps[r * K + lane], x1 = ps[r * K + lane + 32];
+    const float m = warp_max(fmaxf(x0, x1));
+    // (A row that sees none of these keys keeps weights 0 and max -inf: the
+    // merge gives its partial no weight.)
+    const float p0 = x0 == -INFINITY ? 0.0f : expf(x0 - m);
+    const float p1 = x1 == -INFINITY ? 0.0f : expf(x1 - m);
+    ps[r * K + lane] = p0;
+    ps[r * K + lane + 32] = p1;
+    const float l = warp_sum(p0 + p1);
+    if (lane == 0) {
+      row_m[r] = m;
+      row_l[r] = l;
+    }
+  }
+  __syncthreads();
+  constexpr int kDimThreads = D < kThreads ? D : kThreads;
+  constexpr int kGroups = kThreads / kDimThreads; // row groups
+  constexpr int kOutRows = kMaxRows / kGroups;
+  constexpr int kDims = D / kDimThreads;
+  constexpr int kBatch = 32 / kDims; // keys whose values are loaded before use
+  static_assert(kThreads % kDimThreads == 0 && D % kDimThreads == 0, "recent output shape");
+  const int dt = threadIdx.x % kDimThreads, r0 = (threadIdx.x / kDimThreads) * kOutRows;
+  float acc[kOutRows][kDims];
+#pragma unroll
+  for (int r = 0; r < kOutRows; ++r) {
+#pragma unroll
+    for (int c = 0; c < kDims; ++c)
+      acc[r][c] = 0.0f;
+  }
+  const int keys = min(K, T - j0);
+  const int64_t v0 = b * a.rv_st[0] + kv * a.rv_st[1];
+  for (int jb = 0; jb < keys; jb += kBatch) {
+    float vv[kBatch][kDims];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+      for (int c = 0; c < kDims; ++c) {
+        const int64_t at =
+            v0 + int64_t(j0 + jb + u) * a.rv_st[2] + int64_t(dt + c * kDimThreads) * a.rv_st[3];
+        vv[u][c] = jb + u < keys ? load_float(a.rv, at, a.q_dtype) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+      for (int r = 0; r < kOutRows; ++r) {
+        const float p = ps[(r0 + r) * K + jb + u]; // 0 past the keys
+#pragma unroll
+        for (int c = 0; c < kDims; ++c)
+          acc[r][c] = fmaf(p, vv[u][c], acc[r][c]);
+      }
+    }
+  }
+  const int64_t blk = (int64_t(b) * a.Hkv + kvh) * a.splits + blockIdx.x;
+#pragma unroll
+  for (int r = 0; r < kOutRows; ++r) {
+    if (r0 + r < R) {
+#pragma unroll
+      for (int c = 0; c < kDims; ++c)
+        a.part_o[(blk * R + r0 + r) * D + dt + c * kDimThreads] = acc[r][c];
+    }
+  }
+  if (threadIdx.x < R) {
+    a.part_ml[(blk * R + threadIdx.x) * 2] = row_m[threadIdx.x];
+    a.part_ml[(blk * R + threadIdx.x) * 2 + 1] = row_l[threadIdx.x];
+  }
+}
+
 template <int KB, int VB, int D, int KGS, int VGS, typename ST, bool kTwoTerms>
 __global__ void __launch_bounds__(kWarps * 32, Shape<KB, VB, D, KGS, VGS, ST>::kMinBlocks)
     decode_kernel_impl(SdpaArgs a) {
@@ -875,6 +1041,18 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<KB, VB, D, KGS, VGS, ST>::k
   const int q = lane >> 2, t = lane & 3;
   const int kvh = blockIdx.y, b = blockIdx.z;
   const int R = a.rows;
+  // (kvh is a query-head group of KV head kv when the plan splits one: a
+  // multiply-high by the host's magic instead of a division, which took
+  // registers from the step loop.)
+  const int kv = a.head_group_magic ? int(__umulhi(unsigned(kvh), a.head_group_magic)) : kvh;
+  if (a.recent_splits > 0 && int(blockIdx.x) >= a.splits - a.recent_splits) {
+    attend_recent<D, S::kMaxRows>(a, b, kvh, kv, reinterpret_cast<float*>(smem4));
+    if (a.counters && last_block_of_head(a.counters + b * a.Hkv + kvh, a.splits)) {
+      merge_head_splits<kWarps * 32>(
+          a, b, kvh, reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(smem4) + S::kQSmemBytes));
+    }
+    return;
+  }
 
   // Shared memory: query fragments (D > 128), per-warp rings of step stages
   // (after the loop: each warp's weighted output [warps][rows][D]), then
@@ -889,10 +1067,6 @@ __global__ void __launch_bounds__(kWarps * 32, Shape<KB, VB, D, KGS, VGS, ST>::k
   // are in flight while the query loads below wait on memory, so a block's
   // start costs one memory latency, not two.
   Views<ST> views;
-  // (kvh is a query-head group of KV head kv when the plan splits one: a
-  // multiply-high by the host's magic instead of a division, which took
-  // registers from the step loop.)
-  const int kv = a.head_group_magic ? int(__umulhi(unsigned(kvh), a.head_group_magic)) : kvh;
   views.k = reinterpret_cast<const uint8_t*>(a.kw + b * a.kw_st[0] + kv * a.kw_st[1]);
   views.v = reinterpret_cast<const uint8_t*>(a.vw + b * a.vw_st[0] + kv * a.vw_st[1]);
   views.ks = static_cast<const ST*>(a.ks) + b * a.ks_st[0] + kv * a.ks_st[1];
@@ -1064,6 +1238,10 @@ int smem_of() {
   static_assert(
       S::kStages * S::kStepBytes >= S::kMaxRows * S::kVTiles * 16 * 4,
       "a warp's ring must hold its outputs [rows][D] in floats");
+  static_assert(
+      kRecentSmemFloats<S::kVTiles * 16, S::kMaxRows> * 4 <=
+          S::kQSmemBytes + kWarps * S::kStages * S::kStepBytes,
+      "a recent block's queries and scores must fit the kernel's shared memory");
   return S::kQSmemBytes + kWarps * S::kStages * S::kStepBytes + 2 * kWarps * S::kMaxRows * 4;
 }
 

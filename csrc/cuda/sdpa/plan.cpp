@@ -46,6 +46,11 @@ void plan_decode(Plan& plan, const SdpaProblem& p, const Limits& limits, const D
   plan.grid[2] = p.B;
   plan.threads = kDecodeWarps * 32;
   plan.smem = d.smem;
+  if (p.recent > 0 && limits.fused_recent_on) {
+    plan.recent_splits = (p.recent + kRecentKeys - 1) / kRecentKeys;
+    plan.splits += plan.recent_splits;
+    plan.grid[0] = plan.splits;
+  }
   plan.fused_merge = fuse_merge(plan, p, d, limits.fused_merge_on);
   plan.merge_kernel = !plan.fused_merge; // a decode block always writes a partial
 }

@@ -37,7 +37,8 @@ constexpr int kGemmMinKeys = 4096;
 constexpr int64_t kGemmBlockElements = int64_t(1) << 26;
 
 // The device and the switches (MLXQ_CUDA_DECODE / _TILED / _TILED_DENSE /
-// _FUSED_MERGE / _GEMM, MLXQ_CUDA_GEMM_MIN_KEYS, _GEMM_BLOCK_ELEMENTS).
+// _FUSED_MERGE / _GEMM / _FUSED_RECENT, MLXQ_CUDA_GEMM_MIN_KEYS,
+// _GEMM_BLOCK_ELEMENTS).
 struct Limits {
   int sm_count = 132;
   int max_smem = 227 * 1024; // dynamic shared memory a block may opt into
@@ -46,6 +47,7 @@ struct Limits {
   bool dense_on = true;
   bool fused_merge_on = true;
   bool gemm_on = true;
+  bool fused_recent_on = true;
   int gemm_min_keys = kGemmMinKeys;
   int64_t gemm_block_elements = kGemmBlockElements;
 };
@@ -100,6 +102,12 @@ struct Plan {
   // dtype).
   bool dense_copy = false;
   int64_t partial_slots = 0; // rows of per-split partials (scratch)
+  // Decode with an exact recent window (SdpaProblem::recent): the last this
+  // many of a head's splits attend the window, kRecentKeys rows each. 0 with
+  // a window (another family, or MLXQ_CUDA_FUSED_RECENT=0): the launch
+  // attends the quantized keys with their log-sum-exp, then merges the
+  // window in (RecentAttention's kernel).
+  int recent_splits = 0;
   // Gemm: keys per block (a multiple of 256, at most kGemmMaxBlockKeys) and
   // blocks; the dense copy comes first (dense_copy).
   int block_keys = 0;

@@ -39,6 +39,7 @@ inline SdpaProblem problem(const nb::dict& d) {
   p.mask_dtype = static_cast<DtypeCode>(get<int>(d, "mask_dtype", kBool));
   p.has_sinks = get<bool>(d, "has_sinks", false);
   p.with_lse = get<bool>(d, "with_lse", false);
+  p.recent = get<int>(d, "recent", 0);
   return p;
 }
 
@@ -63,6 +64,7 @@ inline nb::dict sdpa(
   limits.fused_merge_on = get<bool>(lim, "fused_merge_on", true);
   limits.dense_on = get<bool>(lim, "dense_on", true);
   limits.gemm_on = get<bool>(lim, "gemm_on", true);
+  limits.fused_recent_on = get<bool>(lim, "fused_recent_on", true);
   limits.gemm_min_keys = get<int>(lim, "gemm_min_keys", kGemmMinKeys);
   limits.gemm_block_elements = get<int64_t>(lim, "gemm_block_elements", kGemmBlockElements);
   DecodeShape decode;
@@ -97,6 +99,7 @@ inline nb::dict sdpa(
   out["fused_merge"] = plan.fused_merge;
   out["partial_slots"] = plan.partial_slots;
   out["dense_copy"] = plan.dense_copy;
+  out["recent_splits"] = plan.recent_splits;
   out["block_keys"] = plan.block_keys;
   out["blocks"] = plan.blocks;
   // Which tiled instance the host looks up for this problem.

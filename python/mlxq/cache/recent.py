@@ -5,8 +5,9 @@ accuracy loss comes from the last ~100 tokens: the keys a query attends
 most. A quantized cache with ``recent=R`` therefore also keeps the last
 ``R`` tokens' keys and values as they came (a ring of ``R + 1`` rows in the
 input dtype) and attends in two exact parts whose softmax states merge by
-log-sum-exp (:func:`mlxq.attention.recent_attention` at decode,
-:func:`mlxq.attention.merge_attention` otherwise):
+log-sum-exp (at decode, one op: on CUDA the decode kernel's own blocks,
+on the CPU :func:`mlxq.attention.recent_attention`; otherwise
+:func:`mlxq.attention.merge_attention`):
 
 * the quantized rows of every token before the window, through the fused
   kernel, and
