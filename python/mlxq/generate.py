@@ -310,8 +310,10 @@ def main(argv=None) -> int:
         elif args.no_mlxq:
             kv = f"{args.kv_bits}-bit KV (group {args.kv_group_size})"
         else:
+            # (--max-kv-size makes rings of models without their own caches.)
+            rings = None if hasattr(model, "make_cache") else args.max_kv_size
             kv = "KV cache " + mlxq_lm.settings().describe(
-                args.kv_bits, args.kv_group_size, off="--kv-recent 0"
+                args.kv_bits, args.kv_group_size, off="--kv-recent 0", max_kv_size=rings
             )
         name = (
             f"random {args.random_model} ({args.random_size})" if args.random_model else args.model

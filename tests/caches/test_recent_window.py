@@ -369,6 +369,16 @@ def test_the_recipe_is_what_kv_bits_gets(bits, recent, max_kv_size, want, capsys
         assert ("--kv-recent 0 turns it off" in err) == (recent is None and bits <= 4), err
 
 
+def test_the_setting_printed_names_the_window_a_max_kv_size_ring_holds():
+    # mlx-lm's max_kv_size rings (models without their own caches) keep 4
+    # tokens and hold at most max_size - 5 of the window.
+    settings = mlxq_lm.Settings()
+    assert "the last 128 tokens exact" in settings.describe(4, 64)
+    assert "the last 35 tokens exact" in settings.describe(4, 64, max_kv_size=40)
+    assert "exact" not in settings.describe(4, 64, max_kv_size=5)
+    assert "the last 128 tokens exact" in settings.describe(4, 64, max_kv_size=4096)
+
+
 def test_the_recipe_passes_by_caches_that_keep_no_window():
     """Chunked-attention caches keep no window: the recipe leaves them
     without one (no error), a kv_recent asked for by name is refused; a

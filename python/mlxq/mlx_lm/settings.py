@@ -19,6 +19,8 @@ from ..kv_spec import KVSpec, parse_spec
 # 4-bit KV within 1% of unquantized perplexity on the packaged models).
 RECIPE_BITS = 4
 RECIPE_RECENT = 128
+# Tokens mlx-lm's make_prompt_cache keeps at the start of its max_kv_size rings.
+MAX_KV_SIZE_KEEP = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +47,17 @@ class Settings:
             return self.kv_recent
         return RECIPE_RECENT if bits <= RECIPE_BITS else 0
 
-    def describe(self, bits: int, group_size: int, off: str = "kv_recent=0") -> str:
+    def describe(
+        self,
+        bits: int,
+        group_size: int,
+        off: str = "kv_recent=0",
+        max_kv_size: Optional[int] = None,
+    ) -> str:
         """The KV setting caches of ``bits`` / ``group_size`` get, in words
         (mlxq-generate and mlxq-server print it, naming their ``off``
-        option)."""
+        option). ``max_kv_size``: the caches are mlx-lm's rings of that many
+        tokens (keeping 4), which hold less of a window than asked."""
         out = f"{bits}-bit, group {group_size}"
         if self.v_bits is not None or self.v_group_size is not None:
             v_bits, v_group = self.v_bits or bits, self.v_group_size or group_size
@@ -56,6 +65,10 @@ class Settings:
         if self.kv_hadamard:
             out += ", Hadamard basis"
         recent = self.recent_for(bits)
+        if recent and max_kv_size is not None:
+            from .caches import ring_window  # (caches imports this module)
+
+            recent = ring_window(recent, max_kv_size, MAX_KV_SIZE_KEEP)
         if recent:
             out += f", the last {recent} tokens exact"
             if self.kv_recent is None:
