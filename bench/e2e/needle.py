@@ -17,6 +17,9 @@ with the cache of each run:
   recipe   what kv_bits=4 gets under enable(): the last 128 tokens also kept
            exact (mlxq.mlx_lm's 4-bit recipe)
 
+and, with ``--runs``, two variants of it: ``recipe-rot`` (rows in a
+Hadamard basis) and ``recipe-k8v4`` (8-bit keys, 4-bit values, the window).
+
     python bench/e2e/needle.py --lengths 4096 8192 16384
     python bench/e2e/needle.py --lengths 32768 --record      # on a GPU
 """
@@ -36,7 +39,16 @@ import numpy as np  # noqa: E402
 
 import mlxq.mlx_lm as mlxq_lm  # noqa: E402
 
-RUNS = {"bf16": None, "kv8": (8, 0), "kv4": (4, 0), "recipe": (4, None)}
+# Each run's kv_bits and enable() settings (None: stock bf16 caches).
+RUNS = {
+    "bf16": None,
+    "kv8": (8, dict(kv_recent=0)),
+    "kv4": (4, dict(kv_recent=0)),
+    "recipe": (4, {}),
+    "recipe-rot": (4, dict(kv_hadamard=True)),
+    "recipe-k8v4": (8, dict(v_bits=4, kv_recent=128)),
+}
+DEFAULT_RUNS = ["bf16", "kv8", "kv4", "recipe"]
 INTRO = (
     "There is an important piece of information hidden inside a lot of irrelevant text. "
     "Find it and memorize it. I will quiz you about it.\n\n"
@@ -82,7 +94,7 @@ def retrieve(model, tokenizer, ids, run, max_tokens=8):
     from mlx_lm.models import cache as lm_cache
 
     spec = RUNS[run]
-    handle = None if spec is None else mlxq_lm.enable(kv_recent=spec[1])
+    handle = None if spec is None else mlxq_lm.enable(**spec[1])
     try:
         if spec is None:
             cache, kwargs = lm_cache.make_prompt_cache(model), {}
@@ -109,7 +121,7 @@ def main():
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     p.add_argument("--keys", type=int, default=3, help="keys per length and depth (default 3)")
-    p.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
+    p.add_argument("--runs", nargs="+", choices=list(RUNS), default=DEFAULT_RUNS)
     p.add_argument("--seed", type=int, default=0)
     common.add_output_args(p)
     args = p.parse_args()
