@@ -51,6 +51,8 @@ CASES = {
     "d256-causal-sinks": Case(1, 8, 4, 2, 90, 5, 256, 4, 64, causal=True, sinks=True),
     "k8v4": Case(1, 4, 2, 1, 200, 128, 128, 8, 64, v_bits=4),
     "long-window": Case(2, 4, 4, 1, 40, 300, 64, 4, 32),
+    # One window row, one quantized row: blocks with almost nothing to read.
+    "one-row-each": Case(1, 8, 2, 1, 1, 1, 128, 4, 64, sinks=True),
     # 12 rows over 3 positions: no decode instance takes it.
     "many-rows": Case(1, 4, 1, 3, 100, 70, 128, 4, 64, causal=True, decode=False),
 }
