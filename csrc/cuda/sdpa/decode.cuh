@@ -903,7 +903,8 @@ constexpr int kRecentSmemFloats = kMaxRows * (D + kRecentKeys + 2);
 // output, no second merge. A thread per (key, half of the rows) computes
 // scores from the queries in shared memory; a warp per row takes the max
 // and the weights; a thread per value dim (and, at head dim 64, half of the
-// rows) sums the weighted rows, loading 16 keys' values before using them.
+// rows) sums the weighted rows, loading a batch of keys' values (32 values
+// per thread) before using them.
 template <int D, int kMaxRows>
 __device__ void attend_recent(const SdpaArgs& a, int b, int kvh, int kv, float* sm) {
   constexpr int kThreads = kWarps * 32;
