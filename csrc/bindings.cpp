@@ -184,8 +184,20 @@ NB_MODULE(_ext, m) {
          int fetch,
          std::optional<int> v_group_size,
          std::optional<int> v_bits,
+         std::optional<std::pair<mx::array, mx::array>> recent,
+         std::optional<std::pair<mx::array, mx::array>> recent_rows,
+         bool recent_owned,
          mx::StreamOrDevice s) {
         auto out = translate_errors([&] {
+          std::optional<mlxq::RecentWrite> window;
+          if (recent) {
+            auto rows = recent_rows.value_or(std::pair{k_update, v_update});
+            window = mlxq::RecentWrite{
+                recent->first, recent->second, rows.first, rows.second, recent_owned};
+          } else if (recent_rows) {
+            throw std::invalid_argument(
+                "[mlxq.quantized_kv_update] recent_rows needs the rings they go to (recent).");
+          }
           return mlxq::quantized_kv_update(
               {kp, ks, kb},
               {vp, vs, vb},
@@ -197,18 +209,25 @@ NB_MODULE(_ext, m) {
               fetch,
               v_group_size,
               v_bits,
+              window,
               s);
         });
-        auto k = nb::make_tuple(out[0], out[1], out[2]);
-        auto v = nb::make_tuple(out[3], out[4], out[5]);
-        if (fetch < 0) {
-          return nb::make_tuple(k, v);
+        nb::list parts;
+        parts.append(nb::make_tuple(out[0], out[1], out[2]));
+        parts.append(nb::make_tuple(out[3], out[4], out[5]));
+        size_t i = 6;
+        if (fetch >= 0) {
+          // Also the caches' fetch, rows [0, fetch) of every array, as views
+          // that the same primitive outputs: six Python slices cost more
+          // than the write itself.
+          parts.append(nb::make_tuple(out[6], out[7], out[8]));
+          parts.append(nb::make_tuple(out[9], out[10], out[11]));
+          i = 12;
         }
-        // Also the caches' fetch, rows [0, fetch) of every array, as views
-        // that the same primitive outputs: six Python slices cost more than
-        // the write itself.
-        return nb::make_tuple(
-            k, v, nb::make_tuple(out[6], out[7], out[8]), nb::make_tuple(out[9], out[10], out[11]));
+        for (; i < out.size(); ++i) { // the recent rings
+          parts.append(out[i]);
+        }
+        return nb::tuple(parts);
       },
       "k_packed"_a,
       "k_scales"_a,
@@ -225,9 +244,14 @@ NB_MODULE(_ext, m) {
       "fetch"_a = -1,
       "v_group_size"_a = nb::none(),
       "v_bits"_a = nb::none(),
+      "recent"_a = nb::none(),
+      "recent_rows"_a = nb::none(),
+      "recent_owned"_a = false,
       "stream"_a = nb::none(),
       "A KV cache's write of one step: quantize K and V rows into both triples in place "
-      "(fetch >= 0: also return their rows [0, fetch) as views).");
+      "(fetch >= 0: also return their rows [0, fetch) as views; recent: also write the rows "
+      "(recent_rows, default the updates) into the exact window's two rings at the same "
+      "position, and return them last).");
 
   m.def(
       "dequantize_into",

@@ -127,6 +127,51 @@ void check_triple(
   }
 }
 
+// The window part of a quantized_kv_update (see RecentWrite).
+void check_recent_write(
+    const char* op,
+    const RecentWrite& r,
+    const mx::array& k_update,
+    const mx::array& v_update) {
+  const std::pair<const mx::array*, const mx::array*> sides[2] = {
+      {&r.keys, &r.key_rows}, {&r.values, &r.value_rows}};
+  const mx::array* updates[2] = {&k_update, &v_update};
+  const char* names[2] = {"recent keys", "recent values"};
+  for (int kv = 0; kv < 2; ++kv) {
+    const auto& [ring, rows] = sides[kv];
+    check_rows(op, *ring, names[kv]);
+    check_rows(op, *rows, "recent rows");
+    check_update_fits(op, *ring, *rows);
+    const auto& u = *updates[kv];
+    if (rows->shape() != u.shape() || rows->dtype() != ring->dtype() ||
+        ring->shape(3) != rows->shape(3)) {
+      fail(
+          op,
+          names[kv],
+          ": rows ",
+          shape_str(rows->shape()),
+          " of ",
+          dtype_str(rows->dtype()),
+          " must have the update's shape ",
+          shape_str(u.shape()),
+          " and the ring's dtype ",
+          dtype_str(ring->dtype()),
+          " and width (ring ",
+          shape_str(ring->shape()),
+          ").");
+    }
+  }
+  if (r.keys.shape(2) != r.values.shape(2)) {
+    fail(
+        op,
+        "recent keys ",
+        shape_str(r.keys.shape()),
+        " and values ",
+        shape_str(r.values.shape()),
+        " must have as many rows.");
+  }
+}
+
 // `prefix` names the arguments in errors ("v_" for the values' own).
 void check_quantization(const char* op, int group_size, int bits, const char* prefix = "") {
   if (!is_supported_bits(bits)) {
@@ -217,6 +262,7 @@ std::vector<mx::array> quantized_kv_update(
     int fetch,
     std::optional<int> v_group_size,
     std::optional<int> v_bits,
+    const std::optional<RecentWrite>& recent,
     mx::StreamOrDevice s) {
   constexpr const char* op = "mlxq.quantized_kv_update";
   const int vg = v_group_size.value_or(group_size), vb = v_bits.value_or(bits);
@@ -246,6 +292,9 @@ std::vector<mx::array> quantized_kv_update(
   if (fetch < -1 || fetch > S) {
     fail(op, "fetch rows [0, ", fetch, ") do not fit the buffers' ", S, " rows.");
   }
+  if (recent) {
+    check_recent_write(op, *recent, k_update, v_update);
+  }
   auto p = position_input(op, pos, s);
   std::vector<mx::array> inputs;
   for (const auto* t : {&k_triple, &v_triple}) {
@@ -254,6 +303,10 @@ std::vector<mx::array> quantized_kv_update(
   inputs.push_back(k_update);
   inputs.push_back(v_update);
   inputs.push_back(p);
+  if (recent) {
+    inputs.insert(
+        inputs.end(), {recent->keys, recent->values, recent->key_rows, recent->value_rows});
+  }
   // A fetch of every row is the buffers themselves.
   const int views = fetch >= 0 && fetch < S ? fetch : -1;
   auto primitive = std::make_shared<QuantizedKVUpdate>(
@@ -261,16 +314,23 @@ std::vector<mx::array> quantized_kv_update(
       std::array<int, 2>{group_size, vg},
       std::array<int, 2>{bits, vb},
       std::holds_alternative<int>(pos) ? std::get<int>(pos) : -1,
-      views);
+      views,
+      recent.has_value(),
+      recent && recent->owned);
   std::vector<mx::Dtype> dtypes;
   for (int i = 0; i < (views >= 0 ? 12 : 6); ++i) {
     dtypes.push_back(inputs[i % 6].dtype());
   }
+  if (recent) {
+    dtypes.push_back(recent->keys.dtype());
+    dtypes.push_back(recent->values.dtype());
+  }
   auto out = mx::array::make_arrays(primitive->output_shapes(inputs), dtypes, primitive, inputs);
-  if (fetch == S) {
-    for (int i = 0; i < 6; ++i) {
-      out.push_back(mx::array(out[i])); // copy first: push_back may reallocate
-    }
+  if (fetch == S) { // the buffers again as the fetch, before the rings
+    std::vector<mx::array> all(out.begin(), out.begin() + 6);
+    all.insert(all.end(), out.begin(), out.begin() + 6);
+    all.insert(all.end(), out.begin() + 6, out.end());
+    return all;
   }
   return out;
 }
@@ -294,13 +354,17 @@ std::vector<mx::Shape> QuantizedKVUpdate::output_shapes(const std::vector<mx::ar
     view[2] = fetch_;
     shapes.push_back(view);
   }
+  if (recent_) { // the two rings
+    shapes.push_back(inputs[9].shape());
+    shapes.push_back(inputs[10].shape());
+  }
   return shapes;
 }
 
 namespace detail {
 
-void set_prefix_views(std::vector<mx::array>& outputs) {
-  for (size_t i = 6; i < outputs.size(); ++i) {
+void set_prefix_views(std::vector<mx::array>& outputs, bool views) {
+  for (int i = 6; views && i < 12; ++i) {
     const mx::array& full = outputs[i - 6];
     mx::array& view = outputs[i];
     const auto& st = full.strides();
@@ -353,7 +417,7 @@ int take_ring_copies() {
 bool QuantizedKVUpdate::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedKVUpdate&>(other);
   return group_size_ == o.group_size_ && bits_ == o.bits_ && static_pos_ == o.static_pos_ &&
-      fetch_ == o.fetch_;
+      fetch_ == o.fetch_ && recent_ == o.recent_ && recent_owned_ == o.recent_owned_;
 }
 
 bool QuantizedRingUpdate::is_equivalent(const mx::Primitive& other) const {

@@ -124,18 +124,23 @@ class QuantizedKVUpdate : public mx::Primitive {
   // `fetch` in [0, S): six more outputs, rows [0, fetch) of the six buffers
   // as views (a cache's fetch, without six Slice primitives per layer to
   // build and evaluate). -1: none.
+  // `recent`: the cache's exact window is written too (see RecentWrite).
   // K (side 0) and V (side 1) have their own group size and bits.
   QuantizedKVUpdate(
       mx::Stream stream,
       std::array<int, 2> group_size,
       std::array<int, 2> bits,
       int static_pos = -1,
-      int fetch = -1)
+      int fetch = -1,
+      bool recent = false,
+      bool recent_owned = false)
       : mx::Primitive(stream),
         group_size_(group_size),
         bits_(bits),
         static_pos_(static_pos),
-        fetch_(fetch) {}
+        fetch_(fetch),
+        recent_(recent),
+        recent_owned_(recent_owned) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -160,20 +165,53 @@ class QuantizedKVUpdate : public mx::Primitive {
   int fetch() const {
     return fetch_;
   }
+  bool recent() const {
+    return recent_;
+  }
+  bool recent_owned() const {
+    return recent_owned_;
+  }
+  // Index of the first recent ring among the outputs (after the views).
+  int recent_output() const {
+    return fetch_ >= 0 ? 12 : 6;
+  }
 
  private:
   std::array<int, 2> group_size_;
   std::array<int, 2> bits_;
   int static_pos_;
   int fetch_;
+  bool recent_;
+  bool recent_owned_;
+};
+
+/** The exact window a quantized cache keeps beside its buffers
+ *  (python/mlxq/cache/recent.py), written by the same QuantizedKVUpdate: a
+ *  decode step then costs one node per layer, not three (on CUDA each node
+ *  is host time in a launch-bound step). Inputs 9..12 of the primitive, in
+ *  this order; outputs: the two rings, after the buffers and views.
+ *
+ *  `keys` / `values`: the rings [B, H, R, Dk] / [B, H, R, Dv] in the rows'
+ *  dtype. `key_rows` / `value_rows`: [B, H, T, D], T <= R, the step's rows as
+ *  they came (the quantized write may take them in the Hadamard basis); row
+ *  t lands on ring row (pos + t) mod R, pos being the quantized write's.
+ *  `owned`: write the rings in place whatever MLX's donation rule says (the
+ *  caller knows every earlier reader runs first); else as RingUpdate. */
+struct RecentWrite {
+  mx::array keys;
+  mx::array values;
+  mx::array key_rows;
+  mx::array value_rows;
+  bool owned = false;
 };
 
 // Shared by the backends' eval functions.
 namespace detail {
 
-// QuantizedKVUpdate's fetch outputs (6..11), once the six buffers (0..5)
-// have their data: views of rows [0, fetch), as mx::slice would make them.
-void set_prefix_views(std::vector<mx::array>& outputs);
+// QuantizedKVUpdate's fetch outputs (6..11, when it has `views`), once the
+// six buffers (0..5) have their data: views of rows [0, fetch), as mx::slice
+// would make them.
+void set_prefix_views(std::vector<mx::array>& outputs, bool views);
 
 // True when `buffer`'s memory may become the output's and is row-contiguous
 // with no gaps, so only new rows are written. Not owned: only when MLX says
@@ -210,7 +248,8 @@ std::vector<mx::array> quantized_ring_update(
 // Quantizes and writes one step's K and V rows into a cache's two triples
 // (one QuantizedKVUpdate); returns K packed, scales, biases, V packed,
 // scales, biases, then (fetch >= 0) the same six arrays' rows [0, fetch) as
-// views. Values take v_group_size / v_bits when given, else K's.
+// views, then (recent) the two rings updated. Values take v_group_size /
+// v_bits when given, else K's.
 std::vector<mx::array> quantized_kv_update(
     const std::vector<mx::array>& k_triple,
     const std::vector<mx::array>& v_triple,
@@ -222,6 +261,7 @@ std::vector<mx::array> quantized_kv_update(
     int fetch = -1,
     std::optional<int> v_group_size = std::nullopt,
     std::optional<int> v_bits = std::nullopt,
+    const std::optional<RecentWrite>& recent = std::nullopt,
     mx::StreamOrDevice s = {});
 
 } // namespace mlxq

@@ -157,6 +157,22 @@ void quantize_rows_any(
   }
 }
 
+// Writes `update`'s T rows into `out`'s ring rows (start + t) mod S.
+void write_rows(const mx::array& update, mx::array& out, int start) {
+  char* dst = out.data<char>();
+  const int B = out.shape(0), H = out.shape(1), S = out.shape(2), D = out.shape(3);
+  const int T = update.shape(2);
+  const size_t row_bytes = size_t(D) * out.itemsize();
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < H; ++h) {
+      for (int t = 0; t < T; ++t) {
+        const int64_t r = (int64_t(b) * H + h) * S + (start + t) % S;
+        copy_row(update, row_ptr(update, b, h, t), dst + r * row_bytes, D);
+      }
+    }
+  }
+}
+
 } // namespace
 
 void RingUpdate::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -170,22 +186,10 @@ void RingUpdate::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   }
   enc.set_output_array(out);
   enc.dispatch([buffer, update, pos, out = mx::array::unsafe_weak_copy(out), copy]() mutable {
-    char* dst = out.data<char>();
     if (copy) {
-      copy_all(buffer, dst);
+      copy_all(buffer, out.data<char>());
     }
-    const int B = out.shape(0), H = out.shape(1), S = out.shape(2), D = out.shape(3);
-    const int T = update.shape(2);
-    const size_t row_bytes = size_t(D) * out.itemsize();
-    const int start = ring_start(pos, S);
-    for (int b = 0; b < B; ++b) {
-      for (int h = 0; h < H; ++h) {
-        for (int t = 0; t < T; ++t) {
-          const int64_t r = (int64_t(b) * H + h) * S + (start + t) % S;
-          copy_row(update, row_ptr(update, b, h, t), dst + r * row_bytes, D);
-        }
-      }
-    }
+    write_rows(update, out, ring_start(pos, out.shape(2)));
   });
 }
 
@@ -227,25 +231,41 @@ void QuantizedKVUpdate::eval_cpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
   // inputs: K packed, scales, biases, V packed, scales, biases, K update,
-  // V update, pos; outputs: the six buffers (then their fetch views).
-  std::vector<bool> copy(6);
+  // V update, pos, then (recent) the rings and their rows; outputs: the six
+  // buffers (then their fetch views, then the rings). `buffers` pairs each
+  // written buffer's input with its output: the six, then the rings.
+  std::vector<std::pair<int, int>> buffers;
   for (int i = 0; i < 6; ++i) {
-    copy[i] = take_or_allocate(inputs[i], outputs[i], /*owned=*/true);
+    buffers.emplace_back(i, i);
   }
-  detail::set_prefix_views(outputs);
+  if (recent_) {
+    buffers.emplace_back(9, recent_output());
+    buffers.emplace_back(10, recent_output() + 1);
+  }
+  std::vector<bool> copy;
+  for (auto [in, out] : buffers) {
+    const bool owned = in < 6 || recent_owned_;
+    copy.push_back(take_or_allocate(inputs[in], outputs[out], owned));
+  }
+  detail::set_prefix_views(outputs, fetch_ >= 0);
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) {
     enc.set_input_array(a);
   }
   std::vector<mx::array> outs;
-  for (int i = 0; i < 6; ++i) {
-    enc.set_output_array(outputs[i]);
-    outs.push_back(mx::array::unsafe_weak_copy(outputs[i]));
+  for (auto [in, out] : buffers) {
+    enc.set_output_array(outputs[out]);
+    outs.push_back(mx::array::unsafe_weak_copy(outputs[out]));
   }
-  enc.dispatch([inputs, outs = std::move(outs), copy, gs = group_size_, bits = bits_]() mutable {
-    for (int i = 0; i < 6; ++i) {
+  enc.dispatch([inputs,
+                outs = std::move(outs),
+                buffers = std::move(buffers),
+                copy = std::move(copy),
+                gs = group_size_,
+                bits = bits_]() mutable {
+    for (size_t i = 0; i < buffers.size(); ++i) {
       if (copy[i]) {
-        copy_all(inputs[i], outs[i].data<char>());
+        copy_all(inputs[buffers[i].first], outs[i].data<char>());
       }
     }
     const int S = outs[0].shape(2);
@@ -260,6 +280,10 @@ void QuantizedKVUpdate::eval_cpu(
           start,
           gs[kv],
           bits[kv]);
+    }
+    for (int kv = 0; kv < 2 && outs.size() > 6; ++kv) { // the recent rings
+      mx::array& ring = outs[6 + kv];
+      write_rows(inputs[11 + kv], ring, ring_start(inputs[8], ring.shape(2)));
     }
   });
 }

@@ -83,7 +83,8 @@ constexpr int kMergeThreads = 256;
 struct RingArgs {
   const void* src; // update [B, H, T, D] (strided)
   void* dst; // buffer [B, H, S, D] (row-contiguous)
-  const int32_t* pos;
+  const int32_t* pos; // null: use pos_value
+  int pos_value;
   int64_t src_st[4];
   int B, H, T, S, D;
   int itemsize;

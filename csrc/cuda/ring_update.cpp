@@ -46,17 +46,21 @@ void take_or_copy(
   launch(enc, copy_kernel(), dim3(c.B * c.H * c.S), dim3(kRowThreads), 0, c, {&in, &out}, {&out});
 }
 
-} // namespace
-
-void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto& enc = mx::cu::get_command_encoder(stream());
-  const auto& buffer = inputs[0];
-  const auto& update = inputs[1];
-  take_or_copy(buffer, out, enc, owned_);
+// Writes `update`'s rows into `out` at ring rows (pos + t) mod S: `pos` read
+// on the device, or (null) `pos_value`. `buffer` is the input `out` took.
+void write_rows(
+    mx::cu::CommandEncoder& enc,
+    const mx::array& buffer,
+    const mx::array& update,
+    const mx::array& pos,
+    const int32_t* pos_ptr,
+    int pos_value,
+    mx::array& out) {
   RingArgs r{};
   r.src = mx::gpu_ptr<void>(update);
   r.dst = mx::gpu_ptr<void>(out);
-  r.pos = mx::gpu_ptr<int32_t>(inputs[2]);
+  r.pos = pos_ptr;
+  r.pos_value = pos_value;
   copy_strides(update, r.src_st);
   r.B = update.shape(0);
   r.H = update.shape(1);
@@ -74,8 +78,16 @@ void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) 
       dim3(kRowThreads),
       0,
       r,
-      {&buffer, &update, &inputs[2], &out},
+      {&buffer, &update, &pos, &out},
       {&out});
+}
+
+} // namespace
+
+void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& enc = mx::cu::get_command_encoder(stream());
+  take_or_copy(inputs[0], out, enc, owned_);
+  write_rows(enc, inputs[0], inputs[1], inputs[2], mx::gpu_ptr<int32_t>(inputs[2]), 0, out);
 }
 
 void QuantizedRingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -118,14 +130,23 @@ void QuantizedKVUpdate::eval_gpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
   // inputs: K packed, scales, biases, V packed, scales, biases, K update,
-  // V update, pos; outputs: the six buffers (then their fetch views).
+  // V update, pos, then (recent) the rings and their rows; outputs: the six
+  // buffers (then their fetch views, then the rings).
   auto& enc = mx::cu::get_command_encoder(stream());
   for (int i = 0; i < 6; ++i) {
     take_or_copy(inputs[i], outputs[i], enc, /*owned=*/true);
   }
-  detail::set_prefix_views(outputs);
+  detail::set_prefix_views(outputs, fetch_ >= 0);
+  // A position known at build time is passed by value: the pos array lives
+  // in host-mapped memory on CUDA, and reading it would cost each block a
+  // round trip over the host link.
+  const int32_t* pos_ptr = static_pos_ >= 0 ? nullptr : mx::gpu_ptr<int32_t>(inputs[8]);
+  for (int kv = 0; recent_ && kv < 2; ++kv) {
+    mx::array& ring = outputs[recent_output() + kv];
+    take_or_copy(inputs[9 + kv], ring, enc, recent_owned_);
+    write_rows(enc, inputs[9 + kv], inputs[11 + kv], inputs[8], pos_ptr, static_pos_, ring);
+  }
   const auto& k_update = inputs[6];
-  const auto& pos = inputs[8];
   QuantKVArgs q{};
   for (int kv = 0; kv < 2; ++kv) {
     const auto& update = inputs[6 + kv];
@@ -139,10 +160,7 @@ void QuantizedKVUpdate::eval_gpu(
     d.W = d.D * bits_[kv] / 32;
     d.G = d.D / group_size_[kv];
   }
-  // A position known at build time is passed by value: the pos array lives
-  // in host-mapped memory on CUDA, and reading it would cost each block a
-  // round trip over the host link.
-  q.pos = static_pos_ >= 0 ? nullptr : mx::gpu_ptr<int32_t>(pos);
+  q.pos = pos_ptr;
   q.pos_value = static_pos_;
   q.B = k_update.shape(0);
   q.H = k_update.shape(1);

@@ -49,7 +49,7 @@ __global__ void ring_kernel_impl(RingArgs a) {
   const int row = blockIdx.x; // (b, h, t)
   const int t = row % a.T, bh = row / a.T;
   const int h = bh % a.H, b = bh / a.H;
-  const int s = ring_row(a.pos, t, a.S);
+  const int s = a.pos ? ring_row(a.pos, t, a.S) : ring_row(int64_t(a.pos_value), t, a.S);
   const char* src = static_cast<const char*>(a.src) +
       (b * a.src_st[0] + h * a.src_st[1] + t * a.src_st[2]) * a.itemsize;
   char* dst = static_cast<char*>(a.dst) + ((int64_t(bh) * a.S + s) * a.D) * a.itemsize;

@@ -35,16 +35,14 @@ void strides4(const mx::array& a, int64_t (&st)[4]) {
   }
 }
 
-} // namespace
-
-void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto& s = stream();
+// One dispatch of mlxq_ring_update: `update`'s rows into `out` at ring rows
+// (pos + t) mod S.
+void dispatch_rows(
+    const mx::Stream& s,
+    const mx::array& update,
+    const mx::array& pos,
+    mx::array& out) {
   auto& d = mx::metal::device(s.device);
-  const mx::array& buffer = inputs[0];
-  const mx::array& update = inputs[1];
-  const mx::array& pos = inputs[2];
-  take_or_copy(buffer, out, s, owned_);
-
   int64_t st[4];
   strides4(update, st);
   const md::RingPlan plan = md::plan_ring_update(
@@ -65,6 +63,13 @@ void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) 
   enc.set_output_array(out, md::slots::kRingOut);
   enc.set_bytes(plan.params, md::slots::kRingParams);
   mh::dispatch(enc, plan.grid, plan.group, plan.grid_is_threads);
+}
+
+} // namespace
+
+void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  take_or_copy(inputs[0], out, stream(), owned_);
+  dispatch_rows(stream(), inputs[1], inputs[2], out);
 }
 
 namespace {
@@ -123,13 +128,19 @@ void QuantizedKVUpdate::eval_gpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
   // inputs: K packed, scales, biases, V packed, scales, biases, K update,
-  // V update, pos; outputs: the six buffers (then their fetch views). One
-  // dispatch per side writes its three arrays (MQ_PART_ALL).
+  // V update, pos, then (recent) the rings and their rows; outputs: the six
+  // buffers (then their fetch views, then the rings). One dispatch per side
+  // writes its three arrays (MQ_PART_ALL), one per ring its rows.
   auto& s = stream();
   for (int i = 0; i < 6; ++i) {
     take_or_copy(inputs[i], outputs[i], s, /*owned=*/true);
   }
-  detail::set_prefix_views(outputs);
+  detail::set_prefix_views(outputs, fetch_ >= 0);
+  for (int kv = 0; recent_ && kv < 2; ++kv) {
+    mx::array& ring = outputs[recent_output() + kv];
+    take_or_copy(inputs[9 + kv], ring, s, recent_owned_);
+    dispatch_rows(s, inputs[11 + kv], inputs[8], ring);
+  }
   for (int kv = 0; kv < 2; ++kv) {
     dispatch_quantized_rows(
         s,

@@ -29,9 +29,9 @@ def quantized_ring_update(packed: mlx.core.array, scales: mlx.core.array, biases
     Quantize update rows into a quantized ring buffer (see mlxq.quantized_ring_update).
     """
 
-def quantized_kv_update(k_packed: mlx.core.array, k_scales: mlx.core.array, k_biases: mlx.core.array, v_packed: mlx.core.array, v_scales: mlx.core.array, v_biases: mlx.core.array, k_update: mlx.core.array, v_update: mlx.core.array, pos: int | mlx.core.array, *, group_size: int, bits: int, fetch: int = -1, v_group_size: int | None = None, v_bits: int | None = None, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> tuple:
+def quantized_kv_update(k_packed: mlx.core.array, k_scales: mlx.core.array, k_biases: mlx.core.array, v_packed: mlx.core.array, v_scales: mlx.core.array, v_biases: mlx.core.array, k_update: mlx.core.array, v_update: mlx.core.array, pos: int | mlx.core.array, *, group_size: int, bits: int, fetch: int = -1, v_group_size: int | None = None, v_bits: int | None = None, recent: tuple[mlx.core.array, mlx.core.array] | None = None, recent_rows: tuple[mlx.core.array, mlx.core.array] | None = None, recent_owned: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> tuple:
     """
-    A KV cache's write of one step: quantize K and V rows into both triples in place (fetch >= 0: also return their rows [0, fetch) as views).
+    A KV cache's write of one step: quantize K and V rows into both triples in place (fetch >= 0: also return their rows [0, fetch) as views; recent: also write the rows (recent_rows, default the updates) into the exact window's two rings at the same position, and return them last).
     """
 
 def dequantize_into(workspace: mlx.core.array, packed: mlx.core.array, scales: mlx.core.array, biases: mlx.core.array, *, group_size: int, bits: int, after: Sequence[mlx.core.array] = [], stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:

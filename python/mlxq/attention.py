@@ -4,7 +4,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 
-from . import _ext
+from . import _ext, routing
 from .hadamard import check_head_dim, transform
 from .kv_format import FormattedTriple, is_hadamard
 from .split import is_split
@@ -359,8 +359,6 @@ def _one_pass_prefill(q, keys, values, mask: Mask, sinks, stream) -> bool:
     device = _device_of(stream).type
     if device != mx.gpu:
         return False
-    from . import routing
-
     L, N = q.shape[2], keys.quantized_length + keys.exact.shape[2]
     mask_kind = "none" if mask is None else "causal" if isinstance(mask, str) else "array"
     return routing.route_through_mx_fast(
@@ -407,6 +405,25 @@ def _dequantized_one_pass(q, keys, values, *, scale, mask: Mask, sinks, stream) 
     )
 
 
+# Whether this process has a Metal GPU (fixed for its life; asked once).
+_METAL = mx.metal.is_available()
+
+
+def _window_in_kernel(q, values, stream) -> bool:
+    """Whether mlxq's kernels attend a recent window (recent_attention, or
+    the decode kernel's own blocks): head dims up to 512, not on Metal
+    (no kernel there yet)."""
+    if max(q.shape[3], values.exact.shape[3]) > 512:
+        return False
+    return not (_METAL and _device_of(stream).type == mx.gpu)
+
+
+def _decode_rows(q, keys, L: int) -> bool:
+    """Whether a step of ``L`` queries is too few rows per KV head for the
+    op to route it through ``mx.fast`` (mlxq.routing), as a decode step is."""
+    return L * (q.shape[1] // keys.exact.shape[1]) < routing.MIN_ROUTED_QUERY_ROWS
+
+
 def recent_split_sdpa(
     q: mx.array,
     keys,
@@ -446,6 +463,31 @@ def recent_split_sdpa(
             f"[mlxq.sdpa] a recent-window fetch must hold the step's {L} query tokens exactly, "
             f"got {T} exact rows."
         )
+    formats = dict(
+        group_size=group_size,
+        bits=bits,
+        v_bits=v_bits,
+        v_group_size=v_group_size,
+        stream=stream,
+    )
+    in_kernel = (
+        n > 0
+        and _window_in_kernel(q, values, stream)
+        and not (is_hadamard(keys.quantized) or is_hadamard(values.quantized))
+    )
+    if in_kernel and mask is None and keys.hidden is None and _decode_rows(q, keys, L):
+        # A decode step (what every token of a generation takes): one op,
+        # as the general path below would choose, with less host time.
+        return _fused(
+            q,
+            keys.quantized,
+            values.quantized,
+            scale=scale,
+            mask=None,
+            sinks=sinks,
+            recent=(keys.exact, values.exact, False),
+            **formats,
+        )
     if _one_pass_prefill(q, keys, values, mask, sinks, stream):
         return _dequantized_one_pass(
             q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
@@ -454,20 +496,10 @@ def recent_split_sdpa(
     # recent_attention: any step on the CPU (MLX's CPU matmuls are slow); on
     # a GPU, steps of a few rows (a prefill chunk's matmuls are faster there).
     fused = mask_e is None or isinstance(mask_e, str)  # "causal" by now
-    fused = fused and max(q.shape[3], values.exact.shape[3]) <= 512
-    device = _device_of(stream).type
-    fused = fused and (L <= 16 or device == mx.cpu)
-    fused = fused and not (device == mx.gpu and mx.metal.is_available())  # no kernel yet
-    if n == 0 and not fused:
+    fused = fused and (L <= 16 or _device_of(stream).type == mx.cpu)
+    if n == 0 and not (fused and _window_in_kernel(q, values, stream)):
         return _exact_only(q, keys.exact, values.exact, scale, mask_e, sinks, stream)
-    formats = dict(
-        group_size=group_size,
-        bits=bits,
-        v_bits=v_bits,
-        v_group_size=v_group_size,
-        stream=stream,
-    )
-    if fused and n > 0 and not (is_hadamard(keys.quantized) or is_hadamard(values.quantized)):
+    if fused and in_kernel:
         # One op: on CUDA the decode kernel attends the window in extra
         # blocks of its split merge; on the CPU the two parts as below.
         return _fused(
@@ -480,6 +512,7 @@ def recent_split_sdpa(
             recent=(keys.exact, values.exact, mask_e is not None),
             **formats,
         )
+    fused = fused and _window_in_kernel(q, values, stream)
     if n == 0:
         # Nothing quantized yet: the "other part" is the sink alone (a key
         # of logit sink and value 0), or nothing.

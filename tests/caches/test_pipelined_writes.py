@@ -29,6 +29,8 @@ def _prefilled(kind, N):
     ring = N - 56
     if kind == "quantized":
         cache = mlxq.QuantizedKVCache(group_size=GS, bits=BITS)
+    elif kind == "quantized-recent":  # its window's rings too
+        cache = mlxq.QuantizedKVCache(group_size=GS, bits=BITS, recent=128)
     elif kind == "rotating-quantized":
         cache = mlxq.RotatingQuantizedKVCache(max_size=ring, group_size=GS, bits=BITS)
     elif kind == "rotating":
@@ -36,7 +38,8 @@ def _prefilled(kind, N):
     else:
         cache = mlxq.KVCache()
     x = mx.random.normal((1, H, N - 64, D)).astype(mx.bfloat16)
-    mx.eval(cache.update_and_fetch(x, x))
+    cache.update_and_fetch(x, x)
+    mx.eval(cache.keys, cache.values)
     return cache
 
 
@@ -61,7 +64,9 @@ def _decode(cache, steps, q):
     return outs
 
 
-@pytest.mark.parametrize("kind", ["quantized", "rotating-quantized", "plain", "rotating"])
+@pytest.mark.parametrize(
+    "kind", ["quantized", "quantized-recent", "rotating-quantized", "plain", "rotating"]
+)
 def test_pipelined_decode_never_copies_the_cache(device, kind):
     N = 1 << 14
     cache = _prefilled(kind, N)

@@ -239,13 +239,25 @@ def test_restored_and_trimmed_caches_read_what_they_no_longer_hold_quantized(rng
     assert K.quantized_length == 14 and K.exact.shape[2] == 2
 
 
-def test_copies_keep_their_own_window(rng):
+@pytest.mark.parametrize("evaluated", [False, True])
+def test_copies_keep_their_own_window(rng, evaluated):
+    # evaluated: each step is evaluated before the next is built, so the
+    # rings are written in place (decode_rings), but never a ring the other
+    # cache shares.
+    def update(cache, k, v):
+        fetch = cache.update_and_fetch(k, v)
+        if evaluated:
+            mx.eval([(x.quantized, x.exact) for x in fetch])
+        return fetch
+
     a = mlxq.QuantizedKVCache(64, 4, recent=4)
-    a.update_and_fetch(*kv(rng, 6, D=64))
+    update(a, *kv(rng, 6, D=64))
+    for _ in range(3):
+        update(a, *kv(rng, 1, D=64))
     b = copy.copy(a)
     mine = kv(rng, 1, D=64)
-    ka, _ = a.update_and_fetch(*mine)
-    kb_, _ = b.update_and_fetch(*kv(rng, 1, D=64))
+    ka, _ = update(a, *mine)
+    kb_, _ = update(b, *kv(rng, 1, D=64))
     # Same history, different last tokens: the windows differ only there.
     ka, kb_ = in_order(ka), in_order(kb_)
     assert_same(ka[..., :4, :], kb_[..., :4, :])
@@ -256,8 +268,8 @@ def test_copies_keep_their_own_window(rng):
     for _ in range(6):
         k = kv(rng, 1, D=64)
         mine.append(k[0])
-        ka, _ = a.update_and_fetch(*k)
-        b.update_and_fetch(*kv(rng, 1, D=64))
+        ka, _ = update(a, *k)
+        update(b, *kv(rng, 1, D=64))
     assert_same(in_order(ka), mx.concatenate(mine[-5:], axis=2))
     assert a.nbytes > mlxq.QuantizedKVCache(64, 4).nbytes
 
@@ -493,3 +505,26 @@ def test_a_lazily_evaluated_loop_of_steps_reads_what_each_step_saw(rng):
     every = mx.concatenate(tokens, axis=2)
     for offset, window in seen:
         assert_same(window, every[..., offset - 4 : offset, :])
+
+
+def test_a_window_taken_from_a_batch_stays_while_the_batch_decodes(rng):
+    # extract() builds the sequence's window from views of the batch's
+    # rings, lazily; the batch's next evaluated steps must not write those
+    # rings in place under it.
+    batch = mlxq.BatchQuantizedKVCache([0, 0], group_size=64, bits=4, recent=4)
+    k = mx.array(rng.standard_normal((2, 2, 9, 64)).astype(np.float32))
+    evaluate = lambda fetch: mx.eval([(x.quantized, x.exact) for x in fetch])  # noqa: E731
+    evaluate(batch.update_and_fetch(k, k))
+    rows = [k]
+    for _ in range(2):
+        k = mx.array(rng.standard_normal((2, 2, 1, 64)).astype(np.float32))
+        rows.append(k)
+        evaluate(batch.update_and_fetch(k, k))
+    one = batch.extract(1)
+    for _ in range(6):
+        k = mx.array(rng.standard_normal((2, 2, 1, 64)).astype(np.float32))
+        evaluate(batch.update_and_fetch(k, k))
+    k = mx.array(rng.standard_normal((1, 2, 1, 64)).astype(np.float32))
+    K, _ = one.update_and_fetch(k, k)
+    want = mx.concatenate([r[1:] for r in rows] + [k], axis=2)[..., -5:, :]
+    assert_same(in_order(K), want)

@@ -383,3 +383,97 @@ def test_quantized_kv_update_writes_both_triples_and_fetches_views(fetch):
         mlxq._ext.quantized_kv_update(
             *k_buf, *v_buf, k_new, v_new, pos, group_size=gs, bits=bits, fetch=10
         )
+
+
+@pytest.mark.parametrize("fetch", [-1, 4, 9])
+@pytest.mark.parametrize("R,T,pos", [(5, 1, 7), (5, 2, 9), (3, 3, 4)])
+def test_quantized_kv_update_writes_a_recent_window(fetch, R, T, pos):
+    """With ``recent``, the same op also writes the step's rows (given apart:
+    the window keeps them as they came) into the two rings at ring rows
+    (pos + t) mod R, returned last; the quantized outputs are as without."""
+    B, H, S, D, gs, bits = 1, 2, 9, 64, 64, 4
+    k_buf = tuple(mx.quantize(mx.random.normal((B, H, S, D)), group_size=gs, bits=bits))
+    v_buf = tuple(mx.quantize(mx.random.normal((B, H, S, D)), group_size=gs, bits=bits))
+    k_new, v_new = mx.random.normal((B, H, T, D)), mx.random.normal((B, H, T, 2 * D))
+    v_buf = tuple(mx.quantize(mx.random.normal((B, H, S, 2 * D)), group_size=gs, bits=bits))
+    k_rows, v_rows = mx.random.normal(k_new.shape), mx.random.normal(v_new.shape)
+    ring_k, ring_v = mx.random.normal((B, H, R, D)), mx.random.normal((B, H, R, 2 * D))
+    mx.eval(k_buf, v_buf, k_new, v_new, k_rows, v_rows, ring_k, ring_v)
+    before_k, before_v = np.array(ring_k), np.array(ring_v)
+    plain = mlxq._ext.quantized_kv_update(
+        *k_buf, *v_buf, k_new, v_new, pos, group_size=gs, bits=bits, fetch=fetch
+    )
+    mx.eval(plain)
+    plain = [np_of(a) for part in plain for a in part]
+    for rows, expect in [(None, (k_new, v_new)), ((k_rows, v_rows), (k_rows, v_rows))]:
+        out = mlxq._ext.quantized_kv_update(
+            *k_buf,
+            *v_buf,
+            k_new,
+            v_new,
+            pos,
+            group_size=gs,
+            bits=bits,
+            fetch=fetch,
+            recent=(ring_k, ring_v),
+            recent_rows=rows,
+        )
+        assert len(out) == len(plain) // 3 + 2
+        for got, want in zip([a for part in out[:-2] for a in part], plain):
+            np.testing.assert_array_equal(np_of(got), want)
+        slots = ring_rows(R, pos, T)
+        for ring, old, new in [(out[-2], before_k, expect[0]), (out[-1], before_v, expect[1])]:
+            want = old.copy()
+            want[:, :, slots] = np.array(new)
+            np.testing.assert_array_equal(np.array(ring), want)
+    # Not owned, the callers' rings are left as they were (copied first).
+    np.testing.assert_array_equal(np.array(ring_k), before_k)
+    np.testing.assert_array_equal(np.array(ring_v), before_v)
+
+
+def test_quantized_kv_update_writes_owned_recent_rings_in_place():
+    # recent_owned: the rings are written in place though the caller holds
+    # them (a cache that knows every earlier reader runs first); else copied.
+    B, H, S, D, R = 1, 2, 8, 64, 4
+    k_buf = tuple(mx.quantize(mx.random.normal((B, H, S, D)), group_size=64, bits=4))
+    v_buf = tuple(mx.quantize(mx.random.normal((B, H, S, D)), group_size=64, bits=4))
+    new = mx.random.normal((B, H, 1, D))
+    for owned, copies in [(False, 2), (True, 0)]:
+        rings = (mx.random.normal((B, H, R, D)), mx.random.normal((B, H, R, D)))
+        mx.eval(k_buf, v_buf, new, rings)
+        mlxq._ext._take_ring_copies()
+        out = mlxq._ext.quantized_kv_update(
+            *k_buf, *v_buf, new, new, 6, group_size=64, bits=4, recent=rings, recent_owned=owned
+        )
+        mx.eval(out)
+        mx.synchronize()
+        assert mlxq._ext._take_ring_copies() == copies
+        for ring, held in zip(out[-2:], rings):
+            np.testing.assert_array_equal(np.array(ring)[:, :, 2], np.array(new)[:, :, 0])
+            assert (np.array(held)[:, :, 2] == np.array(new)[:, :, 0]).all() == owned
+
+
+def test_quantized_kv_update_rejects_a_bad_recent_window():
+    B, H, S, D = 1, 2, 8, 64
+    k_buf = tuple(mx.quantize(mx.random.normal((B, H, S, D)), group_size=64, bits=4))
+    new = mx.random.normal((B, H, 2, D))
+    ring = mx.zeros((B, H, 4, D))
+
+    def call(**kw):
+        mlxq._ext.quantized_kv_update(*k_buf, *k_buf, new, new, 0, group_size=64, bits=4, **kw)
+
+    cases = [
+        (dict(recent=(ring, ring[:, :, :3])), r"recent keys \(1, 2, 4, 64\) and values"),
+        (dict(recent=(ring, ring.astype(mx.float16))), r"recent values: rows \(1, 2, 2, 64\)"),
+        (
+            dict(recent=(ring[:, :, :1], ring[:, :, :1])),
+            r"update has 2 rows but the ring holds only 1",
+        ),
+        (dict(recent=(ring, ring), recent_rows=(new[:, :, :1], new)), r"recent keys: rows"),
+        (dict(recent=(ring[..., :32], ring)), r"recent keys: rows"),
+        (dict(recent=(ring[0], ring)), r"recent keys must be 4-D"),
+        (dict(recent_rows=(new, new)), r"recent_rows needs the rings they go to"),
+    ]
+    for kw, message in cases:
+        with pytest.raises(ValueError, match=r"^\[mlxq\.quantized_kv_update\] " + message):
+            call(**kw)

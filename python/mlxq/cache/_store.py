@@ -204,19 +204,33 @@ class Quantized:
         one call: (K triple, V triple, K views, V views)."""
         return self._kv_update(keys, values, new_keys, new_values, pos, fetch=stop)
 
-    def _kv_update(self, keys, values, new_keys, new_values, pos: int, fetch: int):
+    def write_and_fetch_recent(self, keys, values, new_keys, new_values, pos, stop, rings):
+        """:meth:`write_and_fetch` that also writes the rows, as they came,
+        into a recent window's rings ``(keys, values, owned)`` at ``pos``
+        (RecentWindow.decode_rings): the same op, one node. Returns the
+        fetch, then the two rings."""
+        ring_k, ring_v, owned = rings
+        return self._kv_update(
+            keys, values, new_keys, new_values, pos, stop, recent=(ring_k, ring_v), owned=owned
+        )
+
+    def _kv_update(self, keys, values, new_keys, new_values, pos, fetch, recent=None, owned=False):
         f = self.format
+        k, v = self._basis(new_keys), self._basis(new_values)
         return _ext.quantized_kv_update(
             *keys,
             *values,
-            self._basis(new_keys),
-            self._basis(new_values),
+            k,
+            v,
             pos,
             group_size=f.group_size,
             bits=f.bits,
             fetch=fetch,
             v_group_size=f.v_group_size,
             v_bits=f.v_bits,
+            recent=recent,
+            recent_rows=(new_keys, new_values) if recent and f.hadamard else None,
+            recent_owned=owned,
         )
 
     def scheduled(self, t: Triple) -> bool:

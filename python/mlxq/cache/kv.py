@@ -38,28 +38,42 @@ class KVCache(BaseCache):
         """
         return self._append(keys, values, None)
 
-    def _append(self, keys, values, stop):
-        """The update; fetches rows [0, stop) (default: all, [0, offset))."""
+    def _append(self, keys, values, stop, window=None):
+        """The update; fetches rows [0, stop) (default: all, [0, offset)).
+        ``window``: a recent window whose decode step (its
+        ``decode_rings``) the same op writes, when the buffers are owned;
+        returns the window's fetch after the cache's, or None."""
         T = checks.update(self, keys, values)
         prev = self._used()
         stop = prev + T if stop is None else stop
         if self.keys is None or prev + T > self._store.length(self.keys):
             self._grow(keys, values, T)
         if self._owned:  # the decode path: write and fetch in one call
-            self.keys, self.values, k, v = self._store.write_and_fetch(
-                self.keys, self.values, keys, values, prev, stop
-            )
+            rings = None if window is None else window.decode_rings(keys, prev)
+            if rings is None:
+                self.keys, self.values, k, v = self._store.write_and_fetch(
+                    self.keys, self.values, keys, values, prev, stop
+                )
+            else:
+                self.keys, self.values, k, v, ring_k, ring_v = self._store.write_and_fetch_recent(
+                    self.keys, self.values, keys, values, prev, stop, rings
+                )
             self._advance(T)
-            return self._fetched(k, v)
+            if window is None:
+                return self._fetched(k, v)
+            held = None if rings is None else window.decoded(ring_k, ring_v, prev)
+            return self._fetched(k, v), held
         self.keys, self.values = self._store.write_kv(
             self.keys, self.values, keys, values, prev, False
         )
         self._owned = True  # donated or copied: ours alone now
         self._advance(T)
         if stop == self._store.length(self.keys):
-            return self._fetched(self.keys, self.values)
-        rows = self._store.rows
-        return self._fetched(rows(self.keys, stop=stop), rows(self.values, stop=stop))
+            fetch = self._fetched(self.keys, self.values)
+        else:
+            rows = self._store.rows
+            fetch = self._fetched(rows(self.keys, stop=stop), rows(self.values, stop=stop))
+        return fetch if window is None else (fetch, None)
 
     def _advance(self, T: int) -> None:
         """Count ``T`` written tokens."""
@@ -235,9 +249,11 @@ def windowed_fetch(cache, keys, values):
     :class:`RecentSplit` pair: the quantized rows before the window, then the
     window's exact rows. Positions are the buffer's rows (``_used()``: a
     batch's rows, which every sequence shares, or a single cache's offset)."""
-    prev = cache._used()
-    qk, qv = cache._append(keys, values, cache._recent.first_exact(prev))
-    lo, exact_k, exact_v, order = cache._recent.step(keys, values, prev)
+    prev, window = cache._used(), cache._recent
+    (qk, qv), held = cache._append(keys, values, window.first_exact(prev), window)
+    if held is None:  # not a decode step the write took on
+        held = window.step(keys, values, prev)
+    lo, exact_k, exact_v, order = held
     columns = None if order is None else lo + order
     return RecentSplit(qk, exact_k, None, columns), RecentSplit(qv, exact_v, None, columns)
 

@@ -32,11 +32,12 @@ class RecentWindow:
 
     The ring has ``size + 1`` slots, so that a one-token step writes its
     token first and then attends the whole ring as laid out (the ``size``
-    held tokens and itself): two writes and no reordering per step. The
-    writes are in place only where MLX may donate the ring: the slot a step
-    overwrites is one the previous step read, so a ring an unevaluated
-    earlier step still holds (a lazily evaluated loop of one-token steps,
-    or a GPU's in-flight graph) is copied first.
+    held tokens and itself): no reordering per step. The slot a step
+    overwrites is one the previous step read: the write goes in place once
+    an evaluation has taken that step (see :meth:`decode_rings`), and a
+    ring an unevaluated earlier step still holds (a lazily evaluated loop
+    of one-token steps) is copied first. A growing quantized cache writes
+    the ring in its own write op (one node per layer).
     ``start`` is the first position the ring may serve: positions before it
     were never held (a cache restored from a state, or trimmed) and are read
     quantized.
@@ -49,6 +50,16 @@ class RecentWindow:
         self.keys: Optional[mx.array] = None
         self.values: Optional[mx.array] = None
         self.start = 0
+        # The rings are this window's alone: its own writes made them, and
+        # nothing but a step's attention (see decode_rings) has read them.
+        self._owned = False
+
+    def __copy__(self):
+        # The rings shared (a cache's copy): each side's next write copies.
+        other = type(self).__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        self._owned = other._owned = False
+        return other
 
     def reset(self, offset: int) -> None:
         """Nothing before ``offset`` is held exactly any more."""
@@ -59,7 +70,9 @@ class RecentWindow:
         return min(offset, max(offset - self.size, self.start, 0))
 
     def _span(self, ring: mx.array, lo: int, hi: int) -> mx.array:
-        """Positions [lo, hi) from the ring, oldest first (hi - lo <= slots)."""
+        """Positions [lo, hi) from the ring, oldest first (hi - lo <= slots):
+        views, so the ring's next write copies."""
+        self._owned = False
         a, n = lo % self.slots, hi - lo
         if a + n <= self.slots:
             return ring[..., a : a + n, :]
@@ -79,10 +92,11 @@ class RecentWindow:
         positions ``[lo, offset + T)`` exactly; ``order`` is None when the
         rows are those positions in order, else (a one-token step with a
         full window: the ring itself) each row's index in that range."""
+        rings = self.decode_rings(keys, offset)
+        if rings is not None:
+            self._write(keys, values, offset, owned=rings[2])
+            return self.decoded(self.keys, self.values, offset)
         lo = self.first_exact(offset)
-        if keys.shape[2] == 1 and offset - lo == self.size and self._fits(keys):
-            self._write(keys, values, offset)
-            return lo, self.keys, self.values, self._order(lo % self.slots)
         if lo < offset:
             k = mx.concatenate([self._span(self.keys, lo, offset), keys], axis=2)
             v = mx.concatenate([self._span(self.values, lo, offset), values], axis=2)
@@ -90,6 +104,30 @@ class RecentWindow:
             k, v = keys, values
         self._write(keys, values, offset)  # (a copy: the spans still read the ring)
         return lo, k, v, None
+
+    def decode_rings(self, keys: mx.array, offset: int):
+        """For a one-token step at ``offset`` with the window full (a decode
+        step): ``(keys ring, values ring, owned)`` for one write to update
+        at slot ``offset % slots``, else None. ``owned``: the write may go
+        in place whatever MLX's donation rule says. The slot holds the
+        token the previous step read, and once an evaluation has taken
+        that step's graph (generate_step's pipeline) it runs first on the
+        stream; MLX's GPU backends keep an in-flight graph's inputs alive,
+        so donation alone would copy both rings every step. In a lazily
+        evaluated loop the previous step still reads the slot, and the
+        write copies."""
+        lo = self.first_exact(offset)
+        if keys.shape[2] == 1 and offset - lo == self.size and self._fits(keys):
+            return self.keys, self.values, self._owned and _ext._scheduled(self.keys)
+        return None
+
+    def decoded(self, ring_k: mx.array, ring_v: mx.array, offset: int):
+        """:meth:`step`'s result for the decode step at ``offset`` once
+        ``ring_k`` / ``ring_v`` hold its token (see :meth:`decode_rings`)."""
+        self.keys, self.values = ring_k, ring_v
+        self._owned = True  # written in place, donated or copied: ours alone
+        lo = offset - self.size
+        return lo, ring_k, ring_v, self._order(lo % self.slots)
 
     def _order(self, shift: int) -> np.ndarray:
         """Each ring slot's index in a full window starting at slot ``shift``
@@ -100,7 +138,7 @@ class RecentWindow:
             order.flags.writeable = False
         return order
 
-    def _write(self, keys: mx.array, values: mx.array, offset: int) -> None:
+    def _write(self, keys: mx.array, values: mx.array, offset: int, owned: bool = False) -> None:
         T = keys.shape[2]
         if not self._fits(keys):
             B, H, _, D = keys.shape
@@ -111,8 +149,9 @@ class RecentWindow:
         if m < T:  # only the last rows fit
             keys, values = keys[..., T - m :, :], values[..., T - m :, :]
         pos = (offset + T - m) % self.slots
-        self.keys = _ext.ring_update(self.keys, keys, pos)
-        self.values = _ext.ring_update(self.values, values, pos)
+        self.keys = _ext.ring_update(self.keys, keys, pos, owned=owned)
+        self.values = _ext.ring_update(self.values, values, pos, owned=owned)
+        self._owned = True  # written in place, donated or copied: ours alone
 
     def trimmed(self, old: int, offset: int) -> None:
         """The cache went back from ``old`` tokens to ``offset``: the ring
