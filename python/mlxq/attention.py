@@ -4,7 +4,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 
-from . import _ext, routing
+from . import _ext, routing, workspace
 from .hadamard import check_head_dim, transform
 from .kv_format import FormattedTriple, is_hadamard
 from .split import is_split
@@ -376,11 +376,18 @@ def _one_pass_prefill(q, keys, values, mask: Mask, sinks, stream) -> bool:
     )
 
 
+def _dense_format(part) -> Tuple[int, int]:
+    """``(group_size, bits)`` of a RecentSplit's quantized rows, as the
+    shapes give them (the exact rows have the head dim)."""
+    packed, scales = part.quantized[0], part.quantized[1]
+    D = part.exact.shape[3]
+    return D // scales.shape[3], packed.shape[3] * 32 // D
+
+
 def _dequantized_rows(part, dtype, stream) -> mx.array:
     """A RecentSplit's quantized rows, dequantized into the exact rows' basis."""
     triple = part.quantized
-    D = part.exact.shape[3]  # (bits and group size as the shapes give them)
-    bits, group_size = triple[0].shape[3] * 32 // D, D // triple[1].shape[3]
+    group_size, bits = _dense_format(part)
     rows = mx.dequantize(*triple, group_size=group_size, bits=bits, stream=stream)
     rows = rows.astype(dtype, stream=stream)
     if is_hadamard(triple):
@@ -392,6 +399,10 @@ def _dequantized_one_pass(q, keys, values, *, scale, mask: Mask, sinks, stream) 
     """A recent-window step as one attention over ``[dequantized rows, window
     rows]`` (see :func:`_one_pass_prefill`): the mask's columns are in that
     order already, and a causal mask hides no quantized row."""
+    if _in_workspace(keys, values):
+        return _workspace_one_pass(
+            q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
+        )
     k = mx.concatenate(
         [_dequantized_rows(keys, keys.exact.dtype, stream), keys.exact], axis=2, stream=stream
     )
@@ -422,6 +433,44 @@ def _decode_rows(q, keys, L: int) -> bool:
     """Whether a step of ``L`` queries is too few rows per KV head for the
     op to route it through ``mx.fast`` (mlxq.routing), as a decode step is."""
     return L * (q.shape[1] // keys.exact.shape[1]) < routing.MIN_ROUTED_QUERY_ROWS
+
+
+def _in_workspace(keys, values) -> bool:
+    """Whether a step's rows can be dequantized into the stream's workspace
+    (mlxq.workspace) as the op's own routed prefill does: the step carries
+    ``whole``, rows out of the Hadamard basis come out as the window's are,
+    in its dtype."""
+    if keys.whole is None or values.whole is None or not routing.prefill_workspace():
+        return False
+    if is_hadamard(keys.whole) or is_hadamard(values.whole):
+        return False
+    return all(p.exact.dtype == p.whole[1].dtype for p in (keys, values))
+
+
+def _workspace_one_pass(q, keys, values, *, scale, mask: Mask, sinks, stream) -> mx.array:
+    """:func:`_dequantized_one_pass` without a fresh copy per layer: every
+    row quantized (``whole``) is dequantized into the stream's workspace,
+    the exact rows are written over the window's columns in place, and MLX's
+    fused attention reads the workspace, as the op's routed prefill does."""
+    kf, vf = _dense_format(keys), _dense_format(values)
+    k, v = workspace.dequantize_kv(
+        keys.whole,
+        values.whole,
+        group_size=kf[0],
+        bits=kf[1],
+        v_group_size=vf[0],
+        v_bits=vf[1],
+        dtype=keys.exact.dtype,
+        stream=stream,
+    )
+    n = keys.quantized_length
+    k = _ext.ring_update(k, keys.exact, n, owned=True, stream=stream)
+    v = _ext.ring_update(v, values.exact, n, owned=True, stream=stream)
+    out = mx.fast.scaled_dot_product_attention(
+        q, k, v, scale=scale, mask=mask, sinks=sinks, stream=stream
+    )
+    workspace.note_reader(stream, out)
+    return out
 
 
 def recent_split_sdpa(

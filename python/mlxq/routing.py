@@ -35,6 +35,12 @@ def set_dequantized_prefill(enabled: bool) -> bool:
     return _switch("prefill", enabled)
 
 
+def prefill_workspace() -> bool:
+    """Whether routed layers dequantize into the stream's workspace (see
+    :func:`set_prefill_workspace`)."""
+    return _ext._environment()[_SWITCHES["workspace"]] == "1"
+
+
 def set_prefill_workspace(enabled: bool) -> bool:
     """Dequantize routed layers into one reused buffer per stream (default) or
     with ``mx.dequantize`` per layer; returns the old setting. Also settable

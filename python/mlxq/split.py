@@ -14,6 +14,7 @@ class _RecentSplitFields(NamedTuple):
     exact: mx.array
     hidden: Optional[mx.array] = None
     columns: Optional[np.ndarray] = None
+    whole: Optional[tuple] = None
 
 
 class RecentSplit(MlxqOnly, _RecentSplitFields):
@@ -31,6 +32,11 @@ class RecentSplit(MlxqOnly, _RecentSplitFields):
       skips those rows there.
     * ``columns``: for each exact row, its column in the step's mask (numpy
       int64 ``[T]``); then the quantized part covers all ``n`` columns.
+
+    A many-row step of rows in order may also carry ``whole``: the cache's
+    quantized rows of all ``n + T`` columns (the window's tokens are
+    quantized too), so that attention over the dequantized rows can
+    dequantize them at once and write the exact rows over the last ``T``.
 
     Only mlxq may unpack or index it (see mlxq.guard); the fields read as
     attributes.

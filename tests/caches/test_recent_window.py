@@ -121,17 +121,27 @@ def test_attention_reads_the_window_exactly(rng, gs, bits, v_fmt, rotate, R):
         (32, 3, None, True, "causal"),
     ],
 )
+@pytest.mark.parametrize("in_workspace", [True, False])
+@pytest.mark.parametrize("ring", [False, True])
 def test_one_pass_prefill_attends_the_dequantized_rows_then_the_window(
-    rng, gs, bits, v_fmt, rotate, mask
+    rng, gs, bits, v_fmt, rotate, mask, in_workspace, ring
 ):
     """A GPU prefill step whose problem MLX's fused attention takes runs as
     one mx.fast call over [dequantized rows, window rows] (the two-part path
-    would attend the step's own rows densely in float32). Checked here
+    would attend the step's own rows densely in float32): every row
+    dequantized into the stream's workspace and the window written over its
+    columns, or (rows in the Hadamard basis, or the workspace off) the
+    quantized rows dequantized apart and joined to the window. Checked here
     through the same function on this device's mx.fast."""
+    from mlxq import routing, workspace
     from mlxq.attention import _dequantized_one_pass, _one_pass_prefill
 
     vg, vb = v_fmt or (None, None)
-    cache = mlxq.QuantizedKVCache(gs, bits, hadamard=rotate, v_group_size=vg, v_bits=vb, recent=16)
+    fmt = dict(hadamard=rotate, v_group_size=vg, v_bits=vb, recent=16)
+    if ring:  # (a sliding-window ring that has not wrapped yet)
+        cache = mlxq.RotatingQuantizedKVCache(256, 0, gs, bits, **fmt)
+    else:
+        cache = mlxq.QuantizedKVCache(gs, bits, **fmt)
     sinks = mx.array(rng.normal(0.5, 1.5, 4).astype(np.float32))
     ks, vs = [], []
     for T in [40, 1, 1, 24]:
@@ -149,7 +159,15 @@ def test_one_pass_prefill_attends_the_dequantized_rows_then_the_window(
     q = mx.array(rng.standard_normal((1, 4, 24, 64)).astype(np.float32))
     if mx.default_device() == mx.cpu:
         assert not _one_pass_prefill(q, K, V, m, sinks, None)  # (only where MLX's route is)
-    out = _dequantized_one_pass(q, K, V, scale=0.125, mask=m, sinks=sinks, stream=None)
+    workspace.release_all()
+    was = routing.set_prefill_workspace(in_workspace)
+    try:
+        out = _dequantized_one_pass(q, K, V, scale=0.125, mask=m, sinks=sinks, stream=None)
+        mx.eval(out)
+    finally:
+        routing.set_prefill_workspace(was)
+    assert (workspace.held_bytes() > 0) == (in_workspace and not rotate)
+    workspace.release_all()
     ref = reference(
         q,
         ks,

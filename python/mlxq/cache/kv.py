@@ -254,8 +254,14 @@ def windowed_fetch(cache, keys, values):
     if held is None:  # not a decode step the write took on
         held = window.step(keys, values, prev)
     lo, exact_k, exact_v, order = held
-    columns = None if order is None else lo + order
-    return RecentSplit(qk, exact_k, None, columns), RecentSplit(qv, exact_v, None, columns)
+    if order is not None:  # a decode step: the rings as laid out
+        columns = lo + order
+        return RecentSplit(qk, exact_k, None, columns), RecentSplit(qv, exact_v, None, columns)
+    if keys.shape[2] == 1:
+        return RecentSplit(qk, exact_k), RecentSplit(qv, exact_v)
+    store, end = cache._store, prev + keys.shape[2]
+    wk, wv = cache._fetched(store.rows(cache.keys, stop=end), store.rows(cache.values, stop=end))
+    return RecentSplit(qk, exact_k, whole=wk), RecentSplit(qv, exact_v, whole=wv)
 
 
 __all__ = ["KVCache", "QuantizedKVCache", "windowed_fetch"]

@@ -412,8 +412,9 @@ def window_split(cache, fetch, keys, values, prev: int, end: int, newest_slots=N
     if newest_slots is None:
         n = cache._store.length(qk) - (end - lo)
         rows = cache._store.rows
+        wk, wv = cache._fetched(qk, qv)
         qk, qv = cache._fetched(rows(qk, stop=n), rows(qv, stop=n))
-        return RecentSplit(qk, exact_k), RecentSplit(qv, exact_v)
+        return RecentSplit(qk, exact_k, whole=wk), RecentSplit(qv, exact_v, whole=wv)
     slots = newest_slots(end - lo)
     hidden = np.zeros(cache._store.length(qk), dtype=np.bool_)
     hidden[slots] = True
