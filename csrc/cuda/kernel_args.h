@@ -83,8 +83,7 @@ constexpr int kMergeThreads = 256;
 struct RingArgs {
   const void* src; // update [B, H, T, D] (strided)
   void* dst; // buffer [B, H, S, D] (row-contiguous)
-  const int32_t* pos; // null: use pos_value
-  int pos_value;
+  const int32_t* pos;
   int64_t src_st[4];
   int B, H, T, S, D;
   int itemsize;
@@ -115,6 +114,13 @@ struct QuantKVSide {
   void* scales; // [B, H, S, G], update dtype
   void* biases;
   int D, W, G;
+  // A recent window's ring [B, H, R, D] (row-contiguous) that takes the
+  // rows `recent_src` [B, H, T, D] (strided) at rows (pos + t) mod R; null:
+  // none.
+  void* recent;
+  const void* recent_src;
+  int64_t recent_src_st[4];
+  int R, itemsize;
 };
 
 struct QuantKVArgs {

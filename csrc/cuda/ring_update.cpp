@@ -46,21 +46,17 @@ void take_or_copy(
   launch(enc, copy_kernel(), dim3(c.B * c.H * c.S), dim3(kRowThreads), 0, c, {&in, &out}, {&out});
 }
 
-// Writes `update`'s rows into `out` at ring rows (pos + t) mod S: `pos` read
-// on the device, or (null) `pos_value`. `buffer` is the input `out` took.
-void write_rows(
-    mx::cu::CommandEncoder& enc,
-    const mx::array& buffer,
-    const mx::array& update,
-    const mx::array& pos,
-    const int32_t* pos_ptr,
-    int pos_value,
-    mx::array& out) {
+} // namespace
+
+void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& enc = mx::cu::get_command_encoder(stream());
+  const auto& buffer = inputs[0];
+  const auto& update = inputs[1];
+  take_or_copy(buffer, out, enc, owned_);
   RingArgs r{};
   r.src = mx::gpu_ptr<void>(update);
   r.dst = mx::gpu_ptr<void>(out);
-  r.pos = pos_ptr;
-  r.pos_value = pos_value;
+  r.pos = mx::gpu_ptr<int32_t>(inputs[2]);
   copy_strides(update, r.src_st);
   r.B = update.shape(0);
   r.H = update.shape(1);
@@ -78,16 +74,8 @@ void write_rows(
       dim3(kRowThreads),
       0,
       r,
-      {&buffer, &update, &pos, &out},
+      {&buffer, &update, &inputs[2], &out},
       {&out});
-}
-
-} // namespace
-
-void RingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto& enc = mx::cu::get_command_encoder(stream());
-  take_or_copy(inputs[0], out, enc, owned_);
-  write_rows(enc, inputs[0], inputs[1], inputs[2], mx::gpu_ptr<int32_t>(inputs[2]), 0, out);
 }
 
 void QuantizedRingUpdate::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -141,10 +129,13 @@ void QuantizedKVUpdate::eval_gpu(
   // in host-mapped memory on CUDA, and reading it would cost each block a
   // round trip over the host link.
   const int32_t* pos_ptr = static_pos_ >= 0 ? nullptr : mx::gpu_ptr<int32_t>(inputs[8]);
+  // The kernels read the rings too when they were copied (the copy must run
+  // first), so the launches list them among their reads.
+  std::vector<mx::array> reads = inputs;
   for (int kv = 0; recent_ && kv < 2; ++kv) {
     mx::array& ring = outputs[recent_output() + kv];
     take_or_copy(inputs[9 + kv], ring, enc, recent_owned_);
-    write_rows(enc, inputs[9 + kv], inputs[11 + kv], inputs[8], pos_ptr, static_pos_, ring);
+    reads.push_back(ring);
   }
   const auto& k_update = inputs[6];
   QuantKVArgs q{};
@@ -159,6 +150,15 @@ void QuantizedKVUpdate::eval_gpu(
     d.D = update.shape(3);
     d.W = d.D * bits_[kv] / 32;
     d.G = d.D / group_size_[kv];
+    if (recent_) { // the window's rows go in the same launch
+      const mx::array& ring = outputs[recent_output() + kv];
+      const mx::array& rows = inputs[11 + kv];
+      d.recent = mx::gpu_ptr<void>(ring);
+      d.recent_src = mx::gpu_ptr<void>(rows);
+      copy_strides(rows, d.recent_src_st);
+      d.R = ring.shape(2);
+      d.itemsize = static_cast<int>(ring.itemsize());
+    }
   }
   q.pos = pos_ptr;
   q.pos_value = static_pos_;
@@ -179,7 +179,7 @@ void QuantizedKVUpdate::eval_gpu(
         dim3(kRowThreads),
         0,
         q,
-        inputs,
+        reads,
         outputs);
     return;
   }
@@ -195,7 +195,7 @@ void QuantizedKVUpdate::eval_gpu(
         dim3(kRowThreads),
         0,
         one,
-        inputs,
+        reads,
         outputs);
   }
 }

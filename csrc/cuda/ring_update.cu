@@ -49,7 +49,7 @@ __global__ void ring_kernel_impl(RingArgs a) {
   const int row = blockIdx.x; // (b, h, t)
   const int t = row % a.T, bh = row / a.T;
   const int h = bh % a.H, b = bh / a.H;
-  const int s = a.pos ? ring_row(a.pos, t, a.S) : ring_row(int64_t(a.pos_value), t, a.S);
+  const int s = ring_row(a.pos, t, a.S);
   const char* src = static_cast<const char*>(a.src) +
       (b * a.src_st[0] + h * a.src_st[1] + t * a.src_st[2]) * a.itemsize;
   char* dst = static_cast<char*>(a.dst) + ((int64_t(bh) * a.S + s) * a.D) * a.itemsize;
@@ -167,7 +167,9 @@ __global__ void quant_ring_kernel_impl(QuantRingArgs a) {
 }
 
 // QuantizedKVUpdate: block (row, side) quantizes one row of K (side 0) or V
-// (side 1) into all three arrays of that side.
+// (side 1) into all three arrays of that side, and copies the row given for
+// a recent window into its ring (in the same launch: a graph node less per
+// ring and step).
 template <int BITS, int GS>
 __global__ void quant_kv_kernel_impl(QuantKVArgs a) {
   __shared__ uint8_t codes[4][GS];
@@ -178,6 +180,7 @@ __global__ void quant_kv_kernel_impl(QuantKVArgs a) {
   const int64_t src0 = b * d.src_st[0] + h * d.src_st[1] + t * d.src_st[2];
   const int64_t dst_row =
       int64_t(bh) * a.S + ring_row(a.pos ? int64_t(a.pos[0]) : int64_t(a.pos_value), t, a.S);
+  const int64_t p = a.pos ? int64_t(a.pos[0]) : int64_t(a.pos_value);
   quantize_row<BITS, GS>(
       d.src,
       src0,
@@ -190,6 +193,16 @@ __global__ void quant_kv_kernel_impl(QuantKVArgs a) {
       d.scales,
       d.biases,
       codes[threadIdx.x / 32]);
+  if (d.recent) { // the row as it came, into the window's ring
+    const char* rsrc = static_cast<const char*>(d.recent_src) +
+        (b * d.recent_src_st[0] + h * d.recent_src_st[1] + t * d.recent_src_st[2]) * d.itemsize;
+    char* rdst =
+        static_cast<char*>(d.recent) + (int64_t(bh) * d.R + ring_row(p, t, d.R)) * d.D * d.itemsize;
+    for (int i = threadIdx.x; i < d.D; i += blockDim.x) {
+      copy_element(
+          rsrc + i * d.recent_src_st[3] * d.itemsize, rdst + int64_t(i) * d.itemsize, d.itemsize);
+    }
+  }
 }
 
 template <int BITS>
