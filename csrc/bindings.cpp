@@ -184,19 +184,29 @@ NB_MODULE(_ext, m) {
          int fetch,
          std::optional<int> v_group_size,
          std::optional<int> v_bits,
-         std::optional<std::pair<mx::array, mx::array>> recent,
-         std::optional<std::pair<mx::array, mx::array>> recent_rows,
+         std::optional<mx::array> recent_keys,
+         std::optional<mx::array> recent_values,
+         std::optional<mx::array> recent_key_rows,
+         std::optional<mx::array> recent_value_rows,
          bool recent_owned,
          mx::StreamOrDevice s) {
         auto out = translate_errors([&] {
           std::optional<mlxq::RecentWrite> window;
-          if (recent) {
-            auto rows = recent_rows.value_or(std::pair{k_update, v_update});
+          if (recent_keys || recent_values) {
+            if (!recent_keys || !recent_values) {
+              throw std::invalid_argument(
+                  "[mlxq.quantized_kv_update] pass recent_keys and recent_values together.");
+            }
             window = mlxq::RecentWrite{
-                recent->first, recent->second, rows.first, rows.second, recent_owned};
-          } else if (recent_rows) {
+                *recent_keys,
+                *recent_values,
+                recent_key_rows.value_or(k_update),
+                recent_value_rows.value_or(v_update),
+                recent_owned};
+          } else if (recent_key_rows || recent_value_rows) {
             throw std::invalid_argument(
-                "[mlxq.quantized_kv_update] recent_rows needs the rings they go to (recent).");
+                "[mlxq.quantized_kv_update] recent rows need the rings they go to "
+                "(recent_keys, recent_values).");
           }
           return mlxq::quantized_kv_update(
               {kp, ks, kb},
@@ -244,14 +254,16 @@ NB_MODULE(_ext, m) {
       "fetch"_a = -1,
       "v_group_size"_a = nb::none(),
       "v_bits"_a = nb::none(),
-      "recent"_a = nb::none(),
-      "recent_rows"_a = nb::none(),
+      "recent_keys"_a = nb::none(),
+      "recent_values"_a = nb::none(),
+      "recent_key_rows"_a = nb::none(),
+      "recent_value_rows"_a = nb::none(),
       "recent_owned"_a = false,
       "stream"_a = nb::none(),
       "A KV cache's write of one step: quantize K and V rows into both triples in place "
-      "(fetch >= 0: also return their rows [0, fetch) as views; recent: also write the rows "
-      "(recent_rows, default the updates) into the exact window's two rings at the same "
-      "position, and return them last).");
+      "(fetch >= 0: also return their rows [0, fetch) as views; recent_keys / recent_values: "
+      "also write the rows (recent_key_rows / recent_value_rows, default the updates) into an "
+      "exact window's two rings at the same position, and return them last).");
 
   m.def(
       "dequantize_into",

@@ -7,7 +7,7 @@ import mlx.core as mx
 from . import _ext, routing, workspace
 from .hadamard import check_head_dim, transform
 from .kv_format import FormattedTriple, is_hadamard
-from .split import is_split
+from .split import RecentSplit, is_split
 
 QuantizedTensor = Tuple[mx.array, mx.array, mx.array]
 Mask = Union[None, str, mx.array]
@@ -473,6 +473,35 @@ def _workspace_one_pass(q, keys, values, *, scale, mask: Mask, sinks, stream) ->
     return out
 
 
+def _recent_decode(q, keys, values, scale: float, sinks, stream):
+    """A recent window's decode step (the step every generated token takes)
+    in as few host steps as the op allows: what :func:`recent_split_sdpa`
+    runs for one query per head, no mask and plain triples in the queries'
+    basis (one op, the window in the decode kernel), or None for any other
+    call, which takes the general path."""
+    if type(keys) is not RecentSplit or type(values) is not RecentSplit:
+        return None
+    kq, vq = keys.quantized, values.quantized
+    if type(kq) is not tuple or type(vq) is not tuple or keys.hidden is not None:
+        return None  # (formats only mlxq reads, sliding-window rings)
+    ek, ev = keys.exact, values.exact
+    n = kq[0].shape[2]
+    if (
+        q.ndim != 4
+        or q.shape[2] != 1
+        or n == 0
+        or n != vq[0].shape[2]
+        or ek.shape[2] != ev.shape[2]
+        or (keys.columns is None) != (values.columns is None)
+        or not _window_in_kernel(q, values, stream)
+        or not _decode_rows(q, keys, 1)
+    ):
+        return None
+    return _ext.quantized_sdpa(
+        q, *kq, *vq, scale=scale, sinks=sinks, recent_keys=ek, recent_values=ev, stream=stream
+    )
+
+
 def recent_split_sdpa(
     q: mx.array,
     keys,
@@ -642,6 +671,10 @@ def sdpa(
         >>> v = mx.quantize(values, group_size=64, bits=4)
         >>> out = mlxq.sdpa(q, k, v, scale=q.shape[-1] ** -0.5, mask="causal")
     """
+    if mask is None and group_size is None and v_group_size is None and bits is None:
+        out = _recent_decode(q, keys, values, scale, sinks, stream)
+        if out is not None:
+            return out
     split = is_split(keys) or is_split(values)
     if split and not (is_split(keys) and is_split(values)):
         raise ValueError(

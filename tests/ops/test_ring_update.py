@@ -415,8 +415,9 @@ def test_quantized_kv_update_writes_a_recent_window(fetch, R, T, pos):
             group_size=gs,
             bits=bits,
             fetch=fetch,
-            recent=(ring_k, ring_v),
-            recent_rows=rows,
+            recent_keys=ring_k,
+            recent_values=ring_v,
+            **({} if rows is None else dict(recent_key_rows=rows[0], recent_value_rows=rows[1])),
         )
         assert len(out) == len(plain) // 3 + 2
         for got, want in zip([a for part in out[:-2] for a in part], plain):
@@ -443,7 +444,16 @@ def test_quantized_kv_update_writes_owned_recent_rings_in_place():
         mx.eval(k_buf, v_buf, new, rings)
         mlxq._ext._take_ring_copies()
         out = mlxq._ext.quantized_kv_update(
-            *k_buf, *v_buf, new, new, 6, group_size=64, bits=4, recent=rings, recent_owned=owned
+            *k_buf,
+            *v_buf,
+            new,
+            new,
+            6,
+            group_size=64,
+            bits=4,
+            recent_keys=rings[0],
+            recent_values=rings[1],
+            recent_owned=owned,
         )
         mx.eval(out)
         mx.synchronize()
@@ -462,17 +472,18 @@ def test_quantized_kv_update_rejects_a_bad_recent_window():
     def call(**kw):
         mlxq._ext.quantized_kv_update(*k_buf, *k_buf, new, new, 0, group_size=64, bits=4, **kw)
 
+    def rings(k, v):
+        return dict(recent_keys=k, recent_values=v)
+
     cases = [
-        (dict(recent=(ring, ring[:, :, :3])), r"recent keys \(1, 2, 4, 64\) and values"),
-        (dict(recent=(ring, ring.astype(mx.float16))), r"recent values: rows \(1, 2, 2, 64\)"),
-        (
-            dict(recent=(ring[:, :, :1], ring[:, :, :1])),
-            r"update has 2 rows but the ring holds only 1",
-        ),
-        (dict(recent=(ring, ring), recent_rows=(new[:, :, :1], new)), r"recent keys: rows"),
-        (dict(recent=(ring[..., :32], ring)), r"recent keys: rows"),
-        (dict(recent=(ring[0], ring)), r"recent keys must be 4-D"),
-        (dict(recent_rows=(new, new)), r"recent_rows needs the rings they go to"),
+        (rings(ring, ring[:, :, :3]), r"recent keys \(1, 2, 4, 64\) and values"),
+        (rings(ring, ring.astype(mx.float16)), r"recent values: rows \(1, 2, 2, 64\)"),
+        (rings(ring[:, :, :1], ring[:, :, :1]), r"update has 2 rows but the ring holds only 1"),
+        (dict(rings(ring, ring), recent_key_rows=new[:, :, :1]), r"recent keys: rows"),
+        (rings(ring[..., :32], ring), r"recent keys: rows"),
+        (rings(ring[0], ring), r"recent keys must be 4-D"),
+        (dict(recent_keys=ring), r"pass recent_keys and recent_values together"),
+        (dict(recent_value_rows=new), r"recent rows need the rings they go to"),
     ]
     for kw, message in cases:
         with pytest.raises(ValueError, match=r"^\[mlxq\.quantized_kv_update\] " + message):

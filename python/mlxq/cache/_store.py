@@ -210,27 +210,38 @@ class Quantized:
         (RecentWindow.decode_rings): the same op, one node. Returns the
         fetch, then the two rings."""
         ring_k, ring_v, owned = rings
-        return self._kv_update(
-            keys, values, new_keys, new_values, pos, stop, recent=(ring_k, ring_v), owned=owned
-        )
-
-    def _kv_update(self, keys, values, new_keys, new_values, pos, fetch, recent=None, owned=False):
         f = self.format
-        k, v = self._basis(new_keys), self._basis(new_values)
+        rows = dict(recent_key_rows=new_keys, recent_value_rows=new_values) if f.hadamard else {}
         return _ext.quantized_kv_update(
             *keys,
             *values,
-            k,
-            v,
+            self._basis(new_keys),
+            self._basis(new_values),
+            pos,
+            group_size=f.group_size,
+            bits=f.bits,
+            fetch=stop,
+            v_group_size=f.v_group_size,
+            v_bits=f.v_bits,
+            recent_keys=ring_k,
+            recent_values=ring_v,
+            recent_owned=owned,
+            **rows,
+        )
+
+    def _kv_update(self, keys, values, new_keys, new_values, pos: int, fetch: int):
+        f = self.format
+        return _ext.quantized_kv_update(
+            *keys,
+            *values,
+            self._basis(new_keys),
+            self._basis(new_values),
             pos,
             group_size=f.group_size,
             bits=f.bits,
             fetch=fetch,
             v_group_size=f.v_group_size,
             v_bits=f.v_bits,
-            recent=recent,
-            recent_rows=(new_keys, new_values) if recent and f.hadamard else None,
-            recent_owned=owned,
         )
 
     def scheduled(self, t: Triple) -> bool:
