@@ -258,7 +258,8 @@ void eval_gemm(
     const mx::array& dense,
     const void* kd,
     const void* vd,
-    mx::array& out) {
+    mx::array& out,
+    mx::array* lse) {
   const mx::array& q = in[kInQ];
   const int G = p.B * p.Hkv, M = p.rows(), D = p.Dk, Dv = p.Dv;
   const int ld = plan.block_keys;
@@ -405,8 +406,12 @@ void eval_gemm(
   fin.rep = p.rep;
   fin.rows = M;
   fin.out_dtype = p.q_dtype;
+  fin.lse = lse ? mx::gpu_ptr<float>(*lse) : nullptr;
   if (p.sinks_input >= 0) {
     enc.set_input_array(in[p.sinks_input]);
+  }
+  if (lse) {
+    enc.set_output_array(*lse);
   }
   launch(
       enc,

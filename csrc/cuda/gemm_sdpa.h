@@ -22,6 +22,7 @@ void eval_gemm(
     const mx::array& dense,
     const void* kd,
     const void* vd,
-    mx::array& out);
+    mx::array& out,
+    mx::array* lse = nullptr);
 
 } // namespace mlxq::cuda

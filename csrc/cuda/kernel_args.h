@@ -186,6 +186,7 @@ struct GemmFinishArgs {
   const float* l;
   const float* sinks; // [Hq] or null
   void* out;
+  float* lse; // [B, Hq, L] each row's log-sum-exp, or null
   int Hq, Hkv, L, Dv, rep, rows, out_dtype;
 };
 

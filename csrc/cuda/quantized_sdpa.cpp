@@ -457,7 +457,7 @@ void attend(
     dense = dense_copy(enc, p, a, in, in[kInQ]);
     if (plan.family == Family::Gemm) {
       note_sdpa_kernel(family_name(plan.family));
-      eval_gemm(enc, p, plan, in, dense, a.kd, a.vd, out);
+      eval_gemm(enc, p, plan, in, dense, a.kd, a.vd, out, lse);
       return;
     }
     enc.set_input_array(dense);

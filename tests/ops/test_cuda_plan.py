@@ -225,8 +225,8 @@ def test_keys_and_values_quantized_apart():
 
 def test_the_log_sum_exp_comes_from_a_split_merge():
     # quantized_sdpa with return_lse: the merge (fused in decode, merge_kernel
-    # otherwise) writes each row's log-sum-exp, so every family writes
-    # partials, even with one split; the GEMM family has no merge and yields.
+    # otherwise) writes each row's log-sum-exp, so every split family writes
+    # partials, even with one split; the GEMM family's finish writes it.
     assert plan(with_lse=True)["kernel"] == "cuda_decode"
     assert plan(with_lse=True)["fused_merge"]
     one = plan(q_dtype=F32, B=128, L=4, N=64, with_lse=True)  # enough blocks unsplit
@@ -238,7 +238,9 @@ def test_the_log_sum_exp_comes_from_a_split_merge():
     wide = dict(L=2048, N=8192, Hq=8, Hkv=1, Dk=512, mask=CAUSAL)
     til = dict(TILED, threads=256, rows=32, smem=182 * 1024, blocks_per_sm=1, dense=True)
     assert plan(tiled=til, **wide)["kernel"] == "cuda_gemm"
-    assert plan(tiled=til, with_lse=True, **wide)["kernel"] != "cuda_gemm"
+    gemm = plan(tiled=til, with_lse=True, **wide)
+    assert gemm["kernel"] == "cuda_gemm" and not gemm["merge_kernel"]
+    assert gemm["partial_slots"] == 0
 
 
 def test_a_recent_window_adds_decode_blocks_to_the_merge():

@@ -30,6 +30,7 @@ CASES = [
     (3, 3, 32, 1, 6, 3, 17, 77, 64, mx.float16, "causal", False),
     (2, 2, 128, 1, 4, 4, 5, 129, 128, mx.float32, "array", True),
     (6, 5, 32, 1, 2, 1, 40, 1000, 32, mx.float32, "array", False),
+    (4, 4, 64, 1, 8, 1, 64, 4200, 256, mx.bfloat16, "causal", True),  # CUDA: the GEMM family
 ]
 
 
@@ -54,9 +55,14 @@ def test_lse_matches_float64(rng, bits, v_bits, gs, B, Hq, Hkv, L, N, D, q_dtype
         mask = mx.array(vis)
     s = random_sinks(rng, Hq) if sinks else None
     scale = D**-0.5
+    mlxq._ext._take_last_sdpa_kernel()
     out, lse = mlxq.quantized_sdpa(
         q, k, v, scale=scale, mask=mask, sinks=s, v_bits=v_bits, return_lse=True
     )
+    mx.eval(out, lse)
+    kernel = mlxq._ext._take_last_sdpa_kernel()
+    if D == 256 and mx.default_device() == mx.gpu and mlxq.routing.gpu_backend() == "cuda":
+        assert kernel == "cuda_gemm"  # its finish writes the log-sum-exp
     assert lse.dtype == mx.float32 and lse.shape == (B, Hq, L)
     ref, ref_lse = sdpa64(
         q,

@@ -128,7 +128,8 @@ __global__ void __launch_bounds__(kGemmThreads) fold_kernel(GemmFoldArgs a) {
   }
 }
 
-// One block per row: out = o / l, with the sink's weight in l.
+// One block per row: out = o / l, with the sink's weight in l (and, when
+// asked, the row's log-sum-exp).
 __global__ void __launch_bounds__(kGemmThreads) finish_kernel(GemmFinishArgs a) {
   const int64_t row = blockIdx.x;
   const int r = int(row % a.rows);
@@ -136,9 +137,12 @@ __global__ void __launch_bounds__(kGemmThreads) finish_kernel(GemmFinishArgs a) 
   const int kvh = int(g % a.Hkv);
   const int64_t b = g / a.Hkv;
   const int l = r % a.L, h = kvh * a.rep + r / a.L;
-  const float m = a.m[row];
-  const float inv =
-      output_scale(m == -INFINITY ? m : m * kLn2, a.l[row], a.sinks ? a.sinks + h : nullptr);
+  const float m = a.m[row] == -INFINITY ? -INFINITY : a.m[row] * kLn2;
+  const float* sink = a.sinks ? a.sinks + h : nullptr;
+  const float inv = output_scale(m, a.l[row], sink);
+  if (a.lse && threadIdx.x == 0) {
+    a.lse[(b * a.Hq + h) * a.L + l] = log_denominator(m, a.l[row], sink);
+  }
   const float* orow = a.o + row * a.Dv;
   const int64_t out = ((b * a.Hq + h) * a.L + l) * a.Dv;
   for (int d = threadIdx.x; d < a.Dv; d += kGemmThreads) {

@@ -152,7 +152,7 @@ bool tiled_candidate(const SdpaProblem& p, const Layout& layout, const Limits& l
 }
 
 bool gemm_candidate(const SdpaProblem& p, const Limits& limits) {
-  return !p.with_lse && limits.gemm_on && limits.dense_on && half_queries(p) && p.Dk == p.Dv &&
+  return limits.gemm_on && limits.dense_on && half_queries(p) && p.Dk == p.Dv &&
       (p.Dk == 256 || p.Dk == 512) && p.rows() >= kDenseMinRows && p.N >= limits.gemm_min_keys &&
       p.mask != kMaskArray && (p.mask != kMaskCausal || p.L <= p.N);
 }
@@ -219,8 +219,8 @@ Plan plan_sdpa(
     plan.smem = generic_smem;
     plan.merge_kernel = plan.splits > 1;
   }
-  if (p.with_lse && !plan.fused_merge) {
-    plan.merge_kernel = true; // the merge writes the log-sum-exp
+  if (p.with_lse && !plan.fused_merge && plan.family != Family::Gemm) {
+    plan.merge_kernel = true; // the merge writes the log-sum-exp (GEMM: its finish)
   }
   if (plan.merge_kernel || plan.fused_merge) {
     plan.partial_slots = int64_t(p.B) * p.Hkv * plan.head_groups * plan.row_tiles * plan.splits *
