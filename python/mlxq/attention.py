@@ -190,9 +190,18 @@ def _fused(
     return (out, lse) if return_lse else out
 
 
-# Query rows per block of dense_attention_with_lse: its f32 scores are
-# [B, H_q, rows, N], so a block of 256 rows over 4k keys and 32 heads is 128 MB.
+# Blocks of dense_attention_with_lse: its f32 scores are [B, H_q, rows, N].
+# A block takes as many query rows as fit in DENSE_SCORE_BYTES, and at least
+# DENSE_ROW_BLOCK (256 rows over 4k keys and 32 heads fill it): a prefill
+# chunk over a short window is one block, a dozen MLX ops, not one per 256
+# rows (on a GPU each op is host time).
+DENSE_SCORE_BYTES = 128 << 20
 DENSE_ROW_BLOCK = 256
+
+
+def _dense_rows(B: int, Hq: int, N: int) -> int:
+    """Query rows per block of :func:`dense_attention_with_lse`."""
+    return max(DENSE_ROW_BLOCK, DENSE_SCORE_BYTES // max(1, 4 * B * Hq * N))
 
 
 def dense_attention_with_lse(
@@ -211,7 +220,8 @@ def dense_attention_with_lse(
 
     ``mask`` is ``None``, ``"causal"`` (bottom-right aligned) or an array
     broadcastable to ``[B, H_q, L, N]`` (bool or additive). Query rows go in
-    blocks of ``DENSE_ROW_BLOCK`` so the scores stay bounded. Returns
+    blocks whose scores fit ``DENSE_SCORE_BYTES`` (at least
+    ``DENSE_ROW_BLOCK`` rows), so they stay bounded. Returns
     ``(output in q's dtype, lse float32 [B, H_q, L])``.
     """
     B, Hq, L, D = q.shape
@@ -220,8 +230,9 @@ def dense_attention_with_lse(
     k = keys.astype(mx.float32, stream=stream)[:, :, None]  # [B, Hkv, 1, N, D]
     v = values.astype(mx.float32, stream=stream)[:, :, None]
     outs, lses = [], []
-    for r0 in range(0, L, DENSE_ROW_BLOCK):
-        r1 = min(L, r0 + DENSE_ROW_BLOCK)
+    block = _dense_rows(B, Hq, N)
+    for r0 in range(0, L, block):
+        r1 = min(L, r0 + block)
         qb = q[:, :, r0:r1].astype(mx.float32, stream=stream).reshape(B, Hkv, rep, r1 - r0, D)
         s = (qb * scale) @ mx.swapaxes(k, -1, -2)  # [B, Hkv, rep, rows, N]
         s = s.reshape(B, Hq, r1 - r0, N)

@@ -150,3 +150,33 @@ def test_recent_attention_on_metal_is_refused(rng):
     k = mx.zeros((1, 1, 4, 64))
     with pytest.raises(ValueError, match="not yet on Metal"):
         recent_attention(q, k, k, q, mx.zeros((1, 2, 1)), scale=0.1, stream=mx.gpu)
+
+
+@pytest.mark.parametrize("mask", ["causal", "array"])
+def test_dense_attention_blocks_by_score_bytes(rng, monkeypatch, mask):
+    """dense_attention_with_lse takes as many query rows per block as its
+    f32 scores' budget allows (at least DENSE_ROW_BLOCK): one block or many,
+    the same rows, each against float64."""
+    B, Hq, Hkv, L, N, D = 1, 4, 2, 40, 56, 32
+    q = mx.array(rng.standard_normal((B, Hq, L, D)).astype(np.float32))
+    k = mx.array(rng.standard_normal((B, Hkv, N, D)).astype(np.float32))
+    v = mx.array(rng.standard_normal((B, Hkv, N, D)).astype(np.float32))
+    vis = np.arange(N)[None, :] <= np.arange(L)[:, None] + (N - L)
+    if mask == "array":
+        vis = vis & (rng.random((L, N)) < 0.7)
+        vis[:, 0] = True
+    m = "causal" if mask == "causal" else mx.array(vis)
+    assert mlxq.attention._dense_rows(B, Hq, N) >= L  # the whole step in one block
+    whole = mlxq.attention.dense_attention_with_lse(q, k, v, scale=0.2, mask=m)
+    monkeypatch.setattr(mlxq.attention, "DENSE_SCORE_BYTES", 1)
+    monkeypatch.setattr(mlxq.attention, "DENSE_ROW_BLOCK", 7)
+    assert mlxq.attention._dense_rows(B, Hq, N) == 7
+    blocked = mlxq.attention.dense_attention_with_lse(q, k, v, scale=0.2, mask=m)
+    q64, k64, v64 = to_f64(q), to_f64(k), to_f64(v)
+    for out, lse in (whole, blocked):
+        for h in range(Hq):
+            s = np.where(vis, 0.2 * q64[0, h] @ k64[0, h // 2].T, -np.inf)
+            ref_lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+            ref = np.exp(s - ref_lse[:, None]) @ v64[0, h // 2]
+            assert np.max(np.abs(to_f64(out)[0, h] - ref)) < 1e-4
+            assert np.max(np.abs(to_f64(lse)[0, h] - ref_lse)) < 1e-4
