@@ -276,9 +276,13 @@ def merge_attention(
 
 
 def _device_of(stream) -> mx.Device:
+    """The device a ``stream`` argument names (a stream, a device, a device
+    type such as ``mx.cpu``, or None: the default)."""
     if stream is None:
         return mx.default_device()
-    return stream.device if isinstance(stream, mx.Stream) else stream
+    if isinstance(stream, mx.Stream):
+        return stream.device
+    return mx.Device(stream) if isinstance(stream, mx.DeviceType) else stream
 
 
 def recent_attention(

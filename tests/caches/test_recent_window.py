@@ -546,3 +546,18 @@ def test_a_window_taken_from_a_batch_stays_while_the_batch_decodes(rng):
     K, _ = one.update_and_fetch(k, k)
     want = mx.concatenate([r[1:] for r in rows] + [k], axis=2)[..., -5:, :]
     assert_same(in_order(K), want)
+
+
+@pytest.mark.parametrize("T", [1, 5])
+def test_every_kind_of_stream_argument_is_taken(rng, T):
+    # mlxq.sdpa takes what MLX's ops take: None, a stream, a device, or a
+    # device type (mx.cpu), for decode steps and longer ones alike.
+    cache = mlxq.QuantizedKVCache(64, 4, recent=8)
+    cache.update_and_fetch(*kv(rng, 40, D=64))
+    K, V = cache.update_and_fetch(*kv(rng, T, D=64))
+    q = mx.array(rng.standard_normal((1, 4, T, 64)).astype(np.float32))
+    device = mx.default_device()
+    want = mlxq.sdpa(q, K, V, scale=0.125, mask="causal" if T > 1 else None)
+    for stream in (device.type, device, mx.default_stream(device)):
+        got = mlxq.sdpa(q, K, V, scale=0.125, mask="causal" if T > 1 else None, stream=stream)
+        assert mx.array_equal(got, want).item()
