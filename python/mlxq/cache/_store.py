@@ -210,26 +210,12 @@ class Quantized:
         (RecentWindow.decode_rings): the same op, one node. Returns the
         fetch, then the two rings."""
         ring_k, ring_v, owned = rings
-        f = self.format
-        rows = dict(recent_key_rows=new_keys, recent_value_rows=new_values) if f.hadamard else {}
-        return _ext.quantized_kv_update(
-            *keys,
-            *values,
-            self._basis(new_keys),
-            self._basis(new_values),
-            pos,
-            group_size=f.group_size,
-            bits=f.bits,
-            fetch=stop,
-            v_group_size=f.v_group_size,
-            v_bits=f.v_bits,
-            recent_keys=ring_k,
-            recent_values=ring_v,
-            recent_owned=owned,
-            **rows,
-        )
+        recent = dict(recent_keys=ring_k, recent_values=ring_v, recent_owned=owned)
+        if self.format.hadamard:  # the window keeps the rows out of the basis
+            recent.update(recent_key_rows=new_keys, recent_value_rows=new_values)
+        return self._kv_update(keys, values, new_keys, new_values, pos, stop, **recent)
 
-    def _kv_update(self, keys, values, new_keys, new_values, pos: int, fetch: int):
+    def _kv_update(self, keys, values, new_keys, new_values, pos: int, fetch: int, **recent):
         f = self.format
         return _ext.quantized_kv_update(
             *keys,
@@ -242,6 +228,7 @@ class Quantized:
             fetch=fetch,
             v_group_size=f.v_group_size,
             v_bits=f.v_bits,
+            **recent,
         )
 
     def scheduled(self, t: Triple) -> bool:
