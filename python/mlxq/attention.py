@@ -7,7 +7,7 @@ import mlx.core as mx
 from . import _ext, routing, workspace
 from .hadamard import check_head_dim, transform
 from .kv_format import FormattedTriple, is_hadamard
-from .split import RecentSplit, is_split
+from .split import is_split
 
 QuantizedTensor = Tuple[mx.array, mx.array, mx.array]
 Mask = Union[None, str, mx.array]
@@ -488,33 +488,32 @@ def _workspace_one_pass(q, keys, values, *, scale, mask: Mask, sinks, stream) ->
     return out
 
 
-def _recent_decode(q, keys, values, scale: float, sinks, stream):
+def _recent_decode(
+    q, keys, values, *, scale: float, mask: Mask, sinks, formats
+) -> Optional[mx.array]:
     """A recent window's decode step (the step every generated token takes)
-    in as few host steps as the op allows: what :func:`recent_split_sdpa`
-    runs for one query per head, no mask and plain triples in the queries'
-    basis (one op, the window in the decode kernel), or None for any other
-    call, which takes the general path."""
-    if type(keys) is not RecentSplit or type(values) is not RecentSplit:
+    in as few host steps as the op allows, for a split already checked
+    (:func:`recent_split_sdpa`): one query per head, no mask, no hidden
+    rows, rows in the queries' basis, too few rows per KV head to route.
+    Its one op attends the window too (on CUDA, in the decode kernel's own
+    blocks), as the general path would; None for any other step."""
+    if mask is not None or keys.hidden is not None or q.shape[2] != 1:
         return None
     kq, vq = keys.quantized, values.quantized
-    if type(kq) is not tuple or type(vq) is not tuple or keys.hidden is not None:
-        return None  # (formats only mlxq reads, sliding-window rings)
-    ek, ev = keys.exact, values.exact
-    n = kq[0].shape[2]
     if (
-        q.ndim != 4
-        or q.shape[2] != 1
-        or n == 0
-        or n != vq[0].shape[2]
-        or ek.shape[2] != ev.shape[2]
-        or (keys.columns is None) != (values.columns is None)
-        or not _window_in_kernel(q, values, stream)
+        kq[0].shape[2] == 0
+        or is_hadamard(kq)
+        or is_hadamard(vq)
+        or not _window_in_kernel(q, values, formats["stream"])
         or not _decode_rows(q, keys, 1)
     ):
         return None
-    return _ext.quantized_sdpa(
-        q, *kq, *vq, scale=scale, sinks=sinks, recent_keys=ek, recent_values=ev, stream=stream
-    )
+    ek, ev = keys.exact, values.exact
+    if type(kq) is tuple and type(vq) is tuple:  # plain triples: the op itself
+        return _ext.quantized_sdpa(
+            q, *kq, *vq, scale=scale, sinks=sinks, recent_keys=ek, recent_values=ev, **formats
+        )
+    return _fused(q, kq, vq, scale=scale, mask=None, sinks=sinks, recent=(ek, ev, False), **formats)
 
 
 def recent_split_sdpa(
@@ -563,24 +562,14 @@ def recent_split_sdpa(
         v_group_size=v_group_size,
         stream=stream,
     )
+    out = _recent_decode(q, keys, values, scale=scale, mask=mask, sinks=sinks, formats=formats)
+    if out is not None:
+        return out
     in_kernel = (
         n > 0
         and _window_in_kernel(q, values, stream)
         and not (is_hadamard(keys.quantized) or is_hadamard(values.quantized))
     )
-    if in_kernel and mask is None and keys.hidden is None and _decode_rows(q, keys, L):
-        # A decode step (what every token of a generation takes): one op,
-        # as the general path below would choose, with less host time.
-        return _fused(
-            q,
-            keys.quantized,
-            values.quantized,
-            scale=scale,
-            mask=None,
-            sinks=sinks,
-            recent=(keys.exact, values.exact, False),
-            **formats,
-        )
     if _one_pass_prefill(q, keys, values, mask, sinks, stream):
         return _dequantized_one_pass(
             q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
@@ -686,10 +675,6 @@ def sdpa(
         >>> v = mx.quantize(values, group_size=64, bits=4)
         >>> out = mlxq.sdpa(q, k, v, scale=q.shape[-1] ** -0.5, mask="causal")
     """
-    if mask is None and group_size is None and v_group_size is None and bits is None:
-        out = _recent_decode(q, keys, values, scale, sinks, stream)
-        if out is not None:
-            return out
     split = is_split(keys) or is_split(values)
     if split and not (is_split(keys) and is_split(values)):
         raise ValueError(

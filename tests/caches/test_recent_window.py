@@ -561,3 +561,16 @@ def test_every_kind_of_stream_argument_is_taken(rng, T):
     for stream in (device.type, device, mx.default_stream(device)):
         got = mlxq.sdpa(q, K, V, scale=0.125, mask="causal" if T > 1 else None, stream=stream)
         assert mx.array_equal(got, want).item()
+
+
+@pytest.mark.parametrize("fmt", [dict(bits=8), dict(v_bits=8), dict(v_group_size=32)])
+def test_a_decode_step_checks_the_formats_it_is_given(rng, fmt):
+    # Formats passed to mlxq.sdpa are checked against the fetch's rows on a
+    # decode step too (not inferred from the shapes over them).
+    cache = mlxq.QuantizedKVCache(64, 4, recent=8)
+    cache.update_and_fetch(*kv(rng, 40, D=64))
+    K, V = cache.update_and_fetch(*kv(rng, 1, D=64))
+    q = mx.array(rng.standard_normal((1, 4, 1, 64)).astype(np.float32))
+    with pytest.raises(ValueError, match=r"^\[mlxq\.quantized_sdpa\] "):
+        mlxq.sdpa(q, K, V, scale=0.125, **fmt)
+    mx.eval(mlxq.sdpa(q, K, V, scale=0.125, group_size=64, bits=4, v_bits=4))
