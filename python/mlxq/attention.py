@@ -565,11 +565,6 @@ def recent_split_sdpa(
     out = _recent_decode(q, keys, values, scale=scale, mask=mask, sinks=sinks, formats=formats)
     if out is not None:
         return out
-    in_kernel = (
-        n > 0
-        and _window_in_kernel(q, values, stream)
-        and not (is_hadamard(keys.quantized) or is_hadamard(values.quantized))
-    )
     if _one_pass_prefill(q, keys, values, mask, sinks, stream):
         return _dequantized_one_pass(
             q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
@@ -579,9 +574,10 @@ def recent_split_sdpa(
     # a GPU, steps of a few rows (a prefill chunk's matmuls are faster there).
     fused = mask_e is None or isinstance(mask_e, str)  # "causal" by now
     fused = fused and (L <= 16 or _device_of(stream).type == mx.cpu)
-    if n == 0 and not (fused and _window_in_kernel(q, values, stream)):
+    fused = fused and _window_in_kernel(q, values, stream)
+    if n == 0 and not fused:
         return _exact_only(q, keys.exact, values.exact, scale, mask_e, sinks, stream)
-    if fused and in_kernel:
+    if fused and n > 0 and not (is_hadamard(keys.quantized) or is_hadamard(values.quantized)):
         # One op: on CUDA the decode kernel attends the window in extra
         # blocks of its split merge; on the CPU the two parts as below.
         return _fused(
@@ -594,7 +590,6 @@ def recent_split_sdpa(
             recent=(keys.exact, values.exact, mask_e is not None),
             **formats,
         )
-    fused = fused and _window_in_kernel(q, values, stream)
     if n == 0:
         # Nothing quantized yet: the "other part" is the sink alone (a key
         # of logit sink and value 0), or nothing.
