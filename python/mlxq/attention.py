@@ -435,19 +435,13 @@ def _dequantized_one_pass(q, keys, values, *, scale, mask: Mask, sinks, stream) 
 _METAL = mx.metal.is_available()
 
 
-def _window_in_kernel(q, values, stream) -> bool:
+def _window_in_kernel(head_dim: int, stream) -> bool:
     """Whether mlxq's kernels attend a recent window (recent_attention, or
-    the decode kernel's own blocks): head dims up to 512, not on Metal
-    (no kernel there yet)."""
-    if max(q.shape[3], values.exact.shape[3]) > 512:
+    the decode kernel's own blocks) of rows ``head_dim`` wide (the wider of
+    keys and values): up to 512, not on Metal (no kernel there yet)."""
+    if head_dim > 512:
         return False
     return not (_METAL and _device_of(stream).type == mx.gpu)
-
-
-def _decode_rows(q, keys, L: int) -> bool:
-    """Whether a step of ``L`` queries is too few rows per KV head for the
-    op to route it through ``mx.fast`` (mlxq.routing), as a decode step is."""
-    return L * (q.shape[1] // keys.exact.shape[1]) < routing.MIN_ROUTED_QUERY_ROWS
 
 
 def _in_workspace(keys, values) -> bool:
@@ -497,18 +491,22 @@ def _recent_decode(
     rows, rows in the queries' basis, too few rows per KV head to route.
     Its one op attends the window too (on CUDA, in the decode kernel's own
     blocks), as the general path would; None for any other step."""
-    if mask is not None or keys.hidden is not None or q.shape[2] != 1:
+    if mask is not None or keys.hidden is not None:
         return None
-    kq, vq = keys.quantized, values.quantized
+    _, Hq, L, D = q.shape
+    kq, vq, ek, ev = keys.quantized, values.quantized, keys.exact, values.exact
+    H, Dv = ek.shape[1], ev.shape[3]
     if (
-        kq[0].shape[2] == 0
+        L != 1
+        or kq[0].shape[2] == 0
         or is_hadamard(kq)
         or is_hadamard(vq)
-        or not _window_in_kernel(q, values, formats["stream"])
-        or not _decode_rows(q, keys, 1)
+        or not _window_in_kernel(max(D, Dv), formats["stream"])
+        # Enough query rows per KV head, the op would route the step
+        # through mx.fast (mlxq.routing): the general path decides.
+        or Hq // H >= routing.MIN_ROUTED_QUERY_ROWS
     ):
         return None
-    ek, ev = keys.exact, values.exact
     if type(kq) is tuple and type(vq) is tuple:  # plain triples: the op itself
         return _ext.quantized_sdpa(
             q, *kq, *vq, scale=scale, sinks=sinks, recent_keys=ek, recent_values=ev, **formats
@@ -574,7 +572,7 @@ def recent_split_sdpa(
     # a GPU, steps of a few rows (a prefill chunk's matmuls are faster there).
     fused = mask_e is None or isinstance(mask_e, str)  # "causal" by now
     fused = fused and (L <= 16 or _device_of(stream).type == mx.cpu)
-    fused = fused and _window_in_kernel(q, values, stream)
+    fused = fused and _window_in_kernel(max(q.shape[3], values.exact.shape[3]), stream)
     if n == 0 and not fused:
         return _exact_only(q, keys.exact, values.exact, scale, mask_e, sinks, stream)
     if fused and n > 0 and not (is_hadamard(keys.quantized) or is_hadamard(values.quantized)):

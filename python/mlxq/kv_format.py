@@ -63,6 +63,9 @@ class KVFormat:
             object.__setattr__(self, "v_group_size", self.group_size)
         if self.v_bits is None:
             object.__setattr__(self, "v_bits", self.bits)
+        # Read at every decode step's fetch (see fetch): kept, not a field.
+        separate = (self.v_group_size, self.v_bits) != (self.group_size, self.bits)
+        object.__setattr__(self, "_mlxq_only", bool(self.hadamard) or separate)
 
     def checked(self, where: str) -> "KVFormat":
         """``self``, or a ValueError naming the field mlxq's kernels do not take."""
@@ -90,7 +93,7 @@ class KVFormat:
     @property
     def mlxq_only(self) -> bool:
         """Whether only mlxq's attention reads rows of this format correctly."""
-        return self.hadamard or self.separate
+        return self._mlxq_only
 
     def kwargs(self) -> dict:
         """The format as a cache constructor's keywords (``latent`` only when

@@ -38,42 +38,28 @@ class KVCache(BaseCache):
         """
         return self._append(keys, values, None)
 
-    def _append(self, keys, values, stop, window=None):
-        """The update; fetches rows [0, stop) (default: all, [0, offset)).
-        ``window``: a recent window whose decode step (its
-        ``decode_rings``) the same op writes, when the buffers are owned;
-        returns the window's fetch after the cache's, or None."""
+    def _append(self, keys, values, stop):
+        """The update; fetches rows [0, stop) (default: all, [0, offset))."""
         T = checks.update(self, keys, values)
         prev = self._used()
         stop = prev + T if stop is None else stop
         if self.keys is None or prev + T > self._store.length(self.keys):
             self._grow(keys, values, T)
         if self._owned:  # the decode path: write and fetch in one call
-            rings = None if window is None else window.decode_rings(keys, prev)
-            if rings is None:
-                self.keys, self.values, k, v = self._store.write_and_fetch(
-                    self.keys, self.values, keys, values, prev, stop
-                )
-            else:
-                self.keys, self.values, k, v, ring_k, ring_v = self._store.write_and_fetch_recent(
-                    self.keys, self.values, keys, values, prev, stop, rings
-                )
+            self.keys, self.values, k, v = self._store.write_and_fetch(
+                self.keys, self.values, keys, values, prev, stop
+            )
             self._advance(T)
-            if window is None:
-                return self._fetched(k, v)
-            held = None if rings is None else window.decoded(ring_k, ring_v, prev)
-            return self._fetched(k, v), held
+            return self._fetched(k, v)
         self.keys, self.values = self._store.write_kv(
             self.keys, self.values, keys, values, prev, False
         )
         self._owned = True  # donated or copied: ours alone now
         self._advance(T)
         if stop == self._store.length(self.keys):
-            fetch = self._fetched(self.keys, self.values)
-        else:
-            rows = self._store.rows
-            fetch = self._fetched(rows(self.keys, stop=stop), rows(self.values, stop=stop))
-        return fetch if window is None else (fetch, None)
+            return self._fetched(self.keys, self.values)
+        rows = self._store.rows
+        return self._fetched(rows(self.keys, stop=stop), rows(self.values, stop=stop))
 
     def _advance(self, T: int) -> None:
         """Count ``T`` written tokens."""
@@ -250,11 +236,12 @@ def windowed_fetch(cache, keys, values):
     window's exact rows. Positions are the buffer's rows (``_used()``: a
     batch's rows, which every sequence shares, or a single cache's offset)."""
     prev, window = cache._used(), cache._recent
-    (qk, qv), held = cache._append(keys, values, window.first_exact(prev), window)
-    if held is None:  # not a decode step the write took on
-        held = window.step(keys, values, prev)
-    lo, exact_k, exact_v, order = held
-    if order is not None:  # a decode step: the rings as laid out
+    fetch = _window_decode(cache, keys, values, prev, window)
+    if fetch is not None:
+        return fetch
+    qk, qv = cache._append(keys, values, window.first_exact(prev))
+    lo, exact_k, exact_v, order = window.step(keys, values, prev)
+    if order is not None:  # a decode step over buffers not the cache's own
         columns = lo + order
         return RecentSplit(qk, exact_k, None, columns), RecentSplit(qv, exact_v, None, columns)
     if keys.shape[2] == 1:
@@ -262,6 +249,31 @@ def windowed_fetch(cache, keys, values):
     store, end = cache._store, prev + keys.shape[2]
     wk, wv = cache._fetched(store.rows(cache.keys, stop=end), store.rows(cache.values, stop=end))
     return RecentSplit(qk, exact_k, whole=wk), RecentSplit(qv, exact_v, whole=wv)
+
+
+def _window_decode(cache, keys, values, prev: int, window):
+    """A decode step (one token, the window full, buffers the cache's own)
+    as one op that writes the token into the quantized buffers and into the
+    window's rings (RecentWindow.decode_rings), and its fetch: the
+    quantized rows before the window, and the rings as laid out. None for
+    any other step. This runs for every generated token of every layer,
+    so it does only what such a step needs."""
+    if checks.update(cache, keys, values) != 1 or not cache._owned or cache.keys is None:
+        return None
+    rings = window.decode_rings(keys, prev)
+    if rings is None:
+        return None
+    store = cache._store
+    if prev == store.length(cache.keys):
+        cache._grow(keys, values, 1)
+    cache.keys, cache.values, k, v, ring_k, ring_v = store.write_and_fetch_recent(
+        cache.keys, cache.values, keys, values, prev, prev - window.size, rings
+    )
+    cache._advance(1)
+    lo, exact_k, exact_v, order = window.decoded(ring_k, ring_v, prev)
+    qk, qv = cache._fetched(k, v)
+    columns = lo + order
+    return RecentSplit(qk, exact_k, None, columns), RecentSplit(qv, exact_v, None, columns)
 
 
 __all__ = ["KVCache", "QuantizedKVCache", "windowed_fetch"]

@@ -116,10 +116,12 @@ class RecentWindow:
         so donation alone would copy both rings every step. In a lazily
         evaluated loop the previous step still reads the slot, and the
         write copies."""
-        lo = self.first_exact(offset)
-        if keys.shape[2] == 1 and offset - lo == self.size and self._fits(keys):
-            return self.keys, self.values, self._owned and _ext._scheduled(self.keys)
-        return None
+        # The window is full when it starts `size` positions back (the
+        # step's own token is the ring's last slot): first_exact's rule.
+        lo = offset - self.size
+        if lo < 0 or lo < self.start or keys.shape[2] != 1 or not self._fits(keys):
+            return None
+        return self.keys, self.values, self._owned and _ext._scheduled(self.keys)
 
     def decoded(self, ring_k: mx.array, ring_v: mx.array, offset: int):
         """:meth:`step`'s result for the decode step at ``offset`` once
