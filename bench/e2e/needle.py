@@ -17,8 +17,9 @@ with the cache of each run:
   recipe   what kv_bits=4 gets under enable(): the last 128 tokens also kept
            exact (mlxq.mlx_lm's 4-bit recipe)
 
-and, with ``--runs``, two variants of it: ``recipe-rot`` (rows in a
-Hadamard basis) and ``recipe-k8v4`` (8-bit keys, 4-bit values, the window).
+and, with ``--runs``, three variants of it: ``recipe-rot`` (rows in a
+Hadamard basis), ``recipe-k8v4`` (8-bit keys, 4-bit values, the window)
+and ``recipe-g32`` (groups of 32, the window).
 
     python bench/e2e/needle.py --lengths 4096 8192 16384
     python bench/e2e/needle.py --lengths 32768 --record      # on a GPU
@@ -39,14 +40,16 @@ import numpy as np  # noqa: E402
 
 import mlxq.mlx_lm as mlxq_lm  # noqa: E402
 
-# Each run's kv_bits and enable() settings (None: stock bf16 caches).
+# Each run's kv_bits, enable() settings and group size (None: stock bf16
+# caches).
 RUNS = {
     "bf16": None,
-    "kv8": (8, dict(kv_recent=0)),
-    "kv4": (4, dict(kv_recent=0)),
-    "recipe": (4, {}),
-    "recipe-rot": (4, dict(kv_hadamard=True)),
-    "recipe-k8v4": (8, dict(v_bits=4, kv_recent=128)),
+    "kv8": (8, dict(kv_recent=0), 64),
+    "kv4": (4, dict(kv_recent=0), 64),
+    "recipe": (4, {}, 64),
+    "recipe-rot": (4, dict(kv_hadamard=True), 64),
+    "recipe-k8v4": (8, dict(v_bits=4, kv_recent=128), 64),
+    "recipe-g32": (4, {}, 32),
 }
 DEFAULT_RUNS = ["bf16", "kv8", "kv4", "recipe"]
 INTRO = (
@@ -99,8 +102,9 @@ def retrieve(model, tokenizer, ids, run, max_tokens=8):
         if spec is None:
             cache, kwargs = lm_cache.make_prompt_cache(model), {}
         else:
-            cache = lm_cache.make_prompt_cache(model, kv_bits=spec[0], kv_group_size=64)
-            kwargs = dict(kv_bits=spec[0], kv_group_size=64, quantized_kv_start=0)
+            bits, _, group = spec
+            cache = lm_cache.make_prompt_cache(model, kv_bits=bits, kv_group_size=group)
+            kwargs = dict(kv_bits=bits, kv_group_size=group, quantized_kv_start=0)
         out = [
             int(t)
             for t, _ in lm_generate.generate_step(
