@@ -63,6 +63,7 @@ NB_MODULE(_ext, m) {
               const std::optional<mx::array>& recent_keys,
               const std::optional<mx::array>& recent_values,
               bool recent_causal,
+              std::optional<int> rows,
               mx::StreamOrDevice s) -> nb::object {
             auto outs = mlxq::quantized_sdpa(
                 q,
@@ -84,6 +85,7 @@ NB_MODULE(_ext, m) {
                 recent_keys,
                 recent_values,
                 recent_causal,
+                rows,
                 s);
             if (!return_lse) {
               return nb::cast(outs[0]);
@@ -110,6 +112,7 @@ NB_MODULE(_ext, m) {
       "recent_keys"_a = nb::none(),
       "recent_values"_a = nb::none(),
       "recent_causal"_a = false,
+      "rows"_a = nb::none(),
       "stream"_a = nb::none(),
       "Fused attention over MLX affine-quantized K/V (see mlxq.quantized_sdpa).");
 

@@ -184,6 +184,7 @@ std::vector<mx::array> quantized_sdpa(
     const std::optional<mx::array>& recent_keys,
     const std::optional<mx::array>& recent_values,
     bool recent_causal,
+    std::optional<int> rows,
     mx::StreamOrDevice s) {
   if (q.ndim() != 4) {
     fail(kOp, "queries must be 4-D [B, H_q, L, D], got shape ", shape_str(q.shape()), ".");
@@ -217,6 +218,43 @@ std::vector<mx::array> quantized_sdpa(
   }
   int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), Dk = q.shape(3);
   int Hkv = k_packed.shape(1), N = k_packed.shape(2);
+  if (rows && (*rows < 0 || *rows > N)) {
+    fail(kOp, "rows must lie in [0, ", N, "] (the K/V buffers' rows), got ", *rows, ".");
+  }
+  if (rows && *rows < N && L > 8) {
+    // A prefill-sized step may be routed through MLX's attention over its
+    // dequantized rows, which reads whole arrays: those get slices (a
+    // decode step's kernels take views at eval instead).
+    auto cut = [&](const mx::array& a) {
+      return mx::slice(a, {0, 0, 0, 0}, {a.shape(0), a.shape(1), *rows, a.shape(3)}, s);
+    };
+    return quantized_sdpa(
+        q,
+        cut(k_packed),
+        cut(k_scales),
+        cut(k_biases),
+        cut(v_packed),
+        cut(v_scales),
+        cut(v_biases),
+        scale,
+        mask_mode,
+        mask,
+        sinks,
+        group_size,
+        bits,
+        v_group_size,
+        v_bits,
+        return_lse,
+        recent_keys,
+        recent_values,
+        recent_causal,
+        std::nullopt,
+        s);
+  }
+  const bool prefix = rows && *rows < N;
+  if (prefix) {
+    N = *rows;
+  }
   if (k_packed.shape(0) != B) {
     fail(kOp, "queries batch ", B, " does not match the keys batch ", k_packed.shape(0), ".");
   }
@@ -247,6 +285,7 @@ std::vector<mx::array> quantized_sdpa(
   }
 
   QuantizedSDPAParams params{scale, kg, kb, vg, vb, kMaskNone, false};
+  params.rows = prefix ? N : -1;
   std::vector<mx::array> inputs = {q, k_packed, k_scales, k_biases, v_packed, v_scales, v_biases};
 
   if (!mask_mode.empty() && mask_mode != "causal") {
@@ -344,6 +383,7 @@ std::vector<mx::array> quantized_sdpa(
           std::nullopt,
           std::nullopt,
           false,
+          rows,
           s);
       return {recent_attention(
           q, *recent_keys, *recent_values, parts[0], parts[1], scale, recent_causal, s)};

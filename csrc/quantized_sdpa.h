@@ -34,6 +34,11 @@ struct QuantizedSDPAParams {
   // recent_causal.
   int recent = 0;
   bool recent_causal = false;
+  // Attend only rows [0, rows) of the K/V inputs (-1: all of them): a
+  // cache hands over its whole buffers, and the kernels take views of
+  // those rows at eval (detail::with_prefix_rows), where a fetch of views
+  // would add six outputs to the cache's write.
+  int rows = -1;
 
   bool operator==(const QuantizedSDPAParams&) const = default;
 };
@@ -115,6 +120,7 @@ std::vector<mx::array> quantized_sdpa(
     const std::optional<mx::array>& recent_keys = std::nullopt,
     const std::optional<mx::array>& recent_values = std::nullopt,
     bool recent_causal = false,
+    std::optional<int> rows = std::nullopt,
     mx::StreamOrDevice s = {});
 
 } // namespace mlxq

@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "prefix_view.h"
 #include "quantization.h"
 #include "validation.h"
 
@@ -365,33 +366,7 @@ namespace detail {
 
 void set_prefix_views(std::vector<mx::array>& outputs, bool views) {
   for (int i = 6; views && i < 12; ++i) {
-    const mx::array& full = outputs[i - 6];
-    mx::array& view = outputs[i];
-    const auto& st = full.strides();
-    if (view.size() == 0) { // as MLX's slice makes an empty array
-      auto flags = full.flags();
-      flags.contiguous = flags.row_contiguous = flags.col_contiguous = true;
-      view.copy_shared_buffer(full, st, flags, 0);
-      continue;
-    }
-    // The span from the first element to one past the last.
-    int64_t end = 1;
-    bool row = true;
-    int64_t dense = 1;
-    int wide_dims = 0;
-    for (int d = 3; d >= 0; --d) {
-      if (view.shape(d) > 1) {
-        end += int64_t(view.shape(d) - 1) * st[d];
-        row = row && st[d] == dense;
-        ++wide_dims;
-      }
-      dense *= view.shape(d);
-    }
-    auto flags = full.flags();
-    flags.row_contiguous = row;
-    flags.col_contiguous = row && wide_dims <= 1;
-    flags.contiguous = size_t(end) == view.size();
-    view.copy_shared_buffer(full, st, flags, size_t(end));
+    set_prefix_view(outputs[i - 6], outputs[i]);
   }
 }
 

@@ -23,6 +23,7 @@
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/types/half_types.h"
+#include "prefix_view.h"
 
 #include "cpu/int_dot.h"
 #include "cpu/parallel.h"
@@ -819,7 +820,8 @@ void plan(Problem& P) {
 
 } // namespace
 
-void QuantizedSDPA::eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) {
+void QuantizedSDPA::eval_cpu(const std::vector<mx::array>& given, std::vector<mx::array>& outs) {
+  const auto in = detail::with_prefix_rows(given, 1, 6, params_.rows);
   mx::array& out = outs[0];
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (auto& o : outs) {

@@ -20,6 +20,7 @@
 #include "environment.h"
 #include "mlx/backend/cuda/utils.h"
 #include "prefill_route.h"
+#include "prefix_view.h"
 #include "quantized_sdpa.h"
 #include "sdpa_dims.h"
 
@@ -496,7 +497,8 @@ void attend(
 
 } // namespace
 
-void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) {
+void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& given, std::vector<mx::array>& outs) {
+  const auto in = detail::with_prefix_rows(given, 1, 6, params_.rows);
   mx::array& out = outs[0];
   auto& enc = mx::cu::get_command_encoder(stream());
   allocate(out, enc);

@@ -1,6 +1,7 @@
 // Metal QuantizedSDPA: the decode (split-K + merge) or prefill kernel of
 // metal/qsdpa_*.metal, dispatched as csrc/metal/dispatch.cpp plans it.
 #include "metal/kernels.h"
+#include "prefix_view.h"
 
 #include "debug.h"
 #include "prefill_route.h"
@@ -17,9 +18,8 @@ namespace md = metal_dispatch;
 
 } // namespace
 
-void QuantizedSDPA::eval_gpu(
-    const std::vector<mx::array>& inputs,
-    std::vector<mx::array>& outputs) {
+void QuantizedSDPA::eval_gpu(const std::vector<mx::array>& given, std::vector<mx::array>& outputs) {
+  const auto inputs = detail::with_prefix_rows(given, 1, 6, params_.rows);
   mx::array& out = outputs[0];
   // Each row's log-sum-exp (quantized_sdpa with return_lse), written by the merge.
   mx::array* lse = outputs.size() > 1 ? &outputs[1] : nullptr;

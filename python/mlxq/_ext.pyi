@@ -11,7 +11,7 @@ SUPPORTED_BITS: tuple = (2, 3, 4, 5, 6, 8)
 
 SUPPORTED_GROUP_SIZES: tuple = (32, 64, 128)
 
-def quantized_sdpa(q: mlx.core.array, k_packed: mlx.core.array, k_scales: mlx.core.array, k_biases: mlx.core.array, v_packed: mlx.core.array, v_scales: mlx.core.array, v_biases: mlx.core.array, *, scale: float, mask_mode: str = '', mask: mlx.core.array | None = None, sinks: mlx.core.array | None = None, group_size: int | None = None, bits: int | None = None, v_group_size: int | None = None, v_bits: int | None = None, return_lse: bool = False, recent_keys: mlx.core.array | None = None, recent_values: mlx.core.array | None = None, recent_causal: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> object:
+def quantized_sdpa(q: mlx.core.array, k_packed: mlx.core.array, k_scales: mlx.core.array, k_biases: mlx.core.array, v_packed: mlx.core.array, v_scales: mlx.core.array, v_biases: mlx.core.array, *, scale: float, mask_mode: str = '', mask: mlx.core.array | None = None, sinks: mlx.core.array | None = None, group_size: int | None = None, bits: int | None = None, v_group_size: int | None = None, v_bits: int | None = None, return_lse: bool = False, recent_keys: mlx.core.array | None = None, recent_values: mlx.core.array | None = None, recent_causal: bool = False, rows: int | None = None, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> object:
     """
     Fused attention over MLX affine-quantized K/V (see mlxq.quantized_sdpa).
     """

@@ -128,10 +128,12 @@ def _fused(
     stream,
     return_lse=False,
     recent=None,
+    rows=None,
 ):
     """:func:`quantized_sdpa`'s call of the op; ``recent``, a triple
     ``(keys, values, causal)`` of an exact window in the queries' basis,
-    adds the window's rows (not with rows in the Hadamard basis)."""
+    adds the window's rows (not with rows in the Hadamard basis); ``rows``:
+    attend only the first ``rows`` of whole buffers (RecentSplit.rows)."""
     if not (is_quantized(keys) and is_quantized(values)):
         raise ValueError(
             "[mlxq.quantized_sdpa] keys and values must each be a "
@@ -177,6 +179,7 @@ def _fused(
         recent_keys=recent_keys,
         recent_values=recent_values,
         recent_causal=recent_causal,
+        rows=rows,
         stream=stream,
     )
     lse = None
@@ -401,7 +404,7 @@ def _dense_format(part) -> Tuple[int, int]:
 
 def _dequantized_rows(part, dtype, stream) -> mx.array:
     """A RecentSplit's quantized rows, dequantized into the exact rows' basis."""
-    triple = part.quantized
+    triple = part.quantized_rows
     group_size, bits = _dense_format(part)
     rows = mx.dequantize(*triple, group_size=group_size, bits=bits, stream=stream)
     rows = rows.astype(dtype, stream=stream)
@@ -494,11 +497,12 @@ def _recent_decode(
     if mask is not None or keys.hidden is not None:
         return None
     _, Hq, L, D = q.shape
-    kq, vq, ek, ev = keys.quantized, values.quantized, keys.exact, values.exact
+    kq, vq, rows = _quantized_parts(keys, values)
+    ek, ev = keys.exact, values.exact
     H, Dv = ek.shape[1], ev.shape[3]
     if (
         L != 1
-        or kq[0].shape[2] == 0
+        or keys.quantized_length == 0
         or is_hadamard(kq)
         or is_hadamard(vq)
         or not _window_in_kernel(max(D, Dv), formats["stream"])
@@ -509,9 +513,29 @@ def _recent_decode(
         return None
     if type(kq) is tuple and type(vq) is tuple:  # plain triples: the op itself
         return _ext.quantized_sdpa(
-            q, *kq, *vq, scale=scale, sinks=sinks, recent_keys=ek, recent_values=ev, **formats
+            q,
+            *kq,
+            *vq,
+            scale=scale,
+            sinks=sinks,
+            recent_keys=ek,
+            recent_values=ev,
+            rows=rows,
+            **formats,
         )
-    return _fused(q, kq, vq, scale=scale, mask=None, sinks=sinks, recent=(ek, ev, False), **formats)
+    recent = (ek, ev, False)
+    return _fused(
+        q, kq, vq, scale=scale, mask=None, sinks=sinks, recent=recent, rows=rows, **formats
+    )
+
+
+def _quantized_parts(keys, values):
+    """The quantized parts of a split pair as the op takes them: ``(keys,
+    values, rows)``, whole buffers and their row count when both carry them
+    (RecentSplit.rows), else the parts themselves and None."""
+    if keys.rows is not None and keys.rows == values.rows:
+        return keys.quantized, values.quantized, keys.rows
+    return keys.quantized_rows, values.quantized_rows, None
 
 
 def recent_split_sdpa(
@@ -575,13 +599,15 @@ def recent_split_sdpa(
     fused = fused and _window_in_kernel(max(q.shape[3], values.exact.shape[3]), stream)
     if n == 0 and not fused:
         return _exact_only(q, keys.exact, values.exact, scale, mask_e, sinks, stream)
-    if fused and n > 0 and not (is_hadamard(keys.quantized) or is_hadamard(values.quantized)):
+    kq, vq, rows = _quantized_parts(keys, values)
+    if fused and n > 0 and not (is_hadamard(kq) or is_hadamard(vq)):
         # One op: on CUDA the decode kernel attends the window in extra
         # blocks of its split merge; on the CPU the two parts as below.
         return _fused(
             q,
-            keys.quantized,
-            values.quantized,
+            kq,
+            vq,
+            rows=rows,
             scale=scale,
             mask=mask_q,
             sinks=sinks,
@@ -600,8 +626,8 @@ def recent_split_sdpa(
     else:
         out_q, lse_q = quantized_sdpa(
             q,
-            keys.quantized,
-            values.quantized,
+            keys.quantized_rows,
+            values.quantized_rows,
             scale=scale,
             mask=mask_q,
             sinks=sinks,

@@ -7,6 +7,7 @@ import mlx.core as mx
 import numpy as np
 
 from .guard import MlxqOnly
+from .kv_format import FormattedTriple
 
 
 class _RecentSplitFields(NamedTuple):
@@ -15,6 +16,7 @@ class _RecentSplitFields(NamedTuple):
     hidden: Optional[mx.array] = None
     columns: Optional[np.ndarray] = None
     whole: Optional[tuple] = None
+    rows: Optional[int] = None
 
 
 class RecentSplit(MlxqOnly, _RecentSplitFields):
@@ -38,6 +40,11 @@ class RecentSplit(MlxqOnly, _RecentSplitFields):
     quantized too), so that attention over the dequantized rows can
     dequantize them at once and write the exact rows over the last ``T``.
 
+    A decode step may also hand over the cache's whole buffers as
+    ``quantized`` with ``rows`` = ``n``: the part is their rows ``[0, n)``
+    (:attr:`quantized_rows`), which the op takes as views at eval, so the
+    cache's write makes no fetch views.
+
     Only mlxq may unpack or index it (see mlxq.guard); the fields read as
     attributes.
     """
@@ -47,7 +54,22 @@ class RecentSplit(MlxqOnly, _RecentSplitFields):
 
     @property
     def quantized_length(self) -> int:
-        return self.quantized[0].shape[2]
+        return self.quantized[0].shape[2] if self.rows is None else self.rows
+
+    @property
+    def quantized_rows(self) -> tuple:
+        """The quantized part itself: ``quantized``, or views of its rows
+        ``[0, rows)`` when it holds whole buffers (in the same tuple type:
+        a cache's :class:`~mlxq.kv_format.FormattedTriple` stays one)."""
+        t = self.quantized
+        if self.rows is None:
+            return t
+        cut = [a[..., : self.rows, :] for a in tuple.__iter__(t)]
+        return (
+            FormattedTriple(cut, t.format, t.values)
+            if isinstance(t, FormattedTriple)
+            else tuple(cut)
+        )
 
     @property
     def mask_columns(self) -> int:

@@ -52,7 +52,7 @@ def test_gemma3_answers_and_its_kv_quantizes(gemma3):
     ppl, top = teacher_forced(model, ids, make_prompt_cache(model))
     # Measured 9.00; without BOS 22.5, a broken conversion hundreds.
     assert 7.0 < ppl < 12.0, ppl
-    with mlxq_lm.enabled():
+    with mlxq_lm.enable(kv_recent=0):  # 4-bit alone (not the recipe's window)
         caches = mlxq_lm.make_prompt_cache(model, kv_bits=8, kv_group_size=32)
         kinds = {type(c).__name__ for c in caches}
         assert kinds == {"QuantizedKVCache", "RotatingQuantizedKVCache"}, kinds

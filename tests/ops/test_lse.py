@@ -173,10 +173,12 @@ def test_dense_attention_blocks_by_score_bytes(rng, monkeypatch, mask):
     assert mlxq.attention._dense_rows(B, Hq, N) == 7
     blocked = mlxq.attention.dense_attention_with_lse(q, k, v, scale=0.2, mask=m)
     q64, k64, v64 = to_f64(q), to_f64(k), to_f64(v)
+    # f32 matmuls: exact on the CPU, TF32-like on CUDA.
+    tol = 1e-4 if mx.default_device() == mx.cpu else 5e-3
     for out, lse in (whole, blocked):
         for h in range(Hq):
             s = np.where(vis, 0.2 * q64[0, h] @ k64[0, h // 2].T, -np.inf)
             ref_lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
             ref = np.exp(s - ref_lse[:, None]) @ v64[0, h // 2]
-            assert np.max(np.abs(to_f64(out)[0, h] - ref)) < 1e-4
-            assert np.max(np.abs(to_f64(lse)[0, h] - ref_lse)) < 1e-4
+            assert np.max(np.abs(to_f64(out)[0, h] - ref)) < tol
+            assert np.max(np.abs(to_f64(lse)[0, h] - ref_lse)) < tol

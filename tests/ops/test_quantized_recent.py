@@ -171,6 +171,57 @@ def test_strided_views(rng):
     assert_cuda_kernel("cuda_decode")
 
 
+def _with_junk_rows(rng, t, c: Case, bits: int, extra: int):
+    """``t`` grown by ``extra`` rows of large random codes, as a cache's
+    buffer holds rows past those a step attends."""
+    junk = quantize(
+        50 * rng.standard_normal((c.B, c.Hkv, extra, c.D)).astype(np.float32),
+        c.group_size,
+        bits,
+        t[1].dtype,
+    )
+    return tuple(mx.concatenate([a, j], axis=2) for a, j in zip(t, junk))
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gqa-bool-sinks", "k8v4", "draft-causal", "many-rows"])
+def test_rows_of_whole_buffers(rng, name):
+    # rows=N over buffers of N + 37 rows (a cache's whole buffers, the
+    # decode step's fetch): rows [0, N) only, with the window against
+    # float64, without it bit for bit the call over the N rows themselves.
+    c = CASES[name]
+    q, kq, vq, ke, ve, mask, sinks = inputs(rng, c, mx.bfloat16)
+    vb = c.bits if c.v_bits is None else c.v_bits
+    kw, vw = _with_junk_rows(rng, kq, c, c.bits, 37), _with_junk_rows(rng, vq, c, vb, 37)
+    scale = c.D**-0.5
+    formats = dict(bits=c.bits, group_size=c.group_size, v_bits=c.v_bits)
+    plain = dict(scale=scale, mask=mask, sinks=sinks, **formats)
+    whole = _ext.quantized_sdpa(q, *kw, *vw, rows=c.N, **plain)
+    cut = _ext.quantized_sdpa(q, *kq, *vq, **plain)
+    assert np.array_equal(np.array(whole.astype(mx.float32)), np.array(cut.astype(mx.float32)))
+    skip_without_window_kernel()
+    window = dict(recent_keys=ke, recent_values=ve, recent_causal=c.causal)
+    out = _ext.quantized_sdpa(q, *kw, *vw, rows=c.N, **plain, **window)
+    assert_close(out, union64(q, kq, vq, ke, ve, c, mask, sinks, scale), dtype=mx.bfloat16)
+
+
+def test_rows_of_a_prefill_sized_step(rng):
+    # More than 8 query rows: the op cuts the buffers before any routing.
+    c = Case(1, 4, 2, 24, 90, 0, 64, 4, 64)
+    q, kq, vq, _, _, _, _ = inputs(rng, c, mx.bfloat16)
+    kw, vw = _with_junk_rows(rng, kq, c, 4, 11), _with_junk_rows(rng, vq, c, 4, 11)
+    whole = _ext.quantized_sdpa(q, *kw, *vw, scale=0.125, mask_mode="causal", rows=c.N)
+    cut = _ext.quantized_sdpa(q, *kq, *vq, scale=0.125, mask_mode="causal")
+    assert np.array_equal(np.array(whole.astype(mx.float32)), np.array(cut.astype(mx.float32)))
+
+
+def test_rows_outside_the_buffers_are_refused(rng):
+    c = CASES["smollm2"]
+    q, kq, vq, _, _, _, _ = inputs(rng, c, mx.bfloat16)
+    for rows in (-1, c.N + 1):
+        with pytest.raises(ValueError, match=r"rows must lie in \[0, 700\]"):
+            _ext.quantized_sdpa(q, *kq, *vq, scale=1.0, rows=rows)
+
+
 def test_bad_recent_rows_are_refused(rng):
     c = CASES["smollm2"]
     q, kq, vq, ke, ve, _, _ = inputs(rng, c, mx.bfloat16)

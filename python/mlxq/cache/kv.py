@@ -254,8 +254,9 @@ def windowed_fetch(cache, keys, values):
 def _window_decode(cache, keys, values, prev: int, window):
     """A decode step (one token, the window full, buffers the cache's own)
     as one op that writes the token into the quantized buffers and into the
-    window's rings (RecentWindow.decode_rings), and its fetch: the
-    quantized rows before the window, and the rings as laid out. None for
+    window's rings (RecentWindow.decode_rings), and its fetch: the whole
+    buffers with the row count before the window (RecentSplit.rows), and
+    the rings as laid out. None for
     any other step. This runs for every generated token of every layer,
     so it does only what such a step needs."""
     if checks.update(cache, keys, values) != 1 or not cache._owned or cache.keys is None:
@@ -266,14 +267,17 @@ def _window_decode(cache, keys, values, prev: int, window):
     store = cache._store
     if prev == store.length(cache.keys):
         cache._grow(keys, values, 1)
-    cache.keys, cache.values, k, v, ring_k, ring_v = store.write_and_fetch_recent(
-        cache.keys, cache.values, keys, values, prev, prev - window.size, rings
+    cache.keys, cache.values, ring_k, ring_v = store.write_recent(
+        cache.keys, cache.values, keys, values, prev, rings
     )
     cache._advance(1)
     lo, exact_k, exact_v, order = window.decoded(ring_k, ring_v, prev)
-    qk, qv = cache._fetched(k, v)
+    qk, qv = cache._fetched(cache.keys, cache.values)  # whole buffers, rows [0, lo)
     columns = lo + order
-    return RecentSplit(qk, exact_k, None, columns), RecentSplit(qv, exact_v, None, columns)
+    return (
+        RecentSplit(qk, exact_k, None, columns, rows=lo),
+        RecentSplit(qv, exact_v, None, columns, rows=lo),
+    )
 
 
 __all__ = ["KVCache", "QuantizedKVCache", "windowed_fetch"]

@@ -19,6 +19,7 @@ changes which copy attention reads. Its bytes are ``2 * (R + 1) * D``
 elements per KV head, whatever the context length.
 """
 
+import functools
 from typing import Optional
 
 import mlx.core as mx
@@ -46,7 +47,6 @@ class RecentWindow:
     def __init__(self, size: int):
         self.size = size
         self.slots = size + 1
-        self._orders = {}  # start slot -> order (_order)
         self.keys: Optional[mx.array] = None
         self.values: Optional[mx.array] = None
         self.start = 0
@@ -132,13 +132,10 @@ class RecentWindow:
         return lo, ring_k, ring_v, self._order(lo % self.slots)
 
     def _order(self, shift: int) -> np.ndarray:
-        """Each ring slot's index in a full window starting at slot ``shift``
-        (``slots`` distinct orders, kept: a decode step's host time)."""
-        order = self._orders.get(shift)
-        if order is None:
-            order = self._orders[shift] = (np.arange(self.slots) - shift) % self.slots
-            order.flags.writeable = False
-        return order
+        """Each ring slot's index in a full window starting at slot ``shift``."""
+        if self.slots > _TABLED_SLOTS:
+            return (np.arange(self.slots) - shift) % self.slots
+        return _ring_orders(self.slots)[shift]
 
     def _write(self, keys: mx.array, values: mx.array, offset: int, owned: bool = False) -> None:
         T = keys.shape[2]
@@ -176,6 +173,20 @@ class RecentWindow:
         if self.keys is None:
             return 0
         return self.keys.nbytes + self.values.nbytes
+
+
+# Rings up to this many slots share a table of their orders (2 MB at most).
+_TABLED_SLOTS = 512
+
+
+@functools.lru_cache(maxsize=8)
+def _ring_orders(slots: int) -> np.ndarray:
+    """Row ``shift``: each slot's index in a full ring of ``slots`` whose
+    oldest token is at slot ``shift``. Made once per ring size and shared by
+    every layer, so that no decode step builds one (a step's host time)."""
+    orders = (np.arange(slots)[None, :] - np.arange(slots)[:, None]) % slots
+    orders.flags.writeable = False
+    return orders
 
 
 def window_for(current: Optional[RecentWindow], size: int, offset: int):
