@@ -574,3 +574,16 @@ def test_a_decode_step_checks_the_formats_it_is_given(rng, fmt):
     with pytest.raises(ValueError, match=r"^\[mlxq\.quantized_sdpa\] "):
         mlxq.sdpa(q, K, V, scale=0.125, **fmt)
     mx.eval(mlxq.sdpa(q, K, V, scale=0.125, group_size=64, bits=4, v_bits=4))
+
+
+@pytest.mark.parametrize("size", [3, 128, 600])
+def test_ring_orders_are_each_slots_index_in_the_window(size):
+    # A decode step's columns: slot i of a full ring whose oldest token is
+    # at slot s is the window's (i - s) mod slots-th row; shared tables up
+    # to 512 slots, computed per step beyond.
+    from mlxq.cache.recent import RecentWindow
+
+    w = RecentWindow(size)
+    for shift in {0, 1, size // 2, size}:
+        want = (np.arange(size + 1) - shift) % (size + 1)
+        assert np.array_equal(w._order(shift), want)
