@@ -336,8 +336,8 @@ def _part_masks(keys, mask, L: int):
                 f"[mlxq.sdpa] a recent-window fetch in ring order serves one query, got {L}."
             )
         mask_e = None
-    if keys.hidden is not None:
-        visible = mx.logical_not(keys.hidden)
+    if keys.visible is not None:
+        visible = keys.visible
         if mask_q is None:
             mask_q = visible
         elif mask_q.dtype == mx.bool_:
@@ -372,7 +372,7 @@ def _one_pass_prefill(q, keys, values, mask: Mask, sinks, stream) -> bool:
     in order (no ring layout, no hidden rows). Two parts merged by
     log-sum-exp would attend the step's own rows densely in float32 MLX ops,
     ``O(L^2)`` of them."""
-    if keys.hidden is not None or keys.columns is not None or keys.quantized_length == 0:
+    if keys.visible is not None or keys.columns is not None or keys.quantized_length == 0:
         return False
     device = _device_of(stream).type
     if device != mx.gpu:
@@ -494,7 +494,7 @@ def _recent_decode(
     rows, rows in the queries' basis, too few rows per KV head to route.
     Its one op attends the window too (on CUDA, in the decode kernel's own
     blocks), as the general path would; None for any other step."""
-    if mask is not None or keys.hidden is not None:
+    if mask is not None or keys.visible is not None:
         return None
     _, Hq, L, D = q.shape
     kq, vq, rows = _quantized_parts(keys, values)

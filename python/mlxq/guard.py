@@ -34,8 +34,8 @@ def _refuse(fetch) -> None:
 def parts(fetch) -> tuple:
     """The entries of a fetch as a plain tuple, for code that knows its
     format (tests, tools): ``(packed, scales, biases)`` of a triple,
-    ``(quantized, exact, hidden, columns)`` of a recent split. Anything else
-    comes back as ``tuple(fetch)``."""
+    ``(quantized, exact, visible, columns, whole, rows)`` of a recent
+    split. Anything else comes back as ``tuple(fetch)``."""
     return tuple(tuple.__iter__(fetch)) if isinstance(fetch, MlxqOnly) else tuple(fetch)
 
 

@@ -13,7 +13,7 @@ from .kv_format import FormattedTriple
 class _RecentSplitFields(NamedTuple):
     quantized: tuple
     exact: mx.array
-    hidden: Optional[mx.array] = None
+    visible: Optional[mx.array] = None
     columns: Optional[np.ndarray] = None
     whole: Optional[tuple] = None
     rows: Optional[int] = None
@@ -29,7 +29,7 @@ class RecentSplit(MlxqOnly, _RecentSplitFields):
     quantized row preceding every query. A decode step may instead hand out
     its buffers as laid out in their rings:
 
-    * ``hidden``: a bool array ``[n]``, True where a quantized row is a
+    * ``visible``: a bool array ``[n]``, False where a quantized row is a
       window token (a sliding-window ring holds every token once); attention
       skips those rows there.
     * ``columns``: for each exact row, its column in the step's mask (numpy
@@ -75,7 +75,7 @@ class RecentSplit(MlxqOnly, _RecentSplitFields):
     def mask_columns(self) -> int:
         """How many columns the step's mask covers."""
         n = self.quantized_length
-        return n if self.hidden is not None else n + self.exact.shape[2]
+        return n if self.visible is not None else n + self.exact.shape[2]
 
 
 def is_split(x) -> bool:

@@ -86,11 +86,11 @@ class WindowScript(Script):
             assert got[0].exact.shape[2] == min(prev, self.R) + T, (prev, self.R, T)
         for g, w in zip(got, want):
             cols = exact_columns(g)
-            if g.hidden is None:  # rows before the split quantized, the window's not
+            if g.visible is None:  # rows before the split quantized, the window's not
                 self.assert_quantized(g.quantized_rows, w[..., :n, :])
             else:  # the whole ring quantized, the window's slots hidden
                 self.assert_quantized(g.quantized_rows, w)
-                assert np.array_equal(np.flatnonzero(np.array(g.hidden)), np.sort(cols))
+                assert np.array_equal(np.flatnonzero(~np.array(g.visible)), np.sort(cols))
             exact = np.array(g.exact.astype(mx.float32))
             ref = np.array(w[..., mx.array(cols), :].astype(mx.float32))
             assert exact.shape == ref.shape

@@ -484,8 +484,10 @@ def test_a_sliding_window_cache_reads_its_window_exactly(
         lo = cache.offset - K.exact.shape[2]
         assert K.exact.shape[2] == min(cache.offset, R + T if T > 1 else R + 1)
         if T == 1:  # the ring with the window's slots hidden
-            assert K.quantized_length == len(P) and np.array(K.hidden).sum() == cache.offset - lo
-            assert np.array_equal(np.sort(P[np.array(K.hidden)]), np.arange(lo, cache.offset))
+            assert (
+                K.quantized_length == len(P) and (~np.array(K.visible)).sum() == cache.offset - lo
+            )
+            assert np.array_equal(np.sort(P[~np.array(K.visible)]), np.arange(lo, cache.offset))
         Kd = np.where(P[:, None] >= lo, to_f64(EK), dequantize64(QK, gs, bits) @ H)
         Vd = np.where(P[:, None] >= lo, to_f64(EV), dequantize64(QV, gs, bits) @ H)
         q = mx.array(rng.standard_normal((1, 4, T, 64)).astype(np.float32))
@@ -502,7 +504,7 @@ def test_a_sliding_window_cache_refuses_a_window_that_does_not_fit():
     plain.update_and_fetch(*kv(np.random.default_rng(0), 70, D=64))
     cache = plain.to_quantized(64, 4, recent=16)
     K, _ = cache.update_and_fetch(*kv(np.random.default_rng(1), 1, D=64))
-    assert K.exact.shape[2] == 17 and np.array(K.hidden).sum() == 17
+    assert K.exact.shape[2] == 17 and (~np.array(K.visible)).sum() == 17
 
 
 def test_a_lazily_evaluated_loop_of_steps_reads_what_each_step_saw(rng):
@@ -587,3 +589,20 @@ def test_ring_orders_are_each_slots_index_in_the_window(size):
     for shift in {0, 1, size // 2, size}:
         want = (np.arange(size + 1) - shift) % (size + 1)
         assert np.array_equal(w._order(shift), want)
+
+
+@pytest.mark.parametrize("length, keep", [(40, 0), (40, 4), (1500, 0)])
+def test_a_rings_visibility_is_all_but_the_newest_slots(length, keep):
+    # What a sliding ring's decode step reads quantized: every slot but the
+    # k newest tokens', going back from `newest` and wrapping from `keep`.
+    # Kept (one evaluated array per ring position) up to 1024 rows.
+    from mlxq.cache.rotating import ring_visible
+
+    span, k = length - keep, 9
+    for newest in (0, 5, span - 1):
+        got = ring_visible(length, keep, span, k, newest)
+        want = np.ones(length, bool)
+        want[[keep + (newest - j) % span for j in range(k)]] = False
+        assert np.array_equal(np.array(got), want)
+        again = ring_visible(length, keep, span, k, newest)
+        assert (again is got) == (length <= 1024)

@@ -106,17 +106,18 @@ class BatchRotatingQuantizedKVCache(BaseCache):
                 else self._fetched(*self._update_concat(keys, values))
             )
         if one:
-            fetch, slots = self._update_in_place(keys, values), self._newest_slots
+            fetch, layout = self._update_in_place(keys, values), self._newest_layout()
         else:
-            fetch, slots = self._update_concat(keys, values), None
-        return window_split(self, fetch, keys, values, prev, self._offset, slots)
+            fetch, layout = self._update_concat(keys, values), None
+        return window_split(self, fetch, keys, values, prev, self._offset, layout)
 
-    def _newest_slots(self, k: int) -> np.ndarray:
-        """The ring slots of the ``k`` newest tokens, newest first, after a
-        one-token step: back from the slot just written, wrapping over the
-        whole buffer (a batch ring keeps no tokens; one still filling has
-        spare rows past ``_idx``, which the wrap never reaches)."""
-        return (self._idx - 1 - np.arange(k)) % self._store.length(self.keys)
+    def _newest_layout(self):
+        """Where a one-token step's newest tokens lie (see
+        RotatingQuantizedKVCache._newest_layout): back from the slot just
+        written, wrapping over the whole buffer (a batch ring keeps no
+        tokens; one still filling has spare rows past ``_idx``, which the
+        wrap never reaches)."""
+        return 0, self._store.length(self.keys), self._idx - 1
 
     def _to_temporal_order(self) -> None:
         """Unroll a wrapped ring so that row 0 is the oldest."""

@@ -18,6 +18,7 @@ which lets sliding-window models use a quantized cache (mlx-lm's
 ``RotatingKVCache.to_quantized`` raises).
 """
 
+import functools
 from typing import Optional
 
 import mlx.core as mx
@@ -382,43 +383,73 @@ class RotatingQuantizedKVCache(RotatingKVCache):
             return super().update_and_fetch(keys, values)
         prev = self.offset
         if checks.update(self, keys, values) > 1:
-            fetch, slots = self._update_concat(keys, values), None
+            fetch, layout = self._update_concat(keys, values), None
         else:
-            fetch, slots = self._update_in_place(keys, values), self._newest_slots
-        return window_split(self, fetch, keys, values, prev, self.offset, slots)
+            fetch = self._update_in_place(keys, values)
+            layout = self._newest_layout()
+        return window_split(self, fetch, keys, values, prev, self.offset, layout)
 
-    def _newest_slots(self, k: int) -> np.ndarray:
-        """The ring slots of the ``k`` newest tokens, newest first, after a
-        one-token step: back from the slot just written, wrapping from
-        ``keep`` to the buffer's end once tokens have been evicted."""
-        slots = self._idx - 1 - np.arange(k)
+    def _newest_layout(self):
+        """Where a one-token step's newest tokens lie: ``(keep, span,
+        newest)``, the token ``j`` steps back from the newest at slot
+        ``keep + (newest - j) mod span`` (back from the slot just written,
+        wrapping from ``keep`` to the buffer's end once tokens have been
+        evicted)."""
         length = self._store.length(self.keys)
         if self.offset > length:
-            slots = np.where(slots < self.keep, slots + (length - self.keep), slots)
-        return slots
+            return self.keep, length - self.keep, self._idx - 1 - self.keep
+        return 0, length, self._idx - 1
 
 
-def window_split(cache, fetch, keys, values, prev: int, end: int, newest_slots=None):
+def window_split(cache, fetch, keys, values, prev: int, end: int, layout=None):
     """The :class:`RecentSplit` pair of a ring's step with a recent window
     (a single ring's or a batch ring's; positions ``prev`` before the step,
     ``end`` after it). ``fetch``: a longer step's unfetched (K, V), the kept
     context then the new rows in order, cut before the window's rows; or,
-    with ``newest_slots(k)`` (the ring slots of the ``k`` newest tokens,
-    newest first), a one-token step's fetched ring as laid out, whose
-    window slots are hidden from the quantized part and each exact row's
-    mask column is its slot."""
+    with ``layout`` (where the newest tokens lie: ``_newest_layout``), a
+    one-token step's fetched ring as laid out, whose window slots are
+    hidden from the quantized part and each exact row's mask column is its
+    slot."""
     lo, exact_k, exact_v, order = cache._recent.step(keys, values, prev)
     qk, qv = fetch
-    if newest_slots is None:
+    if layout is None:
         n = cache._store.length(qk) - (end - lo)
         rows = cache._store.rows
         wk, wv = cache._fetched(qk, qv)
         qk, qv = cache._fetched(rows(qk, stop=n), rows(qv, stop=n))
         return RecentSplit(qk, exact_k, whole=wk), RecentSplit(qv, exact_v, whole=wv)
-    slots = newest_slots(end - lo)
-    hidden = np.zeros(cache._store.length(qk), dtype=np.bool_)
-    hidden[slots] = True
+    keep, span, newest = layout
     t = np.arange(end - lo) if order is None else order
-    columns = slots[prev - lo - t]
-    hidden = mx.array(hidden)
-    return RecentSplit(qk, exact_k, hidden, columns), RecentSplit(qv, exact_v, hidden, columns)
+    # Exact row i holds position lo + t[i], (prev - lo - t[i]) steps back
+    # from the newest token.
+    columns = keep + (newest - (prev - lo - t)) % span
+    visible = ring_visible(cache._store.length(qk), keep, span, end - lo, newest % span)
+    return RecentSplit(qk, exact_k, visible, columns), RecentSplit(qv, exact_v, visible, columns)
+
+
+# Rings of up to this many rows keep their visibility masks (one per ring
+# position, a row's byte each: 1 MB at most per ring shape), so that a
+# decode step uploads none.
+_KEPT_VISIBILITY_ROWS = 1024
+
+
+@functools.lru_cache(maxsize=8)
+def _visibility_table(length: int, keep: int, span: int, k: int) -> dict:
+    return {}
+
+
+def ring_visible(length: int, keep: int, span: int, k: int, newest: int) -> mx.array:
+    """The ring's rows a one-token step reads quantized: all but the slots of
+    the ``k`` newest tokens (``keep + (newest - j) mod span``, j < k), which
+    it reads exactly. Kept per ring position and shared by every layer of
+    one shape (an evaluated constant: no node, no upload per step)."""
+    table = _visibility_table(length, keep, span, k) if length <= _KEPT_VISIBILITY_ROWS else None
+    visible = None if table is None else table.get(newest)
+    if visible is None:
+        rows = np.ones(length, dtype=np.bool_)
+        rows[keep + (newest - np.arange(k)) % span] = False
+        visible = mx.array(rows)
+        if table is not None:
+            mx.eval(visible)
+            table[newest] = visible
+    return visible
