@@ -178,9 +178,8 @@ __global__ void quant_kv_kernel_impl(QuantKVArgs a) {
   const int t = row % a.T, bh = row / a.T;
   const int h = bh % a.H, b = bh / a.H;
   const int64_t src0 = b * d.src_st[0] + h * d.src_st[1] + t * d.src_st[2];
-  const int64_t dst_row =
-      int64_t(bh) * a.S + ring_row(a.pos ? int64_t(a.pos[0]) : int64_t(a.pos_value), t, a.S);
   const int64_t p = a.pos ? int64_t(a.pos[0]) : int64_t(a.pos_value);
+  const int64_t dst_row = int64_t(bh) * a.S + ring_row(p, t, a.S);
   quantize_row<BITS, GS>(
       d.src,
       src0,

@@ -64,8 +64,7 @@ class KVFormat:
         if self.v_bits is None:
             object.__setattr__(self, "v_bits", self.bits)
         # Read at every decode step's fetch (see fetch): kept, not a field.
-        separate = (self.v_group_size, self.v_bits) != (self.group_size, self.bits)
-        object.__setattr__(self, "_mlxq_only", bool(self.hadamard) or separate)
+        object.__setattr__(self, "_mlxq_only", bool(self.hadamard) or self.separate)
 
     def checked(self, where: str) -> "KVFormat":
         """``self``, or a ValueError naming the field mlxq's kernels do not take."""

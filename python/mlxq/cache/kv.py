@@ -256,9 +256,9 @@ def _window_decode(cache, keys, values, prev: int, window):
     as one op that writes the token into the quantized buffers and into the
     window's rings (RecentWindow.decode_rings), and its fetch: the whole
     buffers with the row count before the window (RecentSplit.rows), and
-    the rings as laid out. None for
-    any other step. This runs for every generated token of every layer,
-    so it does only what such a step needs."""
+    the rings as laid out. None for any other step. This runs for every
+    generated token of every layer, so it does only what such a step
+    needs."""
     if checks.update(cache, keys, values) != 1 or not cache._owned or cache.keys is None:
         return None
     rings = window.decode_rings(keys, prev)
