@@ -145,6 +145,86 @@ inline void add(nb::module_& m) {
       "K and V dequantized into the stream's workspace buffers (see mlxq.workspace).");
 
   m.def(
+      "_dequantized_attention",
+      [](const mx::array& q,
+         const mx::array& k_packed,
+         const mx::array& k_scales,
+         const mx::array& k_biases,
+         const mx::array& v_packed,
+         const mx::array& v_scales,
+         const mx::array& v_biases,
+         float scale,
+         bool causal,
+         const std::optional<mx::array>& sinks,
+         int group_size,
+         int bits,
+         int v_group_size,
+         int v_bits,
+         const std::optional<mx::array>& exact_keys,
+         const std::optional<mx::array>& exact_values,
+         std::optional<int> rows,
+         mx::StreamOrDevice s) {
+        return bindings::translate_errors([&]() -> std::optional<mx::array> {
+          std::optional<ExactRows> exact;
+          int n = rows.value_or(k_packed.shape(2)), N = n;
+          if (exact_keys && exact_values) {
+            exact = ExactRows{*exact_keys, *exact_values, n};
+            N += exact_keys->shape(2);
+          }
+          PrefillProblem p{
+              q.shape(2),
+              N,
+              q.shape(1),
+              k_packed.shape(1),
+              q.shape(3),
+              exact_values ? static_cast<int>(exact_values->shape(3)) : 0,
+              q.dtype(),
+              k_scales.dtype(),
+              causal ? kMaskCausal : kMaskNone,
+              std::nullopt};
+          return dequantized_attention(
+              q,
+              k_packed,
+              k_scales,
+              k_biases,
+              v_packed,
+              v_scales,
+              v_biases,
+              p,
+              scale,
+              group_size,
+              bits,
+              v_group_size,
+              v_bits,
+              sinks,
+              exact,
+              /*force_fused=*/false,
+              mx::to_stream(s));
+        });
+      },
+      "q"_a,
+      "k_packed"_a,
+      "k_scales"_a,
+      "k_biases"_a,
+      "v_packed"_a,
+      "v_scales"_a,
+      "v_biases"_a,
+      nb::kw_only(),
+      "scale"_a,
+      "causal"_a,
+      "sinks"_a = nb::none(),
+      "group_size"_a,
+      "bits"_a,
+      "v_group_size"_a,
+      "v_bits"_a,
+      "exact_keys"_a = nb::none(),
+      "exact_values"_a = nb::none(),
+      "rows"_a = nb::none(),
+      "stream"_a = nb::none(),
+      "Test hook: the routed prefill's attention on any stream (MLX's attention over the "
+      "K/V rows [0, rows) dequantized, then exact_keys / exact_values), without the decision.");
+
+  m.def(
       "_workspace_note_reader",
       [](const mx::array& out, mx::StreamOrDevice s) {
         workspace::note_reader(mx::to_stream(s), out);

@@ -7,6 +7,7 @@
 
 #include "environment.h"
 #include "prefill_workspace.h"
+#include "ring_update.h"
 
 namespace mlxq {
 
@@ -87,21 +88,72 @@ std::optional<mx::array> routed_prefill(
     int v_group_size,
     int v_bits,
     const std::optional<mx::array>& sinks,
-    mx::Stream s) {
+    mx::Stream s,
+    const std::optional<ExactRows>& exact) {
   GpuBackend backend = s.device == mx::Device::gpu ? gpu_backend() : GpuBackend::None;
   if (!route_to_mx_fast(backend, p)) {
     return std::nullopt;
   }
-  const bool reused = environment().prefill_workspace;
+  auto out = dequantized_attention(
+      q,
+      k_packed,
+      k_scales,
+      k_biases,
+      v_packed,
+      v_scales,
+      v_biases,
+      p,
+      scale,
+      k_group_size,
+      k_bits,
+      v_group_size,
+      v_bits,
+      sinks,
+      exact,
+      /*force_fused=*/true,
+      s);
+  if (out) {
+    note_route("mx_fast");
+  }
+  return out;
+}
+
+std::optional<mx::array> dequantized_attention(
+    const mx::array& q,
+    const mx::array& k_packed,
+    const mx::array& k_scales,
+    const mx::array& k_biases,
+    const mx::array& v_packed,
+    const mx::array& v_scales,
+    const mx::array& v_biases,
+    const PrefillProblem& p,
+    float scale,
+    int k_group_size,
+    int k_bits,
+    int v_group_size,
+    int v_bits,
+    const std::optional<mx::array>& sinks,
+    const std::optional<ExactRows>& exact,
+    bool force_fused,
+    mx::Stream s) {
+  auto first_rows = [&](const mx::array& a, int n) {
+    if (a.shape(2) == n) {
+      return a;
+    }
+    return mx::slice(a, {0, 0, 0, 0}, {a.shape(0), a.shape(1), n, a.shape(3)}, s);
+  };
+  // Into the workspace when every dense row has a quantized row to be
+  // dequantized in its place: the exact rows are then written over theirs.
+  const bool reused = environment().prefill_workspace && k_packed.shape(2) >= p.N;
   std::optional<mx::array> k, v;
   if (reused) {
     auto [dk, dv] = workspace::dequantize_kv(
-        k_packed,
-        k_scales,
-        k_biases,
-        v_packed,
-        v_scales,
-        v_biases,
+        first_rows(k_packed, p.N),
+        first_rows(k_scales, p.N),
+        first_rows(k_biases, p.N),
+        first_rows(v_packed, p.N),
+        first_rows(v_scales, p.N),
+        first_rows(v_biases, p.N),
         k_group_size,
         k_bits,
         v_group_size,
@@ -110,27 +162,34 @@ std::optional<mx::array> routed_prefill(
         s);
     k = std::move(dk);
     v = std::move(dv);
+    if (exact) {
+      k = ring_update(*k, exact->keys, exact->n, /*owned=*/true, s);
+      v = ring_update(*v, exact->values, exact->n, /*owned=*/true, s);
+    }
   } else {
-    k = mx::dequantize(
-        k_packed,
-        k_scales,
-        k_biases,
-        k_group_size,
-        k_bits,
-        "affine",
-        std::nullopt,
-        std::nullopt,
-        s);
-    v = mx::dequantize(
-        v_packed,
-        v_scales,
-        v_biases,
-        v_group_size,
-        v_bits,
-        "affine",
-        std::nullopt,
-        std::nullopt,
-        s);
+    const int n = exact ? exact->n : p.N;
+    auto dense = [&](const mx::array& packed,
+                     const mx::array& scales,
+                     const mx::array& biases,
+                     int group_size,
+                     int bits) {
+      return mx::dequantize(
+          first_rows(packed, n),
+          first_rows(scales, n),
+          first_rows(biases, n),
+          group_size,
+          bits,
+          "affine",
+          std::nullopt,
+          std::nullopt,
+          s);
+    };
+    k = dense(k_packed, k_scales, k_biases, k_group_size, k_bits);
+    v = dense(v_packed, v_scales, v_biases, v_group_size, v_bits);
+    if (exact) {
+      k = mx::concatenate({*k, exact->keys}, 2, s);
+      v = mx::concatenate({*v, exact->values}, 2, s);
+    }
   }
   std::optional<mx::array> out;
   try {
@@ -142,7 +201,7 @@ std::optional<mx::array> routed_prefill(
         p.mask == kMaskCausal ? "causal" : "",
         std::nullopt,
         sinks,
-        /*force_fused=*/true,
+        force_fused,
         s);
   } catch (const std::exception&) { // MLX has no fused kernel here after all
     return std::nullopt;
@@ -150,7 +209,6 @@ std::optional<mx::array> routed_prefill(
   if (reused) {
     workspace::note_reader(s, *out);
   }
-  note_route("mx_fast");
   return out;
 }
 

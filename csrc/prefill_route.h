@@ -71,8 +71,20 @@ bool mlx_has_fused_attention(GpuBackend backend, const PrefillProblem& p);
 // to the output type), and MLX has a fused kernel for the shape.
 bool route_to_mx_fast(GpuBackend backend, const PrefillProblem& p);
 
+// Exact rows attended after the first `n` quantized rows of the buffers (a
+// recent window's step: the window, then the step's own rows). The dense
+// K/V are the buffers' rows [0, n) dequantized with these rows after them;
+// buffers holding at least n + T rows are dequantized whole into the
+// workspace and the exact rows written over rows [n, n + T) (whatever the
+// buffers hold there is never read).
+struct ExactRows {
+  mx::array keys, values; // [B, H_kv, T, D], the queries' dtype
+  int n;
+};
+
 // The routed attention, or nullopt where the primitive must run (not routed,
-// or MLX refused the fused kernel). Inputs are validated by the caller.
+// or MLX refused the fused kernel). Inputs are validated by the caller; with
+// `exact`, `p.N` counts its rows too.
 std::optional<mx::array> routed_prefill(
     const mx::array& q,
     const mx::array& k_packed,
@@ -88,6 +100,30 @@ std::optional<mx::array> routed_prefill(
     int v_group_size,
     int v_bits,
     const std::optional<mx::array>& sinks,
+    mx::Stream s,
+    const std::optional<ExactRows>& exact = std::nullopt);
+
+// routed_prefill's attention without the decision, on any stream: MLX's
+// attention over the dequantized K/V (and `exact`), or nullopt where
+// `force_fused` is set and MLX has no fused kernel. The CPU tests call it
+// with force_fused off (MLX's CPU attention is never fused).
+std::optional<mx::array> dequantized_attention(
+    const mx::array& q,
+    const mx::array& k_packed,
+    const mx::array& k_scales,
+    const mx::array& k_biases,
+    const mx::array& v_packed,
+    const mx::array& v_scales,
+    const mx::array& v_biases,
+    const PrefillProblem& p,
+    float scale,
+    int k_group_size,
+    int k_bits,
+    int v_group_size,
+    int v_bits,
+    const std::optional<mx::array>& sinks,
+    const std::optional<ExactRows>& exact,
+    bool force_fused,
     mx::Stream s);
 
 // Test hook: calls routed to mx.fast by route name since the last call (then

@@ -221,10 +221,10 @@ std::vector<mx::array> quantized_sdpa(
   if (rows && (*rows < 0 || *rows > N)) {
     fail(kOp, "rows must lie in [0, ", N, "] (the K/V buffers' rows), got ", *rows, ".");
   }
-  if (rows && *rows < N && L > 8) {
-    // A prefill-sized step may be routed through MLX's attention over its
-    // dequantized rows, which reads whole arrays: those get slices (a
-    // decode step's kernels take views at eval instead).
+  // A prefill-sized step may be routed through MLX's attention over its
+  // dequantized rows, which reads whole arrays: those get slices (a decode
+  // step's kernels take views at eval instead).
+  auto over_rows = [&]() {
     auto cut = [&](const mx::array& a) {
       return mx::slice(a, {0, 0, 0, 0}, {a.shape(0), a.shape(1), *rows, a.shape(3)}, s);
     };
@@ -250,6 +250,14 @@ std::vector<mx::array> quantized_sdpa(
         recent_causal,
         std::nullopt,
         s);
+  };
+  const bool recent = recent_keys || recent_values;
+  auto stream = mx::to_stream(s);
+  // A recent window's prefill step on a GPU keeps its whole buffers: routed,
+  // their rows after `rows` are where its exact rows go (ExactRows).
+  const bool exact_route = recent && L > 8 && !return_lse && stream.device == mx::Device::gpu;
+  if (rows && *rows < N && L > 8 && !exact_route) {
+    return over_rows();
   }
   const bool prefix = rows && *rows < N;
   if (prefix) {
@@ -337,8 +345,10 @@ std::vector<mx::array> quantized_sdpa(
     inputs.push_back(mx::contiguous(mx::astype(*sinks, mx::float32, s), false, s));
   }
 
-  auto stream = mx::to_stream(s);
-  const bool recent = recent_keys || recent_values;
+  std::optional<mx::Dtype> sinks_dtype;
+  if (sinks) {
+    sinks_dtype = sinks->dtype();
+  }
   if (recent) {
     if (!recent_keys || !recent_values) {
       fail(kOp, "pass recent_keys and recent_values together.");
@@ -360,6 +370,45 @@ std::vector<mx::array> quantized_sdpa(
           " KV heads and value dim ",
           Dv,
           ".");
+    }
+    if (exact_route) {
+      if (params.mask == kMaskNone) {
+        const int T = recent_keys->shape(2);
+        PrefillProblem p{
+            L,
+            N + T,
+            Hq,
+            Hkv,
+            Dk,
+            Dv,
+            q.dtype(),
+            k_scales.dtype(),
+            recent_causal ? kMaskCausal : kMaskNone,
+            sinks_dtype};
+        auto routed = routed_prefill(
+            q,
+            k_packed,
+            k_scales,
+            k_biases,
+            v_packed,
+            v_scales,
+            v_biases,
+            p,
+            scale,
+            kg,
+            kb,
+            vg,
+            vb,
+            sinks,
+            stream,
+            ExactRows{*recent_keys, *recent_values, N});
+        if (routed) {
+          return {std::move(*routed)};
+        }
+      }
+      if (prefix) {
+        return over_rows();
+      }
     }
     if (stream.device == mx::Device::cpu || mx::metal::is_available()) {
       // The quantized part with its log-sum-exp, then the window merged in.
@@ -390,10 +439,6 @@ std::vector<mx::array> quantized_sdpa(
     }
   }
   if (!return_lse && !recent && L > 8) {
-    std::optional<mx::Dtype> sinks_dtype;
-    if (sinks) {
-      sinks_dtype = sinks->dtype();
-    }
     PrefillProblem p{L, N, Hq, Hkv, Dk, Dv, q.dtype(), k_scales.dtype(), params.mask, sinks_dtype};
     auto routed = routed_prefill(
         q,

@@ -110,6 +110,11 @@ def _workspace_dequantize_kv(k_packed: mlx.core.array, k_scales: mlx.core.array,
     K and V dequantized into the stream's workspace buffers (see mlxq.workspace).
     """
 
+def _dequantized_attention(q: mlx.core.array, k_packed: mlx.core.array, k_scales: mlx.core.array, k_biases: mlx.core.array, v_packed: mlx.core.array, v_scales: mlx.core.array, v_biases: mlx.core.array, *, scale: float, causal: bool, sinks: mlx.core.array | None = None, group_size: int, bits: int, v_group_size: int, v_bits: int, exact_keys: mlx.core.array | None = None, exact_values: mlx.core.array | None = None, rows: int | None = None, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array | None:
+    """
+    Test hook: the routed prefill's attention on any stream (MLX's attention over the K/V rows [0, rows) dequantized, then exact_keys / exact_values), without the decision.
+    """
+
 def _workspace_note_reader(out: mlx.core.array, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> None:
     """`out` read the stream's workspace: the next write waits for it."""
 

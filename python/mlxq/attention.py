@@ -4,7 +4,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 
-from . import _ext, routing, workspace
+from . import _ext, routing
 from .hadamard import check_head_dim, transform
 from .kv_format import FormattedTriple, is_hadamard
 from .split import is_split
@@ -413,13 +413,20 @@ def _dequantized_rows(part, dtype, stream) -> mx.array:
     return rows
 
 
-def _dequantized_one_pass(q, keys, values, *, scale, mask: Mask, sinks, stream) -> mx.array:
+def _dequantized_one_pass(
+    q, keys, values, *, scale, mask: Mask, sinks, stream, formats
+) -> mx.array:
     """A recent-window step as one attention over ``[dequantized rows, window
     rows]`` (see :func:`_one_pass_prefill`): the mask's columns are in that
-    order already, and a causal mask hides no quantized row."""
-    if _in_workspace(keys, values):
-        return _workspace_one_pass(
-            q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
+    order already, and a causal mask hides no quantized row. The op does
+    it, dequantizing the buffers into the stream's workspace and writing
+    the exact rows over the window's (csrc/prefill_route.h: ExactRows);
+    rows in the Hadamard basis are dequantized here and turned back."""
+    kq, vq, rows = _quantized_parts(keys, values)
+    if not (is_hadamard(kq) or is_hadamard(vq)):
+        recent = (keys.exact, values.exact, mask is not None)
+        return _fused(
+            q, kq, vq, scale=scale, mask=None, sinks=sinks, recent=recent, rows=rows, **formats
         )
     k = mx.concatenate(
         [_dequantized_rows(keys, keys.exact.dtype, stream), keys.exact], axis=2, stream=stream
@@ -445,44 +452,6 @@ def _window_in_kernel(head_dim: int, stream) -> bool:
     if head_dim > 512:
         return False
     return not (_METAL and _device_of(stream).type == mx.gpu)
-
-
-def _in_workspace(keys, values) -> bool:
-    """Whether a step's rows can be dequantized into the stream's workspace
-    (mlxq.workspace) as the op's own routed prefill does: the step carries
-    ``whole``, rows out of the Hadamard basis come out as the window's are,
-    in its dtype."""
-    if keys.whole is None or values.whole is None or not routing.prefill_workspace():
-        return False
-    if is_hadamard(keys.whole) or is_hadamard(values.whole):
-        return False
-    return all(p.exact.dtype == p.whole[1].dtype for p in (keys, values))
-
-
-def _workspace_one_pass(q, keys, values, *, scale, mask: Mask, sinks, stream) -> mx.array:
-    """:func:`_dequantized_one_pass` without a fresh copy per layer: every
-    row quantized (``whole``) is dequantized into the stream's workspace,
-    the exact rows are written over the window's columns in place, and MLX's
-    fused attention reads the workspace, as the op's routed prefill does."""
-    kf, vf = _dense_format(keys), _dense_format(values)
-    k, v = workspace.dequantize_kv(
-        keys.whole,
-        values.whole,
-        group_size=kf[0],
-        bits=kf[1],
-        v_group_size=vf[0],
-        v_bits=vf[1],
-        dtype=keys.exact.dtype,
-        stream=stream,
-    )
-    n = keys.quantized_length
-    k = _ext.ring_update(k, keys.exact, n, owned=True, stream=stream)
-    v = _ext.ring_update(v, values.exact, n, owned=True, stream=stream)
-    out = mx.fast.scaled_dot_product_attention(
-        q, k, v, scale=scale, mask=mask, sinks=sinks, stream=stream
-    )
-    workspace.note_reader(stream, out)
-    return out
 
 
 def _recent_decode(
@@ -589,7 +558,7 @@ def recent_split_sdpa(
         return out
     if _one_pass_prefill(q, keys, values, mask, sinks, stream):
         return _dequantized_one_pass(
-            q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
+            q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream, formats=formats
         )
     mask_q, mask_e = _part_masks(keys, mask, L)
     # recent_attention: any step on the CPU (MLX's CPU matmuls are slow); on

@@ -34,7 +34,7 @@ def _refuse(fetch) -> None:
 def parts(fetch) -> tuple:
     """The entries of a fetch as a plain tuple, for code that knows its
     format (tests, tools): ``(packed, scales, biases)`` of a triple,
-    ``(quantized, exact, visible, columns, whole, rows)`` of a recent
+    ``(quantized, exact, visible, columns, rows)`` of a recent
     split. Anything else comes back as ``tuple(fetch)``."""
     return tuple(tuple.__iter__(fetch)) if isinstance(fetch, MlxqOnly) else tuple(fetch)
 

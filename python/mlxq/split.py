@@ -15,7 +15,6 @@ class _RecentSplitFields(NamedTuple):
     exact: mx.array
     visible: Optional[mx.array] = None
     columns: Optional[np.ndarray] = None
-    whole: Optional[tuple] = None
     rows: Optional[int] = None
 
 
@@ -35,15 +34,13 @@ class RecentSplit(MlxqOnly, _RecentSplitFields):
     * ``columns``: for each exact row, its column in the step's mask (numpy
       int64 ``[T]``); then the quantized part covers all ``n`` columns.
 
-    A many-row step of rows in order may also carry ``whole``: the cache's
-    quantized rows of all ``n + T`` columns (the window's tokens are
-    quantized too), so that attention over the dequantized rows can
-    dequantize them at once and write the exact rows over the last ``T``.
-
-    A decode step may also hand over the cache's whole buffers as
-    ``quantized`` with ``rows`` = ``n``: the part is their rows ``[0, n)``
+    A cache may also hand over longer buffers as ``quantized`` with
+    ``rows`` = ``n``: the part is their rows ``[0, n)``
     (:attr:`quantized_rows`), which the op takes as views at eval, so the
-    cache's write makes no fetch views.
+    cache's write makes no fetch views. A step of rows in order hands over
+    at least ``n + T`` rows (the window's tokens and its own are quantized
+    too): attention over the dequantized rows then dequantizes them at once
+    and writes the exact rows over the last ``T``.
 
     Only mlxq may unpack or index it (see mlxq.guard); the fields read as
     attributes.

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from support.caches import assert_same, kv
-from support.helpers import quantize, to_f64
+from support.helpers import assert_close, quantize, to_f64
 from support.reference64 import dequantize64, hadamard64, mask64
 
 import mlxq
@@ -122,20 +122,28 @@ def test_attention_reads_the_window_exactly(rng, gs, bits, v_fmt, rotate, R):
     ],
 )
 @pytest.mark.parametrize("in_workspace", [True, False])
+@pytest.mark.parametrize("buffers", ["fetch", "longer", "quantized rows"])
 @pytest.mark.parametrize("ring", [False, True])
 def test_one_pass_prefill_attends_the_dequantized_rows_then_the_window(
-    rng, gs, bits, v_fmt, rotate, mask, in_workspace, ring
+    rng, gs, bits, v_fmt, rotate, mask, in_workspace, buffers, ring
 ):
     """A GPU prefill step whose problem MLX's fused attention takes runs as
     one mx.fast call over [dequantized rows, window rows] (the two-part path
-    would attend the step's own rows densely in float32): every row
-    dequantized into the stream's workspace and the window written over its
-    columns, or (rows in the Hadamard basis, or the workspace off) the
-    quantized rows dequantized apart and joined to the window. Checked here
-    through the same function on this device's mx.fast."""
-    from mlxq import routing, workspace
+    would attend the step's own rows densely in float32). The op does it
+    (csrc/prefill_route.h: ExactRows): buffers of at least every row of
+    the step (the fetch's, or the cache's longer ones) dequantized into the
+    stream's workspace and the window written over its columns; else (the
+    quantized rows alone, or the workspace off) the quantized rows
+    dequantized apart and joined to the window. Rows in the Hadamard basis
+    are dequantized and turned back in Python. Checked here through the
+    same functions on this device's mx.fast."""
+    from mlxq import _ext, routing, workspace
     from mlxq.attention import _dequantized_one_pass, _one_pass_prefill
 
+    if rotate and buffers != "fetch":
+        pytest.skip("rows in the Hadamard basis are dequantized in Python from the fetch")
+    if ring and buffers == "longer":
+        pytest.skip("a ring's fetch is its buffers")
     vg, vb = v_fmt or (None, None)
     fmt = dict(hadamard=rotate, v_group_size=vg, v_bits=vb, recent=16)
     if ring:  # (a sliding-window ring that has not wrapped yet)
@@ -151,6 +159,7 @@ def test_one_pass_prefill_attends_the_dequantized_rows_then_the_window(
         K, V = cache.update_and_fetch(k, v)
     assert K.columns is None and K.quantized_length == 42 - 16
     N, n = cache.offset, K.quantized_length
+    assert parts(K.quantized)[0].shape[2] == N  # the step's rows too (RecentSplit.rows)
     vis = None
     if mask == "array":
         vis = rng.random((24, N)) < 0.6
@@ -162,11 +171,37 @@ def test_one_pass_prefill_attends_the_dequantized_rows_then_the_window(
     workspace.release_all()
     was = routing.set_prefill_workspace(in_workspace)
     try:
-        out = _dequantized_one_pass(q, K, V, scale=0.125, mask=m, sinks=sinks, stream=None)
+        if rotate:
+            out = _dequantized_one_pass(
+                q, K, V, scale=0.125, mask=m, sinks=sinks, stream=None, formats={}
+            )
+        else:
+            kq, vq, rows = parts(K.quantized), parts(V.quantized), n
+            if buffers == "longer":
+                assert parts(cache.keys)[0].shape[2] > N
+                kq, vq = parts(cache.keys), parts(cache.values)
+            elif buffers == "quantized rows":
+                kq, vq, rows = parts(K.quantized_rows), parts(V.quantized_rows), None
+            out = _ext._dequantized_attention(
+                q,
+                *kq,
+                *vq,
+                scale=0.125,
+                causal=mask == "causal",
+                sinks=sinks,
+                group_size=gs,
+                bits=bits,
+                v_group_size=vg or gs,
+                v_bits=vb or bits,
+                exact_keys=K.exact,
+                exact_values=V.exact,
+                rows=rows,
+            )
         mx.eval(out)
     finally:
         routing.set_prefill_workspace(was)
-    assert (workspace.held_bytes() > 0) == (in_workspace and not rotate)
+    reused = in_workspace and not rotate and buffers != "quantized rows"
+    assert (workspace.held_bytes() > 0) == reused
     workspace.release_all()
     ref = reference(
         q,
@@ -182,6 +217,40 @@ def test_one_pass_prefill_attends_the_dequantized_rows_then_the_window(
         mask=vis if mask == "array" else mask,
     )
     assert np.max(np.abs(to_f64(out) - ref)) < tolerance()
+
+
+@pytest.mark.parametrize("mask", [None, "causal"])
+@pytest.mark.parametrize("ring", [False, True])
+def test_a_windowed_prefill_step_is_routed_by_the_op(rng, mask, ring):
+    """On a GPU whose MLX has a fused kernel for the problem, a recent
+    window's prefill step is one routed call of the op: the buffers
+    dequantized into the workspace, the exact rows written over theirs,
+    MLX's attention over both. The CPU takes mlxq's kernels; both match
+    the float64 reference."""
+    from mlxq import routing
+
+    BF16 = mx.bfloat16
+    if ring:
+        cache = mlxq.RotatingQuantizedKVCache(1024, 0, 64, 4, recent=16)
+    else:
+        cache = mlxq.QuantizedKVCache(64, 4, recent=16)
+    ks, vs = [], []
+    for T in [300, 64]:
+        k, v = kv(rng, T, D=64, dtype=BF16)
+        ks.append(k)
+        vs.append(v)
+        K, V = cache.update_and_fetch(k, v)
+    n = K.quantized_length
+    assert n == 300 - 16 and K.rows == n
+    q = mx.array(rng.standard_normal((1, 8, 64, 64)).astype(np.float32)).astype(BF16)
+    routing.take_route_counts()
+    out = mlxq.sdpa(q, K, V, scale=0.125, mask=mask)
+    mx.eval(out)
+    routed = routing.take_route_counts().get("mx_fast", 0)
+    expected = routing.gpu_backend() is not None and mx.default_device() == mx.gpu
+    assert routed == int(expected), f"routed {routed} calls"
+    ref = reference(q, ks, vs, n, scale=0.125, gs=64, bits=4, mask=mask)
+    assert_close(out, ref, BF16)
 
 
 @pytest.mark.parametrize("mask", [None, "causal", "array"])

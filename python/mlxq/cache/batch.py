@@ -127,7 +127,7 @@ class BatchQuantizedKVCache(KVCache):
         batch_rows.check_batch(self, keys)
         if self._recent is not None:  # (over buffer rows: see batch_recent.py)
             return windowed_fetch(self, keys, values)
-        fetch = self._append(keys, values, None)
+        fetch = self._append(keys, values)
         return latent_fetch(self, fetch, keys.shape[2]) if self.format.latent else fetch
 
     def _take_right_padding(self, lengths, right_padding) -> None:

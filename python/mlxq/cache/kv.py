@@ -36,13 +36,13 @@ class KVCache(BaseCache):
         The result is ``buffer[..., :offset, :]`` (a view of the buffer) for
         plain caches and the same slice of each component for quantized ones.
         """
-        return self._append(keys, values, None)
+        return self._append(keys, values)
 
-    def _append(self, keys, values, stop):
-        """The update; fetches rows [0, stop) (default: all, [0, offset))."""
+    def _append(self, keys, values):
+        """The update; fetches every row written, [0, offset)."""
         T = checks.update(self, keys, values)
         prev = self._used()
-        stop = prev + T if stop is None else stop
+        stop = prev + T
         if self.keys is None or prev + T > self._store.length(self.keys):
             self._grow(keys, values, T)
         if self._owned:  # the decode path: write and fetch in one call
@@ -233,22 +233,23 @@ class QuantizedKVCache(KVCache):
 def windowed_fetch(cache, keys, values):
     """Append to a growing cache with a recent window and fetch the
     :class:`RecentSplit` pair: the quantized rows before the window, then the
-    window's exact rows. Positions are the buffer's rows (``_used()``: a
-    batch's rows, which every sequence shares, or a single cache's offset)."""
+    window's exact rows. The quantized part is the buffers' rows through the
+    step's own (``rows``: the count before the window), so a prefill step
+    routed to MLX's attention dequantizes them at once and writes the exact
+    rows over the window's and the step's (csrc/prefill_route.h: ExactRows).
+    Positions are the buffer's rows (``_used()``: a batch's rows, which
+    every sequence shares, or a single cache's offset)."""
     prev, window = cache._used(), cache._recent
     fetch = _window_decode(cache, keys, values, prev, window)
     if fetch is not None:
         return fetch
-    qk, qv = cache._append(keys, values, window.first_exact(prev))
+    qk, qv = cache._append(keys, values)
     lo, exact_k, exact_v, order = window.step(keys, values, prev)
-    if order is not None:  # a decode step over buffers not the cache's own
-        columns = lo + order
-        return RecentSplit(qk, exact_k, None, columns), RecentSplit(qv, exact_v, None, columns)
-    if keys.shape[2] == 1:
-        return RecentSplit(qk, exact_k), RecentSplit(qv, exact_v)
-    store, end = cache._store, prev + keys.shape[2]
-    wk, wv = cache._fetched(store.rows(cache.keys, stop=end), store.rows(cache.values, stop=end))
-    return RecentSplit(qk, exact_k, whole=wk), RecentSplit(qv, exact_v, whole=wv)
+    columns = None if order is None else lo + order  # a decode step over buffers not its own
+    return (
+        RecentSplit(qk, exact_k, None, columns, rows=lo),
+        RecentSplit(qv, exact_v, None, columns, rows=lo),
+    )
 
 
 def _window_decode(cache, keys, values, prev: int, window):

@@ -414,10 +414,8 @@ def window_split(cache, fetch, keys, values, prev: int, end: int, layout=None):
     qk, qv = fetch
     if layout is None:
         n = cache._store.length(qk) - (end - lo)
-        rows = cache._store.rows
-        wk, wv = cache._fetched(qk, qv)
-        qk, qv = cache._fetched(rows(qk, stop=n), rows(qv, stop=n))
-        return RecentSplit(qk, exact_k, whole=wk), RecentSplit(qv, exact_v, whole=wv)
+        qk, qv = cache._fetched(qk, qv)
+        return RecentSplit(qk, exact_k, rows=n), RecentSplit(qv, exact_v, rows=n)
     keep, span, newest = layout
     t = np.arange(end - lo) if order is None else order
     # Exact row i holds position lo + t[i], (prev - lo - t[i]) steps back
