@@ -143,6 +143,33 @@ NB_MODULE(_ext, m) {
       "Write update rows into a ring buffer at pos (see mlxq.ring_update).");
 
   m.def(
+      "window_step",
+      [](const mx::array& keys_ring,
+         const mx::array& values_ring,
+         const mx::array& keys,
+         const mx::array& values,
+         int start,
+         int span,
+         int pos,
+         mx::StreamOrDevice s) {
+        auto out = translate_errors([&] {
+          return mlxq::window_step(keys_ring, values_ring, keys, values, start, span, pos, s);
+        });
+        return nb::make_tuple(out[0], out[1], out[2], out[3]);
+      },
+      "keys_ring"_a,
+      "values_ring"_a,
+      "keys"_a,
+      "values"_a,
+      nb::kw_only(),
+      "start"_a,
+      "span"_a,
+      "pos"_a,
+      "stream"_a = nb::none(),
+      "A recent window's many-row step: the exact rows (the rings' span, then keys / values) "
+      "and the rings with the step's last rows written at pos (see mlxq.cache.recent).");
+
+  m.def(
       "quantized_ring_update",
       [](const mx::array& packed,
          const mx::array& scales,

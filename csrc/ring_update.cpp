@@ -1,5 +1,6 @@
 #include "ring_update.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "prefix_view.h"
@@ -220,6 +221,71 @@ mx::array ring_update(
       buffer.dtype(),
       std::make_shared<RingUpdate>(mx::to_stream(s), owned),
       {buffer, update, p});
+}
+
+std::vector<mx::array> window_step(
+    const mx::array& keys_ring,
+    const mx::array& values_ring,
+    const mx::array& keys,
+    const mx::array& values,
+    int start,
+    int span,
+    int pos,
+    mx::StreamOrDevice s) {
+  constexpr const char* op = "mlxq.window_step";
+  check_rows(op, keys_ring, "keys_ring");
+  check_rows(op, values_ring, "values_ring");
+  check_rows(op, keys, "keys");
+  check_rows(op, values, "values");
+  const int slots = keys_ring.shape(2);
+  if (values_ring.shape(2) != slots) {
+    fail(
+        op,
+        "the keys and values rings must have as many slots, got ",
+        slots,
+        " and ",
+        values_ring.shape(2),
+        ".");
+  }
+  if (start < 0 || start >= slots || span < 0 || span >= slots) {
+    fail(
+        op,
+        "start must lie in [0, ",
+        slots,
+        ") and span in [0, ",
+        slots,
+        "), got ",
+        start,
+        " and ",
+        span,
+        ".");
+  }
+  auto rows_of = [&](const mx::array& a, int lo, int hi) {
+    return mx::slice(a, {0, 0, lo, 0}, {a.shape(0), a.shape(1), hi, a.shape(3)}, s);
+  };
+  auto exact = [&](const mx::array& ring, const mx::array& rows) {
+    if (span == 0) {
+      return rows;
+    }
+    const int first = std::min(span, slots - start);
+    std::vector<mx::array> parts = {rows_of(ring, start, start + first)};
+    if (first < span) {
+      parts.push_back(rows_of(ring, 0, span - first));
+    }
+    parts.push_back(rows);
+    return mx::concatenate(std::move(parts), 2, s);
+  };
+  auto newest = [&](const mx::array& rows) {
+    const int T = rows.shape(2);
+    return T > slots ? rows_of(rows, T - slots, T) : rows;
+  };
+  auto exact_keys = exact(keys_ring, keys);
+  auto exact_values = exact(values_ring, values);
+  return {
+      std::move(exact_keys),
+      std::move(exact_values),
+      ring_update(keys_ring, newest(keys), pos, false, s),
+      ring_update(values_ring, newest(values), pos, false, s)};
 }
 
 std::vector<mx::array> quantized_ring_update(

@@ -234,6 +234,22 @@ mx::array ring_update(
     bool owned = false,
     mx::StreamOrDevice s = {});
 
+// A recent window's step of several rows in one host call (mlxq.cache.recent:
+// RecentWindow.step): the step's exact rows, the `span` tokens before it
+// from the rings (slots [start, start + span) mod S, oldest first) then
+// its own rows, and both rings with the step's last min(T, S) rows written
+// at slot `pos`. The rings are read before they are written (the write
+// copies them). Returns {exact keys, exact values, keys ring, values ring}.
+std::vector<mx::array> window_step(
+    const mx::array& keys_ring,
+    const mx::array& values_ring,
+    const mx::array& keys,
+    const mx::array& values,
+    int start,
+    int span,
+    int pos,
+    mx::StreamOrDevice s = {});
+
 std::vector<mx::array> quantized_ring_update(
     const mx::array& packed,
     const mx::array& scales,

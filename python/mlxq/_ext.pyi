@@ -24,6 +24,11 @@ def recent_attention(q: mlx.core.array, keys: mlx.core.array, values: mlx.core.a
 def ring_update(buffer: mlx.core.array, update: mlx.core.array, pos: int | mlx.core.array, *, owned: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:
     """Write update rows into a ring buffer at pos (see mlxq.ring_update)."""
 
+def window_step(keys_ring: mlx.core.array, values_ring: mlx.core.array, keys: mlx.core.array, values: mlx.core.array, *, start: int, span: int, pos: int, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> tuple:
+    """
+    A recent window's many-row step: the exact rows (the rings' span, then keys / values) and the rings with the step's last rows written at pos (see mlxq.cache.recent).
+    """
+
 def quantized_ring_update(packed: mlx.core.array, scales: mlx.core.array, biases: mlx.core.array, update: mlx.core.array, pos: int | mlx.core.array, *, group_size: int, bits: int, owned: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> tuple:
     """
     Quantize update rows into a quantized ring buffer (see mlxq.quantized_ring_update).

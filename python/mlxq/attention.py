@@ -428,6 +428,33 @@ def _dequantized_one_pass(
         return _fused(
             q, kq, vq, scale=scale, mask=None, sinks=sinks, recent=recent, rows=rows, **formats
         )
+    return _joined_attention(q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream)
+
+
+def _unfused_one_pass(q, keys, mask: Mask, sinks, stream) -> bool:
+    """Whether a recent-window step that the op would not route (MLX has no
+    fused kernel for it: Gemma's 256-dim heads on CUDA) runs as one
+    ``mx.fast`` attention over ``[dequantized rows, window rows]``, MLX's
+    unfused attention as the model's own layer runs it: on a GPU, a
+    prefill-sized step of rows in order whose scores fit
+    ``DENSE_SCORE_BYTES`` (a sliding-window layer's chunk). Two parts
+    merged would attend the step's own rows in float32 MLX ops; a longer
+    context (a global layer's) keeps them, so its scores stay bounded."""
+    if keys.visible is not None or keys.columns is not None or keys.quantized_length == 0:
+        return False
+    B, Hq, L = q.shape[:3]
+    if L <= 16 or _device_of(stream).type != mx.gpu:
+        return False
+    if sinks is not None and sinks.dtype != q.dtype:
+        return False  # (MLX's CUDA attention refuses sinks it cannot promote)
+    N = keys.quantized_length + keys.exact.shape[2]
+    return 4 * B * Hq * L * N <= DENSE_SCORE_BYTES
+
+
+def _joined_attention(q, keys, values, *, scale, mask: Mask, sinks, stream) -> mx.array:
+    """``mx.fast`` attention over a split's quantized rows dequantized (out
+    of the Hadamard basis) and joined to its exact rows. Rows whose mask
+    hides every key get zeros, as mlxq's kernels give them."""
     k = mx.concatenate(
         [_dequantized_rows(keys, keys.exact.dtype, stream), keys.exact], axis=2, stream=stream
     )
@@ -436,9 +463,14 @@ def _dequantized_one_pass(
         axis=2,
         stream=stream,
     )
-    return mx.fast.scaled_dot_product_attention(
+    out = mx.fast.scaled_dot_product_attention(
         q, k, v, scale=scale, mask=mask, sinks=sinks, stream=stream
     )
+    if isinstance(mask, mx.array) and sinks is None:
+        visible = mask if mask.dtype == mx.bool_ else mask > -mx.inf
+        seen = mx.any(visible, axis=-1, keepdims=True, stream=stream)
+        out = mx.where(seen, out, mx.zeros((), out.dtype), stream=stream)
+    return out
 
 
 # Whether this process has a Metal GPU (fixed for its life; asked once).
@@ -559,6 +591,10 @@ def recent_split_sdpa(
     if _one_pass_prefill(q, keys, values, mask, sinks, stream):
         return _dequantized_one_pass(
             q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream, formats=formats
+        )
+    if _unfused_one_pass(q, keys, mask, sinks, stream):
+        return _joined_attention(
+            q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
         )
     mask_q, mask_e = _part_masks(keys, mask, L)
     # recent_attention: any step on the CPU (MLX's CPU matmuls are slow); on

@@ -8,6 +8,7 @@ decides in C++ (csrc/prefill_route.h says why and when); this module holds
 the switches and the test hooks.
 """
 
+import functools
 from typing import Dict, Optional
 
 from . import _ext
@@ -53,8 +54,10 @@ def take_route_counts() -> Dict[str, int]:
     return _ext._take_route_counts()
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_backend() -> Optional[str]:
-    """``"cuda"``, ``"metal"`` or None: the GPU backend this build of mlxq runs."""
+    """``"cuda"``, ``"metal"`` or None: the GPU backend this build of mlxq
+    runs (fixed for the build; asked once, as prefill steps ask it)."""
     return _ext._gpu_backend()
 
 

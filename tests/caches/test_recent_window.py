@@ -219,6 +219,58 @@ def test_one_pass_prefill_attends_the_dequantized_rows_then_the_window(
     assert np.max(np.abs(to_f64(out) - ref)) < tolerance()
 
 
+@pytest.mark.parametrize("mask", [None, "causal", "bool", "additive"])
+@pytest.mark.parametrize("rotate", [False, True])
+@pytest.mark.parametrize("ring", [False, True])
+def test_a_joined_pass_attends_the_dequantized_rows_then_the_window(rng, mask, rotate, ring):
+    """On a GPU, a prefill step the op does not route (no fused MLX kernel:
+    256-dim heads on CUDA) whose scores fit DENSE_SCORE_BYTES runs as MLX's
+    attention over [dequantized rows, window rows]; a row whose mask hides
+    every key gets zeros, as mlxq's kernels give it. Checked here through
+    the same function on this device's mx.fast."""
+    from mlxq.attention import _joined_attention, _unfused_one_pass
+
+    fmt = dict(hadamard=rotate, recent=16)
+    if ring:  # (a sliding-window ring that has not wrapped yet)
+        cache = mlxq.RotatingQuantizedKVCache(256, 0, 64, 4, **fmt)
+    else:
+        cache = mlxq.QuantizedKVCache(64, 4, **fmt)
+    ks, vs = [], []
+    for T in [40, 1, 1, 24]:
+        k, v = kv(rng, T, D=64)
+        ks.append(k)
+        vs.append(v)
+        K, V = cache.update_and_fetch(k, v)
+    N, n = cache.offset, K.quantized_length
+    vis = None
+    m = mask
+    if mask in ("bool", "additive"):
+        vis = rng.random((24, N)) < 0.6
+        vis[:, 0] = True
+        vis[5] = False  # a row that sees nothing
+        m = mx.array(vis) if mask == "bool" else mx.array(np.where(vis, 0.0, -np.inf), mx.float32)
+    q = mx.array(rng.standard_normal((1, 4, 24, 64)).astype(np.float32))
+    assert _unfused_one_pass(q, K, m, None, None) == (mx.default_device() == mx.gpu)
+    out = _joined_attention(q, K, V, scale=0.125, mask=m, sinks=None, stream=None)
+    with np.errstate(invalid="ignore"):  # (the row that sees nothing: NaN, then 0)
+        ref = reference(
+            q,
+            ks,
+            vs,
+            n,
+            scale=0.125,
+            gs=64,
+            bits=4,
+            rotate=rotate,
+            mask=vis if vis is not None else mask,
+        )
+    if vis is not None:
+        ref[:, :, ~vis.any(-1)] = 0.0
+    got = to_f64(out)
+    assert np.isfinite(got).all()
+    assert np.max(np.abs(got - ref)) < tolerance()
+
+
 @pytest.mark.parametrize("mask", [None, "causal"])
 @pytest.mark.parametrize("ring", [False, True])
 def test_a_windowed_prefill_step_is_routed_by_the_op(rng, mask, ring):

@@ -488,3 +488,44 @@ def test_quantized_kv_update_rejects_a_bad_recent_window():
     for kw, message in cases:
         with pytest.raises(ValueError, match=r"^\[mlxq\.quantized_kv_update\] " + message):
             call(**kw)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+@pytest.mark.parametrize(
+    "S,start,span,T,pos",
+    [(9, 0, 0, 4, 0), (9, 2, 5, 3, 7), (9, 6, 8, 2, 5), (9, 7, 4, 20, 3), (5, 4, 4, 1, 3)],
+)
+def test_window_step_joins_the_span_to_the_rows_and_writes_the_newest(
+    rng, dtype, S, start, span, T, pos
+):
+    """A recent window's many-row step (RecentWindow.step): the rings' slots
+    [start, start + span) mod S oldest first, then the step's rows; the
+    rings with the step's last min(T, S) rows written at pos, the exact
+    rows still the rings' old contents."""
+    B, H, D = 1, 2, 16
+
+    def arr(n):
+        return mx.array(rng.standard_normal((B, H, n, D)).astype(np.float32)).astype(dtype)
+
+    kr, vr, k, v = arr(S), arr(S), arr(T), arr(T)
+    mx.eval(kr, vr, k, v)
+    before = [np_of(kr), np_of(vr)]
+    ek, ev, kr2, vr2 = mlxq._ext.window_step(kr, vr, k, v, start=start, span=span, pos=pos)
+    slots = [(start + i) % S for i in range(span)]
+    m = min(T, S)
+    for ring, rows, exact, written in zip(before, (k, v), (ek, ev), (kr2, vr2)):
+        want = np.concatenate([ring[:, :, slots], np_of(rows)], axis=2)
+        np.testing.assert_array_equal(np_of(exact), want)
+        ring_want = ring.copy()
+        ring_want[:, :, ring_rows(S, pos, m)] = np_of(rows)[:, :, T - m :]
+        np.testing.assert_array_equal(np_of(written), ring_want)
+    np.testing.assert_array_equal(np_of(kr), before[0])  # read, then written into a copy
+
+
+def test_window_step_refuses_a_span_outside_the_ring():
+    ring, rows = mx.zeros((1, 2, 8, 16)), mx.zeros((1, 2, 3, 16))
+    for start, span in [(8, 0), (-1, 2), (0, 8), (3, -1)]:
+        with pytest.raises(ValueError, match="start must lie in"):
+            mlxq._ext.window_step(ring, ring, rows, rows, start=start, span=span, pos=0)
+    with pytest.raises(ValueError, match="4-D"):
+        mlxq._ext.window_step(ring, ring, rows[0], rows, start=0, span=1, pos=0)

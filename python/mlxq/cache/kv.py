@@ -260,7 +260,9 @@ def _window_decode(cache, keys, values, prev: int, window):
     the rings as laid out. None for any other step. This runs for every
     generated token of every layer, so it does only what such a step
     needs."""
-    if checks.update(cache, keys, values) != 1 or not cache._owned or cache.keys is None:
+    if not cache._owned or cache.keys is None or keys.shape[2] != 1:
+        return None  # (a longer step's update is checked once, by _append)
+    if checks.update(cache, keys, values) != 1:
         return None
     rings = window.decode_rings(keys, prev)
     if rings is None:

@@ -97,12 +97,17 @@ class RecentWindow:
             self._write(keys, values, offset, owned=rings[2])
             return self.decoded(self.keys, self.values, offset)
         lo = self.first_exact(offset)
-        if lo < offset:
-            k = mx.concatenate([self._span(self.keys, lo, offset), keys], axis=2)
-            v = mx.concatenate([self._span(self.values, lo, offset), values], axis=2)
-        else:
-            k, v = keys, values
-        self._write(keys, values, offset)  # (a copy: the spans still read the ring)
+        if not self._fits(keys):  # a new ring: nothing before the step is held
+            self._write(keys, values, offset)
+            return offset, keys, values, None
+        # One host call (csrc/ring_update.h): the span's views, the joined
+        # rows and the two ring writes, which copy (the spans read the rings).
+        T = keys.shape[2]
+        pos = (offset + T - min(T, self.slots)) % self.slots
+        k, v, self.keys, self.values = _ext.window_step(
+            self.keys, self.values, keys, values, start=lo % self.slots, span=offset - lo, pos=pos
+        )
+        self._owned = True
         return lo, k, v, None
 
     def decode_rings(self, keys: mx.array, offset: int):
