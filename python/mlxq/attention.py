@@ -431,7 +431,7 @@ def _dequantized_one_pass(
     return _joined_attention(q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream)
 
 
-def _unfused_one_pass(q, keys, mask: Mask, sinks, stream) -> bool:
+def _joined_prefill(q, keys, mask: Mask, sinks, stream) -> bool:
     """Whether a recent-window step that the op would not route (MLX has no
     fused kernel for it: Gemma's 256-dim heads on CUDA) runs as one
     ``mx.fast`` attention over ``[dequantized rows, window rows]``, MLX's
@@ -592,7 +592,7 @@ def recent_split_sdpa(
         return _dequantized_one_pass(
             q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream, formats=formats
         )
-    if _unfused_one_pass(q, keys, mask, sinks, stream):
+    if _joined_prefill(q, keys, mask, sinks, stream):
         return _joined_attention(
             q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
         )

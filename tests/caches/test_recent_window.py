@@ -228,7 +228,7 @@ def test_a_joined_pass_attends_the_dequantized_rows_then_the_window(rng, mask, r
     attention over [dequantized rows, window rows]; a row whose mask hides
     every key gets zeros, as mlxq's kernels give it. Checked here through
     the same function on this device's mx.fast."""
-    from mlxq.attention import _joined_attention, _unfused_one_pass
+    from mlxq.attention import _joined_attention, _joined_prefill
 
     fmt = dict(hadamard=rotate, recent=16)
     if ring:  # (a sliding-window ring that has not wrapped yet)
@@ -250,7 +250,7 @@ def test_a_joined_pass_attends_the_dequantized_rows_then_the_window(rng, mask, r
         vis[5] = False  # a row that sees nothing
         m = mx.array(vis) if mask == "bool" else mx.array(np.where(vis, 0.0, -np.inf), mx.float32)
     q = mx.array(rng.standard_normal((1, 4, 24, 64)).astype(np.float32))
-    assert _unfused_one_pass(q, K, m, None, None) == (mx.default_device() == mx.gpu)
+    assert _joined_prefill(q, K, m, None, None) == (mx.default_device() == mx.gpu)
     out = _joined_attention(q, K, V, scale=0.125, mask=m, sinks=None, stream=None)
     with np.errstate(invalid="ignore"):  # (the row that sees nothing: NaN, then 0)
         ref = reference(
