@@ -326,7 +326,7 @@ def _part_masks(keys, mask, L: int):
         if keys.columns is None:
             mask_e = mask[..., n:]
         else:
-            mask_e = mx.take(mask, mx.array(keys.columns, dtype=mx.int32), axis=-1)
+            mask_e = mx.take(mask, mx.array(keys.exact_columns, dtype=mx.int32), axis=-1)
     elif mask is not None and mask != "causal":
         raise ValueError(f'[mlxq.sdpa] mask must be None, "causal" or an mx.array, got {mask!r}.')
     elif keys.columns is not None:

@@ -18,6 +18,23 @@ class _RecentSplitFields(NamedTuple):
     rows: Optional[int] = None
 
 
+class RingColumns:
+    """The mask columns of a ring's decode step's exact rows, made when a
+    mask asks for them (:attr:`RecentSplit.exact_columns`): row ``i`` is
+    column ``keep + (shift + order[i]) % span``. A decode step's mask is
+    mostly None, and the numpy arithmetic is host time on every step of
+    every sliding-window layer."""
+
+    __slots__ = ("keep", "span", "shift", "order")
+
+    def __init__(self, keep: int, span: int, shift: int, order: np.ndarray):
+        self.keep, self.span, self.shift, self.order = keep, span, shift, order
+
+    def __array__(self, dtype=None, copy=None):
+        columns = self.keep + (self.shift + self.order) % self.span
+        return columns if dtype is None else columns.astype(dtype)
+
+
 class RecentSplit(MlxqOnly, _RecentSplitFields):
     """Keys (or values) of one attention step in two parts: ``quantized``,
     a triple of ``n`` rows as the cache hands triples out, and ``exact``, an
@@ -32,7 +49,9 @@ class RecentSplit(MlxqOnly, _RecentSplitFields):
       window token (a sliding-window ring holds every token once); attention
       skips those rows there.
     * ``columns``: for each exact row, its column in the step's mask (numpy
-      int64 ``[T]``); then the quantized part covers all ``n`` columns.
+      int64 ``[T]``, or a :class:`RingColumns` that makes them;
+      :attr:`exact_columns` reads either); then the quantized part covers
+      all ``n`` columns.
 
     A cache may also hand over longer buffers as ``quantized`` with
     ``rows`` = ``n``: the part is their rows ``[0, n)``
@@ -69,6 +88,11 @@ class RecentSplit(MlxqOnly, _RecentSplitFields):
         )
 
     @property
+    def exact_columns(self) -> Optional[np.ndarray]:
+        """``columns`` as a numpy array (None when the rows are in order)."""
+        return None if self.columns is None else np.asarray(self.columns)
+
+    @property
     def mask_columns(self) -> int:
         """How many columns the step's mask covers."""
         n = self.quantized_length
@@ -79,4 +103,4 @@ def is_split(x) -> bool:
     return isinstance(x, RecentSplit)
 
 
-__all__ = ["RecentSplit", "is_split"]
+__all__ = ["RecentSplit", "RingColumns", "is_split"]

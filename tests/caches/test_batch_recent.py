@@ -30,7 +30,7 @@ def exact_columns(split: RecentSplit) -> np.ndarray:
     if split.columns is None:
         n = split.quantized_length
         return np.arange(n, n + split.exact.shape[2])
-    return np.asarray(split.columns)
+    return split.exact_columns
 
 
 class WindowScript(Script):

@@ -62,7 +62,7 @@ def in_order(split):
     """A fetch's exact rows oldest first (a decode step's come in ring order)."""
     if split.columns is None:
         return split.exact
-    return split.exact[..., mx.array(np.argsort(split.columns)), :]
+    return split.exact[..., mx.array(np.argsort(split.exact_columns)), :]
 
 
 @pytest.mark.parametrize(

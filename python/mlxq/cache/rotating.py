@@ -27,7 +27,7 @@ import numpy as np
 from ..arguments import as_int
 from ..kv_format import KVFormat
 from ..masks import create_causal_mask
-from ..split import RecentSplit
+from ..split import RecentSplit, RingColumns
 from . import checks, decode_step, quantized
 from .base import BaseCache
 from .decode_step import DecodePlan
@@ -419,8 +419,8 @@ def window_split(cache, fetch, keys, values, prev: int, end: int, layout=None):
     keep, span, newest = layout
     t = np.arange(end - lo) if order is None else order
     # Exact row i holds position lo + t[i], (prev - lo - t[i]) steps back
-    # from the newest token.
-    columns = keep + (newest - (prev - lo - t)) % span
+    # from the newest token: column keep + (newest - prev + lo + t[i]) % span.
+    columns = RingColumns(keep, span, newest - prev + lo, t)
     visible = ring_visible(cache._store.length(qk), keep, span, end - lo, newest % span)
     return RecentSplit(qk, exact_k, visible, columns), RecentSplit(qv, exact_v, visible, columns)
 
