@@ -219,6 +219,7 @@ NB_MODULE(_ext, m) {
          std::optional<mx::array> recent_key_rows,
          std::optional<mx::array> recent_value_rows,
          bool recent_owned,
+         std::optional<mlxq::Position> recent_pos,
          mx::StreamOrDevice s) {
         auto out = translate_errors([&] {
           std::optional<mlxq::RecentWrite> window;
@@ -232,8 +233,9 @@ NB_MODULE(_ext, m) {
                 *recent_values,
                 recent_key_rows.value_or(k_update),
                 recent_value_rows.value_or(v_update),
-                recent_owned};
-          } else if (recent_key_rows || recent_value_rows) {
+                recent_owned,
+                recent_pos};
+          } else if (recent_key_rows || recent_value_rows || recent_pos) {
             throw std::invalid_argument(
                 "[mlxq.quantized_kv_update] recent rows need the rings they go to "
                 "(recent_keys, recent_values).");
@@ -289,11 +291,12 @@ NB_MODULE(_ext, m) {
       "recent_key_rows"_a = nb::none(),
       "recent_value_rows"_a = nb::none(),
       "recent_owned"_a = false,
+      "recent_pos"_a = nb::none(),
       "stream"_a = nb::none(),
       "A KV cache's write of one step: quantize K and V rows into both triples in place "
       "(fetch >= 0: also return their rows [0, fetch) as views; recent_keys / recent_values: "
       "also write the rows (recent_key_rows / recent_value_rows, default the updates) into an "
-      "exact window's two rings at the same position, and return them last).");
+      "exact window's two rings at the same position, or at recent_pos, and return them last).");
 
   m.def(
       "dequantize_into",

@@ -370,9 +370,14 @@ std::vector<mx::array> quantized_kv_update(
   inputs.push_back(k_update);
   inputs.push_back(v_update);
   inputs.push_back(p);
+  int recent_pos = QuantizedKVUpdate::kSamePos;
   if (recent) {
     inputs.insert(
         inputs.end(), {recent->keys, recent->values, recent->key_rows, recent->value_rows});
+    if (recent->pos) {
+      inputs.push_back(position_input(op, *recent->pos, s));
+      recent_pos = std::holds_alternative<int>(*recent->pos) ? std::get<int>(*recent->pos) : -1;
+    }
   }
   // A fetch of every row is the buffers themselves.
   const int views = fetch >= 0 && fetch < S ? fetch : -1;
@@ -383,7 +388,8 @@ std::vector<mx::array> quantized_kv_update(
       std::holds_alternative<int>(pos) ? std::get<int>(pos) : -1,
       views,
       recent.has_value(),
-      recent && recent->owned);
+      recent && recent->owned,
+      recent_pos);
   std::vector<mx::Dtype> dtypes;
   for (int i = 0; i < (views >= 0 ? 12 : 6); ++i) {
     dtypes.push_back(inputs[i % 6].dtype());
@@ -458,7 +464,8 @@ int take_ring_copies() {
 bool QuantizedKVUpdate::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedKVUpdate&>(other);
   return group_size_ == o.group_size_ && bits_ == o.bits_ && static_pos_ == o.static_pos_ &&
-      fetch_ == o.fetch_ && recent_ == o.recent_ && recent_owned_ == o.recent_owned_;
+      fetch_ == o.fetch_ && recent_ == o.recent_ && recent_owned_ == o.recent_owned_ &&
+      recent_pos_ == o.recent_pos_;
 }
 
 bool QuantizedRingUpdate::is_equivalent(const mx::Primitive& other) const {

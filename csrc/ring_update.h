@@ -133,14 +133,21 @@ class QuantizedKVUpdate : public mx::Primitive {
       int static_pos = -1,
       int fetch = -1,
       bool recent = false,
-      bool recent_owned = false)
+      bool recent_owned = false,
+      int recent_pos = kSamePos)
       : mx::Primitive(stream),
         group_size_(group_size),
         bits_(bits),
         static_pos_(static_pos),
         fetch_(fetch),
         recent_(recent),
-        recent_owned_(recent_owned) {}
+        recent_owned_(recent_owned),
+        recent_pos_(recent_pos) {}
+
+  // recent_pos: the rings' write position. kSamePos: the buffers' (no input
+  // 13); >= 0: known when the op was built (input 13 holds it too); -1: read
+  // input 13.
+  static constexpr int kSamePos = -2;
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -171,6 +178,13 @@ class QuantizedKVUpdate : public mx::Primitive {
   bool recent_owned() const {
     return recent_owned_;
   }
+  int recent_pos() const {
+    return recent_pos_;
+  }
+  // The input holding the rings' write position.
+  int recent_pos_input() const {
+    return recent_pos_ == kSamePos ? 8 : 13;
+  }
   // Index of the first recent ring among the outputs (after the views).
   int recent_output() const {
     return fetch_ >= 0 ? 12 : 6;
@@ -183,6 +197,7 @@ class QuantizedKVUpdate : public mx::Primitive {
   int fetch_;
   bool recent_;
   bool recent_owned_;
+  int recent_pos_;
 };
 
 /** The exact window a quantized cache keeps beside its buffers
@@ -194,7 +209,9 @@ class QuantizedKVUpdate : public mx::Primitive {
  *  `keys` / `values`: the rings [B, H, R, Dk] / [B, H, R, Dv] in the rows'
  *  dtype. `key_rows` / `value_rows`: [B, H, T, D], T <= R, the step's rows as
  *  they came (the quantized write may take them in the Hadamard basis); row
- *  t lands on ring row (pos + t) mod R, pos being the quantized write's.
+ *  t lands on ring row (pos + t) mod R, pos being the quantized write's, or
+ *  the rings' own `pos` when given (input 13: a sliding-window cache writes
+ *  its buffers at its ring index and the window at the token's position).
  *  `owned`: write the rings in place whatever MLX's donation rule says (the
  *  caller knows every earlier reader runs first); else as RingUpdate. */
 struct RecentWrite {
@@ -203,6 +220,7 @@ struct RecentWrite {
   mx::array key_rows;
   mx::array value_rows;
   bool owned = false;
+  std::optional<Position> pos;
 };
 
 // Shared by the backends' eval functions.

@@ -262,7 +262,8 @@ void QuantizedKVUpdate::eval_cpu(
                 buffers = std::move(buffers),
                 copy = std::move(copy),
                 gs = group_size_,
-                bits = bits_]() mutable {
+                bits = bits_,
+                ring_pos = recent_pos_input()]() mutable {
     for (size_t i = 0; i < buffers.size(); ++i) {
       if (copy[i]) {
         copy_all(inputs[buffers[i].first], outs[i].data<char>());
@@ -283,7 +284,7 @@ void QuantizedKVUpdate::eval_cpu(
     }
     for (int kv = 0; kv < 2 && outs.size() > 6; ++kv) { // the recent rings
       mx::array& ring = outs[6 + kv];
-      write_rows(inputs[11 + kv], ring, ring_start(inputs[8], ring.shape(2)));
+      write_rows(inputs[11 + kv], ring, ring_start(inputs[ring_pos], ring.shape(2)));
     }
   });
 }

@@ -128,6 +128,11 @@ struct QuantKVArgs {
   const int32_t* pos; // null: use pos_value
   int pos_value;
   int B, H, T, S, dtype;
+  // The rings' own write position (RecentWrite::pos): when recent_own_pos,
+  // recent_pos (null: recent_pos_value); else the buffers'.
+  int recent_own_pos;
+  const int32_t* recent_pos;
+  int recent_pos_value;
 };
 
 // DequantizeInto: codes [B, H, N, W], scales and biases [B, H, N, G]

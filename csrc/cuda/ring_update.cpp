@@ -162,6 +162,11 @@ void QuantizedKVUpdate::eval_gpu(
   }
   q.pos = pos_ptr;
   q.pos_value = static_pos_;
+  if (recent_ && recent_pos_ != kSamePos) {
+    q.recent_own_pos = 1;
+    q.recent_pos = recent_pos_ >= 0 ? nullptr : mx::gpu_ptr<int32_t>(inputs[13]);
+    q.recent_pos_value = recent_pos_;
+  }
   q.B = k_update.shape(0);
   q.H = k_update.shape(1);
   q.T = k_update.shape(2);

@@ -195,8 +195,11 @@ __global__ void quant_kv_kernel_impl(QuantKVArgs a) {
   if (d.recent) { // the row as it came, into the window's ring
     const char* rsrc = static_cast<const char*>(d.recent_src) +
         (b * d.recent_src_st[0] + h * d.recent_src_st[1] + t * d.recent_src_st[2]) * d.itemsize;
-    char* rdst =
-        static_cast<char*>(d.recent) + (int64_t(bh) * d.R + ring_row(p, t, d.R)) * d.D * d.itemsize;
+    const int64_t rp = !a.recent_own_pos ? p
+        : a.recent_pos                   ? int64_t(a.recent_pos[0])
+                                         : int64_t(a.recent_pos_value);
+    char* rdst = static_cast<char*>(d.recent) +
+        (int64_t(bh) * d.R + ring_row(rp, t, d.R)) * d.D * d.itemsize;
     for (int i = threadIdx.x; i < d.D; i += blockDim.x) {
       copy_element(
           rsrc + i * d.recent_src_st[3] * d.itemsize, rdst + int64_t(i) * d.itemsize, d.itemsize);

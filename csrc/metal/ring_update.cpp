@@ -139,7 +139,7 @@ void QuantizedKVUpdate::eval_gpu(
   for (int kv = 0; recent_ && kv < 2; ++kv) {
     mx::array& ring = outputs[recent_output() + kv];
     take_or_copy(inputs[9 + kv], ring, s, recent_owned_);
-    dispatch_rows(s, inputs[11 + kv], inputs[8], ring);
+    dispatch_rows(s, inputs[11 + kv], inputs[recent_pos_input()], ring);
   }
   for (int kv = 0; kv < 2; ++kv) {
     dispatch_quantized_rows(

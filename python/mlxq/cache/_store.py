@@ -204,14 +204,18 @@ class Quantized:
         one call: (K triple, V triple, K views, V views)."""
         return self._kv_update(keys, values, new_keys, new_values, pos, fetch=stop)
 
-    def write_recent(self, keys, values, new_keys, new_values, pos, rings):
+    def write_recent(self, keys, values, new_keys, new_values, pos, rings, ring_pos=None):
         """An owned write at ``pos`` that also writes the rows, as they came,
-        into a recent window's rings ``(keys, values, owned)`` at ``pos``
-        (RecentWindow.decode_rings): one op, one node. Returns the K and V
-        triples, then the two rings (no fetch views: attention takes the
-        buffers and a row count, RecentSplit.rows)."""
+        into a recent window's rings ``(keys, values, owned)`` at ``pos``, or
+        at ``ring_pos`` (a sliding-window ring's buffers are written at its
+        index, the window at the token's position) (RecentWindow.decode_rings):
+        one op, one node. Returns the K and V triples, then the two rings (no
+        fetch views: attention takes the buffers and a row count,
+        RecentSplit.rows)."""
         ring_k, ring_v, owned = rings
-        recent = dict(recent_keys=ring_k, recent_values=ring_v, recent_owned=owned)
+        recent = dict(
+            recent_keys=ring_k, recent_values=ring_v, recent_owned=owned, recent_pos=ring_pos
+        )
         if self.format.hadamard:  # the window keeps the rows out of the basis
             recent.update(recent_key_rows=new_keys, recent_value_rows=new_values)
         return self._kv_update(keys, values, new_keys, new_values, pos, -1, **recent)

@@ -111,7 +111,7 @@ class RotatingKVCache(BaseCache):
         followed by the new tokens.
         """
         if checks.update(self, keys, values) == 1:
-            return self._update_in_place(keys, values)
+            return self._update_in_place(keys, values)[0]
         return self._fetched(*self._update_concat(keys, values))
 
     def _trim(self, trim_size: int, v, append=None):
@@ -154,17 +154,31 @@ class RotatingKVCache(BaseCache):
         self._idx = store.length(self.keys)
         return self.keys, self.values
 
-    def _update_in_place(self, keys, values):
+    def _update_in_place(self, keys, values, window=None):
+        """A one-token write at the ring's index. With a recent ``window``
+        whose rings a decode step writes (RecentWindow.decode_rings) and a
+        write that may go in place, the window's rows go in the same op at
+        the token's position; returns ``(fetch, step)``, ``step`` the
+        window's step result then (RecentWindow.decoded), else None."""
         store, prev = self._store, self.offset
         grow_ring(self, keys, values, prev)
         self._settle_ring()
-        self.keys, self.values = store.write_kv(
-            self.keys, self.values, keys, values, self._idx, overwrite_in_place(self, prev)
-        )
+        in_place = overwrite_in_place(self, prev)
+        rings = window.decode_rings(keys, prev) if window is not None and in_place else None
+        step = None
+        if rings is not None:
+            self.keys, self.values, ring_k, ring_v = store.write_recent(
+                self.keys, self.values, keys, values, self._idx, rings, prev % window.slots
+            )
+            step = window.decoded(ring_k, ring_v, prev)
+        else:
+            self.keys, self.values = store.write_kv(
+                self.keys, self.values, keys, values, self._idx, in_place
+            )
         self._owned = True
         self.offset += 1
         self._idx += 1
-        return self.keys_and_values()
+        return self.keys_and_values(), step
 
     def _decode_slot(self):
         """The bookkeeping of _update_in_place, without the write. While
@@ -383,11 +397,11 @@ class RotatingQuantizedKVCache(RotatingKVCache):
             return super().update_and_fetch(keys, values)
         prev = self.offset
         if checks.update(self, keys, values) > 1:
-            fetch, layout = self._update_concat(keys, values), None
+            fetch, layout, step = self._update_concat(keys, values), None, None
         else:
-            fetch = self._update_in_place(keys, values)
+            fetch, step = self._update_in_place(keys, values, self._recent)
             layout = self._newest_layout()
-        return window_split(self, fetch, keys, values, prev, self.offset, layout)
+        return window_split(self, fetch, keys, values, prev, self.offset, layout, step)
 
     def _newest_layout(self):
         """Where a one-token step's newest tokens lie: ``(keep, span,
@@ -401,7 +415,7 @@ class RotatingQuantizedKVCache(RotatingKVCache):
         return 0, length, self._idx - 1
 
 
-def window_split(cache, fetch, keys, values, prev: int, end: int, layout=None):
+def window_split(cache, fetch, keys, values, prev: int, end: int, layout=None, step=None):
     """The :class:`RecentSplit` pair of a ring's step with a recent window
     (a single ring's or a batch ring's; positions ``prev`` before the step,
     ``end`` after it). ``fetch``: a longer step's unfetched (K, V), the kept
@@ -409,8 +423,11 @@ def window_split(cache, fetch, keys, values, prev: int, end: int, layout=None):
     with ``layout`` (where the newest tokens lie: ``_newest_layout``), a
     one-token step's fetched ring as laid out, whose window slots are
     hidden from the quantized part and each exact row's mask column is its
-    slot."""
-    lo, exact_k, exact_v, order = cache._recent.step(keys, values, prev)
+    slot. ``step``: the window's step when the write op took it already
+    (RotatingQuantizedKVCache._update_in_place)."""
+    if step is None:
+        step = cache._recent.step(keys, values, prev)
+    lo, exact_k, exact_v, order = step
     qk, qv = fetch
     if layout is None:
         n = cache._store.length(qk) - (end - lo)
