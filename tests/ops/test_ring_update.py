@@ -387,10 +387,12 @@ def test_quantized_kv_update_writes_both_triples_and_fetches_views(fetch):
 
 @pytest.mark.parametrize("fetch", [-1, 4, 9])
 @pytest.mark.parametrize("R,T,pos", [(5, 1, 7), (5, 2, 9), (3, 3, 4)])
-def test_quantized_kv_update_writes_a_recent_window(fetch, R, T, pos):
+@pytest.mark.parametrize("ring_pos", [None, 11, "array"])
+def test_quantized_kv_update_writes_a_recent_window(fetch, R, T, pos, ring_pos):
     """With ``recent``, the same op also writes the step's rows (given apart:
     the window keeps them as they came) into the two rings at ring rows
-    (pos + t) mod R, returned last; the quantized outputs are as without."""
+    (pos + t) mod R, or (recent_pos: a sliding-window ring's) at the rings'
+    own position, returned last; the quantized outputs are as without."""
     B, H, S, D, gs, bits = 1, 2, 9, 64, 64, 4
     k_buf = tuple(mx.quantize(mx.random.normal((B, H, S, D)), group_size=gs, bits=bits))
     v_buf = tuple(mx.quantize(mx.random.normal((B, H, S, D)), group_size=gs, bits=bits))
@@ -417,12 +419,14 @@ def test_quantized_kv_update_writes_a_recent_window(fetch, R, T, pos):
             fetch=fetch,
             recent_keys=ring_k,
             recent_values=ring_v,
+            recent_pos=mx.array(7, dtype=mx.int32) if ring_pos == "array" else ring_pos,
             **({} if rows is None else dict(recent_key_rows=rows[0], recent_value_rows=rows[1])),
         )
         assert len(out) == len(plain) // 3 + 2
         for got, want in zip([a for part in out[:-2] for a in part], plain):
             np.testing.assert_array_equal(np_of(got), want)
-        slots = ring_rows(R, pos, T)
+        at = {None: pos, 11: 11, "array": 7}[ring_pos]
+        slots = ring_rows(R, at, T)
         for ring, old, new in [(out[-2], before_k, expect[0]), (out[-1], before_v, expect[1])]:
             want = old.copy()
             want[:, :, slots] = np.array(new)
