@@ -7,6 +7,7 @@
 
 #include "environment.h"
 #include "prefill_workspace.h"
+#include "prefix_view.h"
 #include "ring_update.h"
 
 namespace mlxq {
@@ -136,12 +137,7 @@ std::optional<mx::array> dequantized_attention(
     const std::optional<ExactRows>& exact,
     bool force_fused,
     mx::Stream s) {
-  auto first_rows = [&](const mx::array& a, int n) {
-    if (a.shape(2) == n) {
-      return a;
-    }
-    return mx::slice(a, {0, 0, 0, 0}, {a.shape(0), a.shape(1), n, a.shape(3)}, s);
-  };
+  auto first_rows = [&](const mx::array& a, int n) { return detail::row_range(a, 0, n, s); };
   // Into the workspace when every dense row has a quantized row to be
   // dequantized in its place: the exact rows are then written over theirs.
   const bool reused = environment().prefill_workspace && k_packed.shape(2) >= p.N;

@@ -47,4 +47,11 @@ with_prefix_rows(const std::vector<mx::array>& inputs, int first, int count, int
   return out;
 }
 
+mx::array row_range(const mx::array& a, int lo, int hi, mx::StreamOrDevice s) {
+  if (lo == 0 && hi == a.shape(2)) {
+    return a;
+  }
+  return mx::slice(a, {0, 0, lo, 0}, {a.shape(0), a.shape(1), hi, a.shape(3)}, s);
+}
+
 } // namespace mlxq::detail

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "mlx/array.h"
+#include "mlx/ops.h"
 
 namespace mlxq::detail {
 
@@ -19,5 +20,9 @@ void set_prefix_view(const mx::array& full, mx::array& view);
 // rows [0, rows); `inputs` itself when rows < 0.
 std::vector<mx::array>
 with_prefix_rows(const std::vector<mx::array>& inputs, int first, int count, int rows);
+
+// Rows [lo, hi) of a [B, H, S, W] buffer as a graph slice; `a` itself when
+// that is every row.
+mx::array row_range(const mx::array& a, int lo, int hi, mx::StreamOrDevice s);
 
 } // namespace mlxq::detail

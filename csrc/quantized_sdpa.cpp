@@ -6,6 +6,7 @@
 
 #include "prefill_route.h"
 #include "prefill_workspace.h"
+#include "prefix_view.h"
 #include "quantization.h"
 #include "recent_attention.h"
 #include "validation.h"
@@ -225,9 +226,7 @@ std::vector<mx::array> quantized_sdpa(
   // dequantized rows, which reads whole arrays: those get slices (a decode
   // step's kernels take views at eval instead).
   auto over_rows = [&]() {
-    auto cut = [&](const mx::array& a) {
-      return mx::slice(a, {0, 0, 0, 0}, {a.shape(0), a.shape(1), *rows, a.shape(3)}, s);
-    };
+    auto cut = [&](const mx::array& a) { return detail::row_range(a, 0, *rows, s); };
     return quantized_sdpa(
         q,
         cut(k_packed),

@@ -260,24 +260,21 @@ std::vector<mx::array> window_step(
         span,
         ".");
   }
-  auto rows_of = [&](const mx::array& a, int lo, int hi) {
-    return mx::slice(a, {0, 0, lo, 0}, {a.shape(0), a.shape(1), hi, a.shape(3)}, s);
-  };
   auto exact = [&](const mx::array& ring, const mx::array& rows) {
     if (span == 0) {
       return rows;
     }
     const int first = std::min(span, slots - start);
-    std::vector<mx::array> parts = {rows_of(ring, start, start + first)};
+    std::vector<mx::array> parts = {detail::row_range(ring, start, start + first, s)};
     if (first < span) {
-      parts.push_back(rows_of(ring, 0, span - first));
+      parts.push_back(detail::row_range(ring, 0, span - first, s));
     }
     parts.push_back(rows);
     return mx::concatenate(std::move(parts), 2, s);
   };
   auto newest = [&](const mx::array& rows) {
     const int T = rows.shape(2);
-    return T > slots ? rows_of(rows, T - slots, T) : rows;
+    return T > slots ? detail::row_range(rows, T - slots, T, s) : rows;
   };
   auto exact_keys = exact(keys_ring, keys);
   auto exact_values = exact(values_ring, values);

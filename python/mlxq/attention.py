@@ -365,6 +365,12 @@ def _exact_only(q, keys, values, scale: float, mask, sinks, stream) -> mx.array:
     return out
 
 
+def _rows_in_order(keys) -> bool:
+    """Whether a RecentSplit's rows are ``[quantized, exact]`` in key order:
+    quantized rows held, no ring layout and no rows hidden by a mask."""
+    return keys.visible is None and keys.columns is None and keys.quantized_length > 0
+
+
 def _one_pass_prefill(q, keys, values, mask: Mask, sinks, stream) -> bool:
     """Whether a recent-window step runs as one ``mx.fast`` attention over
     the dequantized rows followed by the window's: on a GPU, where the op
@@ -372,7 +378,7 @@ def _one_pass_prefill(q, keys, values, mask: Mask, sinks, stream) -> bool:
     in order (no ring layout, no hidden rows). Two parts merged by
     log-sum-exp would attend the step's own rows densely in float32 MLX ops,
     ``O(L^2)`` of them."""
-    if keys.visible is not None or keys.columns is not None or keys.quantized_length == 0:
+    if not _rows_in_order(keys):
         return False
     device = _device_of(stream).type
     if device != mx.gpu:
@@ -440,7 +446,7 @@ def _joined_prefill(q, keys, mask: Mask, sinks, stream) -> bool:
     ``DENSE_SCORE_BYTES`` (a sliding-window layer's chunk). Two parts
     merged would attend the step's own rows in float32 MLX ops; a longer
     context (a global layer's) keeps them, so its scores stay bounded."""
-    if keys.visible is not None or keys.columns is not None or keys.quantized_length == 0:
+    if not _rows_in_order(keys):
         return False
     B, Hq, L = q.shape[:3]
     if L <= 16 or _device_of(stream).type != mx.gpu:
