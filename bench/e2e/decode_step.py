@@ -3,24 +3,30 @@ step, in a bare pipelined loop and inside mlx-lm's generate_step.
 
 A random-weight model of mlx-lm's llama class (the 8B or 1B shape of
 bench/e2e/gpu_runs.py) gets caches filled with N random tokens directly (no
-prefill), then decodes ``--steps`` tokens three ways:
+prefill); a packaged model's shape (``--shape-of gemma3-270m`` or
+``smollm2-135m``, bench/e2e/e2e.py's SHAPES: sliding-window rings included)
+gets its caches from a prefill of N random tokens in chunks of 2048. Then it
+decodes ``--steps`` tokens three ways:
 
   bare         y = argmax(model(y, cache)); async_eval(y) before waiting on the
                previous token, as generate_step pipelines (--rounds rounds
                alternating between the two runs, median of their medians)
   generate     mlx-lm's generate_step(prompt=[token], prompt_cache=caches)
-  build        the graph construction alone: model(y, cache) without eval,
-               each step's caches rolled back (timed per step)
+  build        in the bare loop, the graph construction alone: model(y,
+               cache) and the argmax, before async_eval
   encode       in the bare loop, the async_eval call alone: MLX's C++ side
                (every primitive's eval_gpu, CUDA graph building and launch)
 
-for stock mlx-lm (bf16 KVCache) and mlxq (4-bit QuantizedKVCache, mlxq.mlx_lm
-enabled). ms per token are medians; "build" is the host time of one step's
+for the ``--runs``: stock mlx-lm (bf16 KVCache), mlxq-kv4 (4-bit caches,
+mlxq.mlx_lm enabled with no recent window) and mlxq-kv4-w128 (the same with
+the last 128 tokens exact, the 4-bit recipe). ms per token are medians; "build" is the host time of one step's
 graph (Python + MLX op construction); build + encode is the host's share of a
 step, which the GPU hides only while it is shorter than the step's device
 time.
 
     python bench/e2e/decode_step.py --model 8b --contexts 8192 65536
+    python bench/e2e/decode_step.py --shape-of gemma3-270m --contexts 8192 32768 \
+        --runs mlxq-kv4 mlxq-kv4-w128
 """
 
 import argparse
@@ -32,12 +38,17 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import e2e  # noqa: E402
 import mlx.core as mx  # noqa: E402
 
 import mlxq  # noqa: E402
 import mlxq.mlx_lm as mlxq_lm  # noqa: E402
+from mlxq.random_models import random_model  # noqa: E402
+
+RUNS = ("stock-bf16", "mlxq-kv4", "mlxq-kv4-w128")
 
 SHAPES = {
     "8b": dict(
@@ -96,17 +107,34 @@ def filled_caches(model, args, run, N):
     return caches
 
 
-def bare(model, caches, steps, encode_times):
+def prefilled_caches(model, run, N):
+    """Caches as generate_step leaves them after a prompt of N random tokens
+    (the run's mlxq settings enabled by the caller)."""
+    from mlx_lm.models import cache as lm_cache
+
+    ours = run.startswith("mlxq")
+    kw = dict(kv_bits=4, kv_group_size=64) if ours else {}
+    caches = lm_cache.make_prompt_cache(model, **kw)
+    prompt = mx.random.randint(0, 256, (1, N), key=mx.random.key(N))
+    for lo in range(0, N, 2048):
+        model(prompt[:, lo : lo + 2048], cache=caches)
+        mx.eval([c.state for c in caches])
+    return caches
+
+
+def bare(model, caches, steps, encode_times, build_times):
     y = mx.array([1])
     times = []
     prev = None
     t_last = time.perf_counter()
     for _ in range(steps):
+        t0 = time.perf_counter()
         logits = model(y[None], cache=caches)
         y = mx.argmax(logits[:, -1, :], axis=-1)
-        t0 = time.perf_counter()
+        t1 = time.perf_counter()
         mx.async_eval(y)
-        encode_times.append(time.perf_counter() - t0)
+        build_times.append(t1 - t0)
+        encode_times.append(time.perf_counter() - t1)
         if prev is not None:
             prev.item()
             t = time.perf_counter()
@@ -129,22 +157,10 @@ def generate(model, caches, steps, ours):
     return statistics.median(times[2:]) * 1e3
 
 
-def build(model, caches, steps):
-    times = []
-    y = mx.array([[1]])
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        logits = model(y, cache=caches)
-        times.append(time.perf_counter() - t0)
-        del logits
-        for c in caches:
-            c.trim(1)
-    return statistics.median(times) * 1e3
-
-
 @contextlib.contextmanager
 def _mlxq_enabled(run):
-    handle = mlxq_lm.enable(kv_recent=0) if run.startswith("mlxq") else None  # plain 4-bit
+    recent = 128 if run.endswith("-w128") else 0
+    handle = mlxq_lm.enable(kv_recent=recent) if run.startswith("mlxq") else None
     try:
         yield
     finally:
@@ -157,6 +173,12 @@ def main():
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--model", choices=sorted(SHAPES), default="8b")
+    p.add_argument(
+        "--shape-of",
+        choices=sorted(e2e.SHAPES),
+        help="a packaged model's class and configuration instead of --model",
+    )
+    p.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS[:2]))
     p.add_argument("--layers", type=int, help="override the layer count (quick looks)")
     p.add_argument("--contexts", type=int, nargs="+", default=[8192, 65536])
     p.add_argument("--steps", type=int, default=24)
@@ -170,7 +192,15 @@ def main():
     args = p.parse_args()
     info = common.machine_info()
     common.print_machine(info)
-    model, margs = llama(args.model, args.layers)
+    if args.shape_of:
+        arch, kw = e2e.SHAPES[args.shape_of]
+        if args.layers:
+            kw = dict(kw, num_hidden_layers=args.layers)
+        model, _ = random_model(arch, "tiny", dtype=mx.bfloat16, **kw)
+        name = args.shape_of
+    else:
+        model, margs = llama(args.model, args.layers)
+        name = args.model
     cols = [
         ("N", "N", "{}"),
         ("run", "run", "{}"),
@@ -178,37 +208,48 @@ def main():
         ("generate_step ms", "generate_ms", "{:.2f}"),
         ("build ms", "build_ms", "{:.2f}"),
         ("encode ms", "encode_ms", "{:.2f}"),
+        ("bare x first run", "bare_ratio", "{:.2f}"),
+        ("build x first run", "build_ratio", "{:.2f}"),
     ]
     table, rows = common.Table(cols), []
     table.header()
-    runs = ("stock-bf16", "mlxq-kv4")
+    runs = args.runs
     for N in args.contexts:
         # Both runs' caches at once, and the bare loop in alternating rounds:
         # a shared machine's drift then hits both runs alike.
         caches = {}
         for run in runs:
             with _mlxq_enabled(run):
-                caches[run] = filled_caches(model, margs, run, N)
-        samples = {run: ([], []) for run in runs}  # per round: step ms, encode ms
+                if args.shape_of:
+                    caches[run] = prefilled_caches(model, run, N)
+                else:
+                    caches[run] = filled_caches(model, margs, run, N)
+        samples = {run: ([], [], []) for run in runs}  # per round: step, encode, build ms
         for _ in range(args.rounds):
             for run in runs:
                 with _mlxq_enabled(run):
-                    encode = []
-                    samples[run][0].append(bare(model, caches[run], args.steps, encode))
+                    encode, build = [], []
+                    samples[run][0].append(bare(model, caches[run], args.steps, encode, build))
                     samples[run][1].append(statistics.median(encode[2:]) * 1e3)
+                    samples[run][2].append(statistics.median(build[2:]) * 1e3)
         for run in runs:
-            r = dict(N=N, run=run, model=args.model)
+            r = dict(N=N, run=run, model=name)
             r["bare_ms"] = statistics.median(samples[run][0])
             r["bare_rounds_ms"] = samples[run][0]
             r["encode_ms"] = statistics.median(samples[run][1])
+            r["build_ms"] = statistics.median(samples[run][2])
+            first = r
+            if run != runs[0]:
+                first = next(x for x in rows if x["N"] == N and x["run"] == runs[0])
+            r["bare_ratio"] = r["bare_ms"] / first["bare_ms"]
+            r["build_ratio"] = r["build_ms"] / first["build_ms"]
             with _mlxq_enabled(run):
                 r["generate_ms"] = generate(model, caches[run], args.steps, run.startswith("mlxq"))
-                r["build_ms"] = build(model, caches[run], args.steps)
             table.row(r)
             rows.append(r)
         del caches
         mx.clear_cache()
-    out = common.output_path(args, f"decode_step_{args.model}")
+    out = common.output_path(args, f"decode_step_{name}")
     common.save_json(out, {"machine": info, "rows": rows})
 
 
