@@ -17,9 +17,11 @@ with the cache of each run:
   recipe   what kv_bits=4 gets under enable(): the last 128 tokens also kept
            exact (mlxq.mlx_lm's 4-bit recipe)
 
-and, with ``--runs``, three variants of it: ``recipe-rot`` (rows in a
-Hadamard basis), ``recipe-k8v4`` (8-bit keys, 4-bit values, the window)
-and ``recipe-g32`` (groups of 32, the window).
+and, with ``--runs``, four variants of it: ``recipe-rot`` (rows in a
+Hadamard basis), ``recipe-k8v4`` (8-bit keys, 4-bit values, the window),
+``recipe-g32`` (groups of 32, the window) and ``recipe-k8-global`` (the
+recipe, with 8-bit keys on the caches that hold the whole context: every
+cache but the sliding-window rings, ``enable(kv_layers=...)``).
 
     python bench/e2e/needle.py --lengths 4096 8192 16384
     python bench/e2e/needle.py --lengths 32768 --record      # on a GPU
@@ -50,6 +52,7 @@ RUNS = {
     "recipe-rot": (4, dict(kv_hadamard=True), 64),
     "recipe-k8v4": (8, dict(v_bits=4, kv_recent=128), 64),
     "recipe-g32": (4, {}, 32),
+    "recipe-k8-global": (4, dict(kv_layers="8/4+recent128 on full-attention caches"), 64),
 }
 DEFAULT_RUNS = ["bf16", "kv8", "kv4", "recipe"]
 INTRO = (
@@ -92,12 +95,25 @@ def prompt_ids(tokenizer, length: int, depth: float, key: int):
     return ids
 
 
+def full_attention_caches(model):
+    """Indices of the model's caches that are not sliding-window rings (mlx-lm's
+    own cache classes, as make_prompt_cache gives them unpatched)."""
+    from mlx_lm.models import cache as lm_cache
+
+    caches = lm_cache.make_prompt_cache(model)
+    return [i for i, c in enumerate(caches) if not isinstance(c, lm_cache.RotatingKVCache)]
+
+
 def retrieve(model, tokenizer, ids, run, max_tokens=8):
     lm_generate = importlib.import_module("mlx_lm.generate")
     from mlx_lm.models import cache as lm_cache
 
     spec = RUNS[run]
-    handle = None if spec is None else mlxq_lm.enable(**spec[1])
+    options = {} if spec is None else dict(spec[1])
+    if isinstance(options.get("kv_layers"), str):
+        setting = options["kv_layers"].split()[0]
+        options["kv_layers"] = {i: setting for i in full_attention_caches(model)}
+    handle = None if spec is None else mlxq_lm.enable(**options)
     try:
         if spec is None:
             cache, kwargs = lm_cache.make_prompt_cache(model), {}
