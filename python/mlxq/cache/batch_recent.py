@@ -39,7 +39,7 @@ def held(window: Optional[RecentWindow], end: int) -> Rows:
     lo = max(window.start, end - window.slots, 0)
     if lo >= end:
         return end, None, None
-    return lo, window._span(window.keys, lo, end), window._span(window.values, lo, end)
+    return lo, window.span(window.keys, lo, end), window.span(window.values, lo, end)
 
 
 def rebuilt(size: int, rows: Rows, end: int) -> RecentWindow:

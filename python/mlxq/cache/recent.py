@@ -69,7 +69,7 @@ class RecentWindow:
         """The first position a step appending at ``offset`` reads exactly."""
         return min(offset, max(offset - self.size, self.start, 0))
 
-    def _span(self, ring: mx.array, lo: int, hi: int) -> mx.array:
+    def span(self, ring: mx.array, lo: int, hi: int) -> mx.array:
         """Positions [lo, hi) from the ring, oldest first (hi - lo <= slots):
         views, so the ring's next write copies."""
         self._owned = False
