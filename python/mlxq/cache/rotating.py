@@ -438,7 +438,8 @@ def window_split(cache, fetch, keys, values, prev: int, end: int, layout=None, s
     # Exact row i holds position lo + t[i], (prev - lo - t[i]) steps back
     # from the newest token: column keep + (newest - prev + lo + t[i]) % span.
     columns = RingColumns(keep, span, newest - prev + lo, t)
-    visible = ring_visible(cache._store.length(qk), keep, span, end - lo, newest % span)
+    length = cache._store.length(qk)
+    visible = ring_visible(length, keep, span, end - lo, newest % span, full=end > length)
     return RecentSplit(qk, exact_k, visible, columns), RecentSplit(qv, exact_v, visible, columns)
 
 
@@ -453,18 +454,39 @@ def _visibility_table(length: int, keep: int, span: int, k: int) -> dict:
     return {}
 
 
-def ring_visible(length: int, keep: int, span: int, k: int, newest: int) -> mx.array:
+def ring_visible(
+    length: int, keep: int, span: int, k: int, newest: int, full: bool = False
+) -> mx.array:
     """The ring's rows a one-token step reads quantized: all but the slots of
     the ``k`` newest tokens (``keep + (newest - j) mod span``, j < k), which
     it reads exactly. Kept per ring position and shared by every layer of
-    one shape (an evaluated constant: no node, no upload per step)."""
+    one shape (an evaluated constant: no node, no upload per step). A
+    ``full`` ring (one that has evicted, whose length no longer changes)
+    keeps every position's at its first step: on a GPU each upload of a
+    new mask costs a decode step about half a millisecond of host time."""
     table = _visibility_table(length, keep, span, k) if length <= _KEPT_VISIBILITY_ROWS else None
     visible = None if table is None else table.get(newest)
-    if visible is None:
-        rows = np.ones(length, dtype=np.bool_)
-        rows[keep + (newest - np.arange(k)) % span] = False
-        visible = mx.array(rows)
-        if table is not None:
-            mx.eval(visible)
-            table[newest] = visible
+    if visible is not None:
+        return visible
+    if table is not None and full:
+        table.update(_every_position(length, keep, span, k))
+        return table[newest]
+    rows = np.ones(length, dtype=np.bool_)
+    rows[keep + (newest - np.arange(k)) % span] = False
+    visible = mx.array(rows)
+    if table is not None:
+        mx.eval(visible)
+        table[newest] = visible
     return visible
+
+
+def _every_position(length: int, keep: int, span: int, k: int) -> dict:
+    """ring_visible's mask for each newest slot in ``[0, span)``: rows of one
+    upload (views of it), evaluated together."""
+    rows = np.ones((span, length), dtype=np.bool_)
+    newest = np.arange(span)[:, None]
+    rows[newest, keep + (newest - np.arange(k)[None, :]) % span] = False
+    table = mx.array(rows)
+    masks = [table[n] for n in range(span)]
+    mx.eval(masks)
+    return dict(enumerate(masks))
