@@ -716,19 +716,18 @@ def test_ring_orders_are_each_slots_index_in_the_window(size):
 def test_a_rings_visibility_is_all_but_the_newest_slots(length, keep):
     # What a sliding ring's decode step reads quantized: every slot but the
     # k newest tokens', going back from `newest` and wrapping from `keep`.
-    # Kept (one evaluated array per ring position) up to 1024 rows; a full
-    # ring's every position at its first step.
+    # Kept (one evaluated array per ring position) up to 1024 rows; every
+    # position's at the second position asked.
     from mlxq.cache.rotating import _visibility_table, ring_visible
 
     span, k = length - keep, 9
-    for full in (False, True):  # one position at a time; every position at once
-        _visibility_table.cache_clear()
-        for newest in (0, 5, span - 1):
-            got = ring_visible(length, keep, span, k, newest, full=full)
-            want = np.ones(length, bool)
-            want[[keep + (newest - j) % span for j in range(k)]] = False
-            assert np.array_equal(np.array(got), want)
-            again = ring_visible(length, keep, span, k, newest)
-            assert (again is got) == (length <= 1024)
-            if full and length <= 1024:
-                assert len(_visibility_table(length, keep, span, k)) == span
+    _visibility_table.cache_clear()
+    for i, newest in enumerate((0, 5, span - 1)):
+        got = ring_visible(length, keep, span, k, newest)
+        want = np.ones(length, bool)
+        want[[keep + (newest - j) % span for j in range(k)]] = False
+        assert np.array_equal(np.array(got), want)
+        again = ring_visible(length, keep, span, k, newest)
+        assert (again is got) == (length <= 1024)
+        if length <= 1024:  # the second position makes every position's
+            assert len(_visibility_table(length, keep, span, k)) == (1 if i == 0 else span)

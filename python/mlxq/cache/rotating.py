@@ -438,8 +438,7 @@ def window_split(cache, fetch, keys, values, prev: int, end: int, layout=None, s
     # Exact row i holds position lo + t[i], (prev - lo - t[i]) steps back
     # from the newest token: column keep + (newest - prev + lo + t[i]) % span.
     columns = RingColumns(keep, span, newest - prev + lo, t)
-    length = cache._store.length(qk)
-    visible = ring_visible(length, keep, span, end - lo, newest % span, full=end > length)
+    visible = ring_visible(cache._store.length(qk), keep, span, end - lo, newest % span)
     return RecentSplit(qk, exact_k, visible, columns), RecentSplit(qv, exact_v, visible, columns)
 
 
@@ -454,21 +453,19 @@ def _visibility_table(length: int, keep: int, span: int, k: int) -> dict:
     return {}
 
 
-def ring_visible(
-    length: int, keep: int, span: int, k: int, newest: int, full: bool = False
-) -> mx.array:
+def ring_visible(length: int, keep: int, span: int, k: int, newest: int) -> mx.array:
     """The ring's rows a one-token step reads quantized: all but the slots of
     the ``k`` newest tokens (``keep + (newest - j) mod span``, j < k), which
     it reads exactly. Kept per ring position and shared by every layer of
-    one shape (an evaluated constant: no node, no upload per step). A
-    ``full`` ring (one that has evicted, whose length no longer changes)
-    keeps every position's at its first step: on a GPU each upload of a
-    new mask costs a decode step about half a millisecond of host time."""
+    one shape (an evaluated constant: no node, no upload per step). The
+    second position asked of one shape (a ring whose length has stopped
+    changing) makes every position's at once: on a GPU an upload per decode
+    step, one new mask each, was a visible share of the step's host time."""
     table = _visibility_table(length, keep, span, k) if length <= _KEPT_VISIBILITY_ROWS else None
     visible = None if table is None else table.get(newest)
     if visible is not None:
         return visible
-    if table is not None and full:
+    if table:
         table.update(_every_position(length, keep, span, k))
         return table[newest]
     rows = np.ones(length, dtype=np.bool_)
