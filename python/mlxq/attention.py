@@ -497,11 +497,13 @@ def _recent_decode(
 ) -> Optional[mx.array]:
     """A recent window's decode step (the step every generated token takes)
     in as few host steps as the op allows, for a split already checked
-    (:func:`recent_split_sdpa`): one query per head, no mask, no hidden
-    rows, rows in the queries' basis, too few rows per KV head to route.
-    Its one op attends the window too (on CUDA, in the decode kernel's own
-    blocks), as the general path would; None for any other step."""
-    if mask is not None or keys.visible is not None:
+    (:func:`recent_split_sdpa`): one query per head, no mask, rows in the
+    queries' basis, too few rows per KV head to route. Its one op attends
+    the window too (on CUDA, in the decode kernel's own blocks), as the
+    general path would, and a ring's quantized rows through the mask that
+    hides the window's slots (RecentSplit.visible); None for any other
+    step."""
+    if mask is not None:
         return None
     _, Hq, L, D = q.shape
     kq, vq, rows = _quantized_parts(keys, values)
@@ -518,12 +520,14 @@ def _recent_decode(
         or Hq // H >= routing.MIN_ROUTED_QUERY_ROWS
     ):
         return None
+    visible = keys.visible
     if type(kq) is tuple and type(vq) is tuple:  # plain triples: the op itself
         return _ext.quantized_sdpa(
             q,
             *kq,
             *vq,
             scale=scale,
+            mask=visible,
             sinks=sinks,
             recent_keys=ek,
             recent_values=ev,
@@ -532,7 +536,7 @@ def _recent_decode(
         )
     recent = (ek, ev, False)
     return _fused(
-        q, kq, vq, scale=scale, mask=None, sinks=sinks, recent=recent, rows=rows, **formats
+        q, kq, vq, scale=scale, mask=visible, sinks=sinks, recent=recent, rows=rows, **formats
     )
 
 
