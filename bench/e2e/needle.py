@@ -52,7 +52,8 @@ RUNS = {
     "recipe-rot": (4, dict(kv_hadamard=True), 64),
     "recipe-k8v4": (8, dict(v_bits=4, kv_recent=128), 64),
     "recipe-g32": (4, {}, 32),
-    "recipe-k8-global": (4, dict(kv_layers="8/4+recent128 on full-attention caches"), 64),
+    # (full_attention_kv: enable(kv_layers=...) for each full-attention cache)
+    "recipe-k8-global": (4, dict(full_attention_kv="8/4+recent128"), 64),
 }
 DEFAULT_RUNS = ["bf16", "kv8", "kv4", "recipe"]
 INTRO = (
@@ -110,8 +111,8 @@ def retrieve(model, tokenizer, ids, run, max_tokens=8):
 
     spec = RUNS[run]
     options = {} if spec is None else dict(spec[1])
-    if isinstance(options.get("kv_layers"), str):
-        setting = options["kv_layers"].split()[0]
+    setting = options.pop("full_attention_kv", None)
+    if setting is not None:
         options["kv_layers"] = {i: setting for i in full_attention_caches(model)}
     handle = None if spec is None else mlxq_lm.enable(**options)
     try:

@@ -164,7 +164,7 @@ void QuantizedKVUpdate::eval_gpu(
   q.pos_value = static_pos_;
   if (recent_ && recent_pos_ != kSamePos) {
     q.recent_own_pos = 1;
-    q.recent_pos = recent_pos_ >= 0 ? nullptr : mx::gpu_ptr<int32_t>(inputs[13]);
+    q.recent_pos = recent_pos_ >= 0 ? nullptr : mx::gpu_ptr<int32_t>(inputs[recent_pos_input()]);
     q.recent_pos_value = recent_pos_;
   }
   q.B = k_update.shape(0);
