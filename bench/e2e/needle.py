@@ -7,6 +7,13 @@ for it. Greedy decoding of a few tokens must reproduce the key. Each length
 (tokens of the whole prompt) and depth (where the key sits, 0 = start, 1 =
 end) gets ``--keys`` different keys; accuracy is the fraction retrieved.
 
+``--answer free`` (the default) counts a key found anywhere in the greedy
+answer. A small model often answers in words ("the pass key.") instead of
+digits, and that choice flips on small changes of the cache, so a hit also
+measures it. ``--answer digits`` takes the question away: the greedy answer
+may use only ASCII digits and spaces, and a hit is an answer that starts with
+the key. It measures whether the key is found, given that a number is given.
+
 The model is a packaged one (mlxq.gguf: Gemma 3 270M has a 32k context) or
 any .gguf file or mlx-lm folder, in bf16, through mlx-lm's ``generate_step``
 with the cache of each run:
@@ -105,7 +112,38 @@ def full_attention_caches(model):
     return [i for i, c in enumerate(caches) if not isinstance(c, lm_cache.RotatingKVCache)]
 
 
-def retrieve(model, tokenizer, ids, run, max_tokens=8):
+def digits_only(tokenizer):
+    """A logits processor that leaves only the tokens that decode to ASCII
+    digits or spaces."""
+    allowed = []
+    for text, i in tokenizer.get_vocab().items():
+        if any(c.isdigit() for c in text) or text.strip("\u2581\u0120 ") == "":
+            decoded = tokenizer.decode([i])
+            if decoded and all(c == " " or (c.isascii() and c.isdigit()) for c in decoded):
+                allowed.append(i)
+    if not allowed:
+        raise ValueError("--answer digits: the tokenizer has no digit tokens.")
+    allowed = sorted(set(allowed))
+    bias = {}
+
+    def processor(tokens, logits):
+        n = logits.shape[-1]
+        if n not in bias:
+            b = mx.full((n,), -float("inf"), dtype=logits.dtype)
+            b[mx.array([i for i in allowed if i < n])] = 0
+            bias[n] = b
+        return logits + bias[n]
+
+    return processor
+
+
+def hit(answer, key, mode):
+    if mode == "digits":
+        return answer.strip().startswith(str(key))
+    return str(key) in answer
+
+
+def retrieve(model, tokenizer, ids, run, max_tokens=8, processors=None):
     lm_generate = importlib.import_module("mlx_lm.generate")
     from mlx_lm.models import cache as lm_cache
 
@@ -125,7 +163,12 @@ def retrieve(model, tokenizer, ids, run, max_tokens=8):
         out = [
             int(t)
             for t, _ in lm_generate.generate_step(
-                mx.array(ids), model, max_tokens=max_tokens, prompt_cache=cache, **kwargs
+                mx.array(ids),
+                model,
+                max_tokens=max_tokens,
+                prompt_cache=cache,
+                logits_processors=processors,
+                **kwargs,
             )
         ]
     finally:
@@ -144,11 +187,19 @@ def main():
     p.add_argument("--keys", type=int, default=3, help="keys per length and depth (default 3)")
     p.add_argument("--runs", nargs="+", choices=list(RUNS), default=DEFAULT_RUNS)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--answer",
+        choices=["free", "digits"],
+        default="free",
+        help="free: the key anywhere in the greedy answer; digits: an answer of digits only "
+        "that starts with the key (default free)",
+    )
     common.add_output_args(p)
     args = p.parse_args()
     info = common.machine_info()
     common.print_machine(info)
     model, tokenizer = load(args.model)
+    processors = [digits_only(tokenizer)] if args.answer == "digits" else None
     rng = np.random.default_rng(args.seed)
     cols = [("length", "length", "{}"), ("depth", "depth", "{:.2f}")]
     cols += [(run, run, "{:.2f}") for run in args.runs]
@@ -163,9 +214,9 @@ def main():
                 for key in keys:
                     ids = prompt_ids(tokenizer, length, depth, key)
                     t0 = time.perf_counter()
-                    text = retrieve(model, tokenizer, ids, run)
-                    hit = str(key) in text
-                    hits += hit
+                    text = retrieve(model, tokenizer, ids, run, processors=processors)
+                    found = hit(text, key, args.answer)
+                    hits += found
                     trials.append(
                         dict(
                             length=length,
@@ -173,7 +224,7 @@ def main():
                             run=run,
                             key=key,
                             answer=text,
-                            retrieved=hit,
+                            retrieved=found,
                             seconds=time.perf_counter() - t0,
                         )
                     )
@@ -183,9 +234,16 @@ def main():
     slug, device = gpu_runs.device_name()
     info["device"] = device
     name = os.path.basename(os.path.normpath(args.model)).removesuffix(".gguf")
+    suffix = "_digits" if args.answer == "digits" else ""
     common.save_json(
-        common.output_path(args, f"needle_{common.slug(name)}_{slug}"),
-        {"machine": info, "model": args.model, "rows": rows, "trials": trials},
+        common.output_path(args, f"needle_{common.slug(name)}_{slug}{suffix}"),
+        {
+            "machine": info,
+            "model": args.model,
+            "answer": args.answer,
+            "rows": rows,
+            "trials": trials,
+        },
     )
 
 
