@@ -201,6 +201,13 @@ def main():
     model, tokenizer = load(args.model)
     processors = [digits_only(tokenizer)] if args.answer == "digits" else None
     rng = np.random.default_rng(args.seed)
+    slug, info["device"] = gpu_runs.device_name()
+    name = os.path.basename(os.path.normpath(args.model)).removesuffix(".gguf")
+    suffix = "_digits" if args.answer == "digits" else ""
+    path = common.output_path(args, f"needle_{common.slug(name)}_{slug}{suffix}")
+    payload = lambda: dict(  # noqa: E731
+        machine=info, model=args.model, answer=args.answer, rows=rows, trials=trials
+    )
     cols = [("length", "length", "{}"), ("depth", "depth", "{:.2f}")]
     cols += [(run, run, "{:.2f}") for run in args.runs]
     table, rows, trials = common.Table(cols), [], []
@@ -231,20 +238,8 @@ def main():
                 row[run] = hits / len(keys)
             table.row(row)
             rows.append(row)
-    slug, device = gpu_runs.device_name()
-    info["device"] = device
-    name = os.path.basename(os.path.normpath(args.model)).removesuffix(".gguf")
-    suffix = "_digits" if args.answer == "digits" else ""
-    common.save_json(
-        common.output_path(args, f"needle_{common.slug(name)}_{slug}{suffix}"),
-        {
-            "machine": info,
-            "model": args.model,
-            "answer": args.answer,
-            "rows": rows,
-            "trials": trials,
-        },
-    )
+            common.save_json(path, payload(), quiet=True)  # (a cut-off run keeps its rows)
+    common.save_json(path, payload())
 
 
 if __name__ == "__main__":
