@@ -459,8 +459,8 @@ def ring_visible(length: int, keep: int, span: int, k: int, newest: int) -> mx.a
     it reads exactly. Kept per ring position and shared by every layer of
     one shape (an evaluated constant: no node, no upload per step). The
     second position asked of one shape (a ring whose length has stopped
-    changing) makes every position's at once: on a GPU an upload per decode
-    step, one new mask each, was a visible share of the step's host time."""
+    changing) makes every position's at once: an upload per decode step,
+    one new mask each, would be a visible share of a GPU step's host time."""
     table = _visibility_table(length, keep, span, k) if length <= _KEPT_VISIBILITY_ROWS else None
     visible = None if table is None else table.get(newest)
     if visible is not None:
@@ -468,22 +468,25 @@ def ring_visible(length: int, keep: int, span: int, k: int, newest: int) -> mx.a
     if table:
         table.update(_every_position(length, keep, span, k))
         return table[newest]
-    rows = np.ones(length, dtype=np.bool_)
-    rows[keep + (newest - np.arange(k)) % span] = False
-    visible = mx.array(rows)
+    visible = mx.array(_visible_rows(length, keep, span, k, np.array([newest]))[0])
     if table is not None:
         mx.eval(visible)
         table[newest] = visible
     return visible
 
 
+def _visible_rows(length: int, keep: int, span: int, k: int, newest: np.ndarray) -> np.ndarray:
+    """``[len(newest), length]`` bool: ring_visible's rows for each newest slot."""
+    rows = np.ones((len(newest), length), dtype=np.bool_)
+    hidden = keep + (newest[:, None] - np.arange(k)[None, :]) % span
+    rows[np.arange(len(newest))[:, None], hidden] = False
+    return rows
+
+
 def _every_position(length: int, keep: int, span: int, k: int) -> dict:
     """ring_visible's mask for each newest slot in ``[0, span)``: rows of one
     upload (views of it), evaluated together."""
-    rows = np.ones((span, length), dtype=np.bool_)
-    newest = np.arange(span)[:, None]
-    rows[newest, keep + (newest - np.arange(k)[None, :]) % span] = False
-    table = mx.array(rows)
+    table = mx.array(_visible_rows(length, keep, span, k, np.arange(span)))
     masks = [table[n] for n in range(span)]
     mx.eval(masks)
     return dict(enumerate(masks))
