@@ -205,12 +205,10 @@ def main():
     name = os.path.basename(os.path.normpath(args.model)).removesuffix(".gguf")
     suffix = "_digits" if args.answer == "digits" else ""
     path = common.output_path(args, f"needle_{common.slug(name)}_{slug}{suffix}")
-    payload = lambda: dict(  # noqa: E731
-        machine=info, model=args.model, answer=args.answer, rows=rows, trials=trials
-    )
     cols = [("length", "length", "{}"), ("depth", "depth", "{:.2f}")]
     cols += [(run, run, "{:.2f}") for run in args.runs]
     table, rows, trials = common.Table(cols), [], []
+    payload = dict(machine=info, model=args.model, answer=args.answer, rows=rows, trials=trials)
     table.header()
     for length in args.lengths:
         for depth in args.depths:
@@ -238,8 +236,8 @@ def main():
                 row[run] = hits / len(keys)
             table.row(row)
             rows.append(row)
-            common.save_json(path, payload(), quiet=True)  # (a cut-off run keeps its rows)
-    common.save_json(path, payload())
+            common.save_json(path, payload, quiet=True)  # (a cut-off run keeps its rows)
+    common.save_json(path, payload)
 
 
 if __name__ == "__main__":
