@@ -127,8 +127,9 @@ NB_MODULE(_ext, m) {
       nb::kw_only(),
       "scale"_a,
       "causal"_a = false,
+      "mask"_a = nb::none(),
       "stream"_a = nb::none(),
-      "Attention over an exact window (all of it, or causally), merged with attention over other "
+      "Attention over an exact window (all of it, causally, or as a mask array says), merged with attention over other "
       "keys from its output and log-sum-exp (see mlxq.attention.recent_attention).");
 
   m.def(

@@ -304,32 +304,11 @@ std::vector<mx::array> quantized_sdpa(
   if (mask_mode == "causal") {
     params.mask = kMaskCausal;
   } else if (mask) {
-    const auto& m = *mask;
-    if (m.dtype() != mx::bool_ && !is_float_dtype(m.dtype())) {
-      fail(
-          kOp,
-          "mask array must be bool or float32/float16/bfloat16, got ",
-          dtype_str(m.dtype()),
-          ".");
-    }
-    mx::Shape target = {B, Hq, L, N};
-    bool ok = m.ndim() <= 4;
-    for (int i = 0; ok && i < static_cast<int>(m.ndim()); ++i) {
-      int dm = m.shape(m.ndim() - 1 - i), dt = target[3 - i];
-      ok = dm == dt || dm == 1;
-    }
-    if (!ok) {
-      fail(
-          kOp,
-          "mask shape ",
-          shape_str(m.shape()),
-          " cannot be broadcast to [B, H_q, L, N] = ",
-          shape_str(target),
-          ".");
-    }
+    const mx::Shape target = {B, Hq, L, N};
+    check_mask_array(kOp, *mask, target, "[B, H_q, L, N]");
     params.mask = kMaskArray;
     // A broadcast view: the kernel reads it through its (zero) strides.
-    inputs.push_back(mx::broadcast_to(m, target, s));
+    inputs.push_back(mx::broadcast_to(*mask, target, s));
   }
   if (sinks) {
     if (sinks->ndim() != 1 || sinks->shape(0) != Hq) {
@@ -434,7 +413,15 @@ std::vector<mx::array> quantized_sdpa(
           rows,
           s);
       return {recent_attention(
-          q, *recent_keys, *recent_values, parts[0], parts[1], scale, recent_causal, s)};
+          q,
+          *recent_keys,
+          *recent_values,
+          parts[0],
+          parts[1],
+          scale,
+          recent_causal,
+          std::nullopt,
+          s)};
     }
   }
   if (!return_lse && !recent && L > 8) {

@@ -87,6 +87,7 @@ mx::array recent_attention(
     const mx::array& lse_q,
     float scale,
     bool causal,
+    const std::optional<mx::array>& mask,
     mx::StreamOrDevice s) {
   check_recent_rows(kOp, q, keys, values, causal, "keys", "values");
   check_4d(out_q, "out_q");
@@ -125,11 +126,24 @@ mx::array recent_attention(
   if (stream.device != mx::Device::cpu && mx::metal::is_available()) {
     fail(kOp, "runs on the CPU and CUDA, not yet on Metal; pass stream=mx.cpu.");
   }
+  std::vector<mx::array> inputs = {q, keys, values, out_q, lse_q};
+  if (mask) {
+    if (causal) {
+      fail(kOp, "pass either causal=True or a mask array, not both.");
+    }
+    if (stream.device != mx::Device::cpu) {
+      fail(
+          kOp,
+          "takes a mask array on the CPU only; on a GPU attend the window with "
+          "mlxq.attention.dense_attention_with_lse and merge_attention.");
+    }
+    // A broadcast view: the kernel reads it through its (zero) strides.
+    const mx::Shape target = {B, Hq, L, keys.shape(2)};
+    check_mask_array(kOp, *mask, target, "[B, H_q, L, T]");
+    inputs.push_back(mx::broadcast_to(*mask, target, s));
+  }
   return mx::array(
-      out_shape,
-      q.dtype(),
-      std::make_shared<RecentAttention>(stream, scale, causal),
-      {q, keys, values, out_q, lse_q});
+      out_shape, q.dtype(), std::make_shared<RecentAttention>(stream, scale, causal), inputs);
 }
 
 } // namespace mlxq

@@ -4,6 +4,7 @@
 // H200, this one launch a few.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "mlx/ops.h"
@@ -16,11 +17,14 @@ namespace mx = mlx::core;
 /** Inputs: q [B, Hq, L, Dk], keys [B, Hkv, T, Dk], values [B, Hkv, T, Dv]
  *  (q's dtype), out_q [B, Hq, L, Dv] (q's dtype) and lse_q [B, Hq, L]
  *  (float32): attention over other keys and each row's log-sum-exp (-inf
- *  for a row that saw none). Output [B, Hq, L, Dv] in q's dtype: attention
- *  over those keys and these T, in float32: softmax(scale q K^T) V merged
- *  with out_q by log-sum-exp. Every query row sees every window row, or with
- *  `causal` (T >= L, the queries being the window's last L positions) query
- *  l sees rows j <= l + T - L. */
+ *  for a row that saw none), then optionally a mask [B, Hq, L, T] (a
+ *  broadcast view; bool, or additive in a float dtype). Output [B, Hq, L,
+ *  Dv] in q's dtype: attention over those keys and these T, in float32:
+ *  softmax(scale q K^T + mask) V merged with out_q by log-sum-exp; a row
+ *  that saw no key in either part gets zeros. Every query row sees every
+ *  window row, or with `causal` (T >= L, the queries being the window's
+ *  last L positions) query l sees rows j <= l + T - L, or the mask says
+ *  which (the CPU only: a sliding-window layer's prefill chunk). */
 class RecentAttention : public mx::UnaryPrimitive {
  public:
   RecentAttention(mx::Stream stream, float scale, bool causal)
@@ -75,6 +79,7 @@ mx::array recent_attention(
     const mx::array& lse_q,
     float scale,
     bool causal = false,
+    const std::optional<mx::array>& mask = std::nullopt,
     mx::StreamOrDevice s = {});
 
 } // namespace mlxq

@@ -95,4 +95,35 @@ void check_triple_arrays(
   }
 }
 
+void check_mask_array(
+    const char* op,
+    const mx::array& mask,
+    const mx::Shape& target,
+    const char* target_name) {
+  if (mask.dtype() != mx::bool_ && !is_float_dtype(mask.dtype())) {
+    fail(
+        op,
+        "mask array must be bool or float32/float16/bfloat16, got ",
+        dtype_str(mask.dtype()),
+        ".");
+  }
+  const int n = static_cast<int>(target.size());
+  bool ok = static_cast<int>(mask.ndim()) <= n;
+  for (int i = 0; ok && i < static_cast<int>(mask.ndim()); ++i) {
+    const int dm = mask.shape(mask.ndim() - 1 - i), dt = target[n - 1 - i];
+    ok = dm == dt || dm == 1;
+  }
+  if (!ok) {
+    fail(
+        op,
+        "mask shape ",
+        shape_str(mask.shape()),
+        " cannot be broadcast to ",
+        target_name,
+        " = ",
+        shape_str(target),
+        ".");
+  }
+}
+
 } // namespace mlxq

@@ -44,6 +44,14 @@ void check_triple_arrays(
     const mlx::core::array& scales,
     const mlx::core::array& biases);
 
+// A mask array: bool or a float dtype (additive), broadcastable to `target`,
+// whose axes `target_name` spells in messages, e.g. "[B, H_q, L, N]".
+void check_mask_array(
+    const char* op,
+    const mlx::core::array& mask,
+    const mlx::core::Shape& target,
+    const char* target_name);
+
 template <typename... Parts>
 [[noreturn]] void fail(const char* op, const Parts&... parts) {
   std::string msg = std::string("[") + op + "] ";

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "mlx/backend/cpu/encoder.h"
@@ -32,6 +34,34 @@ void rows_to_float(const mx::array& a, int b, int h, int n, float* dst) {
   }
 }
 
+// Row (b, h, l) of a mask view over the window's first n rows, as additive
+// biases: -inf where a bool mask hides a row.
+template <typename M>
+void mask_row(const mx::array& m, int b, int h, int l, int n, float* bias) {
+  const auto& st = m.strides();
+  const M* p = m.data<M>() + b * st[0] + h * st[1] + l * st[2];
+  for (int j = 0; j < n; ++j) {
+    if constexpr (std::is_same_v<M, bool>) {
+      bias[j] = p[j * st[3]] ? 0.0f : -std::numeric_limits<float>::infinity();
+    } else {
+      bias[j] = static_cast<float>(p[j * st[3]]);
+    }
+  }
+}
+
+void mask_row(const mx::array& m, int b, int h, int l, int n, float* bias) {
+  switch (m.dtype()) {
+    case mx::bool_:
+      return mask_row<bool>(m, b, h, l, n, bias);
+    case mx::float16:
+      return mask_row<mx::float16_t>(m, b, h, l, n, bias);
+    case mx::bfloat16:
+      return mask_row<mx::bfloat16_t>(m, b, h, l, n, bias);
+    default:
+      return mask_row<float>(m, b, h, l, n, bias);
+  }
+}
+
 inline float dot(const float* __restrict a, const float* __restrict b, int n) {
   float s = 0.0f;
   for (int i = 0; i < n; ++i) {
@@ -53,9 +83,11 @@ void attend_window(
     const mx::array& v,
     const mx::array& out_q,
     const mx::array& lse_q,
+    const std::optional<mx::array>& mask,
     mx::array& out,
     float scale,
     bool causal) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), Dk = q.shape(3);
   const int Hkv = k.shape(1), T_ = k.shape(2), Dv = v.shape(3);
   const int rep = Hq / Hkv;
@@ -74,12 +106,13 @@ void attend_window(
     // The rows this block's queries can see: all, or (causal) up to the last one's.
     const int visible = causal ? std::min(T_, l1 - 1 + T_ - L + 1) : T_;
     auto& buf = scratch[worker];
-    buf.resize(size_t(visible) * (Dk + Dv) + Dk + Dv + visible);
+    buf.resize(size_t(visible) * (Dk + Dv) + Dk + Dv + 2 * visible);
     float* kf = buf.data();
     float* vf = kf + size_t(visible) * Dk;
     float* qrow = vf + size_t(visible) * Dv;
     float* acc = qrow + Dk;
     float* scores = acc + Dv;
+    float* bias = scores + visible;
     rows_to_float<T>(k, b, kvh, visible, kf);
     rows_to_float<T>(v, b, kvh, visible, vf);
     const auto &qs = q.strides(), &os = out_q.strides(), &ls = lse_q.strides();
@@ -90,24 +123,37 @@ void attend_window(
         for (int d = 0; d < Dk; ++d) {
           qrow[d] = scale * static_cast<float>(qr[d * qs[3]]);
         }
-        float m = -std::numeric_limits<float>::infinity();
+        if (mask) {
+          mask_row(*mask, b, h, l, n, bias);
+        }
+        float m = kNegInf;
         for (int j = 0; j < n; ++j) {
-          scores[j] = dot(qrow, kf + int64_t(j) * Dk, Dk);
+          // A hidden row costs no dot product (a sliding window hides most).
+          const float add = mask ? bias[j] : 0.0f;
+          scores[j] = add == kNegInf ? kNegInf : dot(qrow, kf + int64_t(j) * Dk, Dk) + add;
           m = std::max(m, scores[j]);
         }
         float sum = 0.0f;
         std::fill(acc, acc + Dv, 0.0f);
-        for (int j = 0; j < n; ++j) {
+        for (int j = 0; j < n && m != kNegInf; ++j) {
+          if (scores[j] == kNegInf) {
+            continue;
+          }
           const float p = std::exp(scores[j] - m);
           sum += p;
           axpy(acc, p, vf + int64_t(j) * Dv, Dv);
         }
-        // Merge: weights exp(lse_i - lse) over the union's log-sum-exp.
-        const float lw = m + std::log(sum);
+        // Merge: weights exp(lse_i - lse) over the union's log-sum-exp; a
+        // part that saw no key (lse -inf) has weight 0, and a row that saw
+        // none in either part gets zeros.
         const float lq = lse_q.data<float>()[b * ls[0] + h * ls[1] + l * ls[2]];
-        const float lse = std::max(lq, lw) + std::log1p(std::exp(-std::abs(lq - lw)));
-        const float wq = std::exp(lq - lse); // 0 where the other keys were none
-        const float ww = std::exp(m - lse);
+        float wq = lq == kNegInf ? 0.0f : 1.0f, ww = 0.0f;
+        if (m != kNegInf) {
+          const float lw = m + std::log(sum);
+          const float lse = std::max(lq, lw) + std::log1p(std::exp(-std::abs(lq - lw)));
+          wq = std::exp(lq - lse);
+          ww = std::exp(m - lse);
+        }
         const T* orow = out_q.data<T>() + b * os[0] + h * os[1] + l * os[2];
         T* drow = out.data<T>() + ((int64_t(b) * Hq + h) * L + l) * Dv;
         for (int d = 0; d < Dv; ++d) {
@@ -132,19 +178,20 @@ void RecentAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
                 v = inputs[2],
                 oq = inputs[3],
                 lq = inputs[4],
+                mask = inputs.size() > 5 ? std::optional<mx::array>(inputs[5]) : std::nullopt,
                 out = mx::array::unsafe_weak_copy(out),
                 scale = scale_,
                 causal = causal_]() mutable {
     poison_if_enabled(out);
     switch (q.dtype()) {
       case mx::float16:
-        attend_window<mx::float16_t>(q, k, v, oq, lq, out, scale, causal);
+        attend_window<mx::float16_t>(q, k, v, oq, lq, mask, out, scale, causal);
         break;
       case mx::bfloat16:
-        attend_window<mx::bfloat16_t>(q, k, v, oq, lq, out, scale, causal);
+        attend_window<mx::bfloat16_t>(q, k, v, oq, lq, mask, out, scale, causal);
         break;
       default:
-        attend_window<float>(q, k, v, oq, lq, out, scale, causal);
+        attend_window<float>(q, k, v, oq, lq, mask, out, scale, causal);
         break;
     }
   });

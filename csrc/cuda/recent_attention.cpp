@@ -2,6 +2,8 @@
 #include "recent_attention.h"
 #include "cuda/launch.h"
 
+#include <stdexcept>
+
 namespace mlxq {
 
 namespace cuda {
@@ -57,6 +59,9 @@ void launch_recent(
 } // namespace cuda
 
 void RecentAttention::eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  if (inputs.size() > 5) { // (the op refuses a mask array on a GPU stream)
+    throw std::runtime_error("[mlxq.recent_attention] takes a mask array on the CPU only.");
+  }
   auto& enc = mx::cu::get_command_encoder(stream());
   cuda::allocate(out, enc);
   cuda::poison(out, enc);

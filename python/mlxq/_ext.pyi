@@ -16,9 +16,9 @@ def quantized_sdpa(q: mlx.core.array, k_packed: mlx.core.array, k_scales: mlx.co
     Fused attention over MLX affine-quantized K/V (see mlxq.quantized_sdpa).
     """
 
-def recent_attention(q: mlx.core.array, keys: mlx.core.array, values: mlx.core.array, out_q: mlx.core.array, lse_q: mlx.core.array, *, scale: float, causal: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:
+def recent_attention(q: mlx.core.array, keys: mlx.core.array, values: mlx.core.array, out_q: mlx.core.array, lse_q: mlx.core.array, *, scale: float, causal: bool = False, mask: mlx.core.array | None = None, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:
     """
-    Attention over an exact window (all of it, or causally), merged with attention over other keys from its output and log-sum-exp (see mlxq.attention.recent_attention).
+    Attention over an exact window (all of it, causally, or as a mask array says), merged with attention over other keys from its output and log-sum-exp (see mlxq.attention.recent_attention).
     """
 
 def ring_update(buffer: mlx.core.array, update: mlx.core.array, pos: int | mlx.core.array, *, owned: bool = False, stream: mlx.core.Stream | mlx.core.ThreadLocalStream | mlx.core.Device | mlx.core.DeviceType | None = None) -> mlx.core.array:

@@ -297,6 +297,7 @@ def recent_attention(
     *,
     scale: float,
     causal: bool = False,
+    mask: Optional[mx.array] = None,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array:
     """Attention over plain ``keys``/``values`` ``[B, H_kv, T, D]``, merged
@@ -306,9 +307,12 @@ def recent_attention(
     :func:`dense_attention_with_lse` computes, in one primitive (a recent
     window's step; CPU and CUDA, head dims up to 512). Every query row sees
     every key, or with ``causal`` (``T >= L``, the queries being the last
-    ``L`` of the ``T`` positions) query ``l`` sees keys ``j <= l + T - L``."""
+    ``L`` of the ``T`` positions) query ``l`` sees keys ``j <= l + T - L``,
+    or (the CPU only) a ``mask`` array broadcastable to ``[B, H_q, L, T]``
+    says which (bool, or additive). A row that saw no key in either part
+    gets zeros."""
     return _ext.recent_attention(
-        q, keys, values, out_q, lse_q, scale=scale, causal=causal, stream=stream
+        q, keys, values, out_q, lse_q, scale=scale, causal=causal, mask=mask, stream=stream
     )
 
 
@@ -607,15 +611,18 @@ def recent_split_sdpa(
             q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
         )
     mask_q, mask_e = _part_masks(keys, mask, L)
-    # recent_attention: any step on the CPU (MLX's CPU matmuls are slow); on
-    # a GPU, steps of a few rows (a prefill chunk's matmuls are faster there).
-    fused = mask_e is None or isinstance(mask_e, str)  # "causal" by now
-    fused = fused and (L <= 16 or _device_of(stream).type == mx.cpu)
+    # recent_attention: any step on the CPU (MLX's CPU matmuls are slow; a
+    # sliding-window layer's chunk brings a mask array, which only the CPU
+    # kernel takes); on a GPU, steps of a few rows without one (a prefill
+    # chunk's matmuls are faster there).
+    on_cpu = _device_of(stream).type == mx.cpu
+    mask_array = isinstance(mask_e, mx.array)
+    fused = on_cpu or (L <= 16 and not mask_array)
     fused = fused and _window_in_kernel(max(q.shape[3], values.exact.shape[3]), stream)
     if n == 0 and not fused:
         return _exact_only(q, keys.exact, values.exact, scale, mask_e, sinks, stream)
     kq, vq, rows = _quantized_parts(keys, values)
-    if fused and n > 0 and not (is_hadamard(kq) or is_hadamard(vq)):
+    if fused and n > 0 and not mask_array and not (is_hadamard(kq) or is_hadamard(vq)):
         # One op: on CUDA the decode kernel attends the window in extra
         # blocks of its split merge; on the CPU the two parts as below.
         return _fused(
@@ -657,7 +664,8 @@ def recent_split_sdpa(
             out_q,
             lse_q,
             scale=scale,
-            causal=mask_e is not None,
+            causal=mask_e is not None and not mask_array,
+            mask=mask_e if mask_array else None,
             stream=stream,
         )
     out_e, lse_e = dense_attention_with_lse(

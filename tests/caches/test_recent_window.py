@@ -338,6 +338,43 @@ def test_a_first_chunk_attends_its_exact_rows_alone(rng, mask, sinks_dtype):
     assert np.max(np.abs(to_f64(out) - ref)) < 2e-2
 
 
+@pytest.mark.parametrize("sinks_on", [False, True])
+@pytest.mark.parametrize("steps", [[40], [40, 24]])
+def test_a_sliding_window_chunk_takes_the_window_kernel_on_the_cpu(
+    rng, monkeypatch, sinks_on, steps
+):
+    """A sliding-window layer's prompt chunk comes with a band mask array.
+    On the CPU mlxq's window kernel attends the chunk's exact rows through
+    that mask (recent_attention), never float32 MLX matmuls
+    (dense_attention_with_lse): those made a model's time to first token
+    twice 4-bit's without the window."""
+    import mlxq.attention as attention
+
+    if mx.default_device() != mx.cpu:
+        pytest.skip("the CPU route: a GPU joins a sliding chunk's rows for mx.fast")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the float32 MLX path attended the window")
+
+    monkeypatch.setattr(attention, "dense_attention_with_lse", refuse)
+    cache = mlxq.QuantizedKVCache(64, 4, recent=16)
+    sinks = mx.array(rng.normal(0.5, 1.5, 4).astype(np.float32)) if sinks_on else None
+    ks, vs = [], []
+    for T in steps:
+        k, v = kv(rng, T, D=64)
+        ks.append(k)
+        vs.append(v)
+        K, V = cache.update_and_fetch(k, v)
+        N = cache.offset
+        j, i = np.arange(N)[None, :], np.arange(T)[:, None] + N - T
+        vis = (j <= i) & (j > i - 12)  # a 12-token sliding window
+        q = mx.array(rng.standard_normal((1, 4, T, 64)).astype(np.float32))
+        out = mlxq.sdpa(q, K, V, scale=0.125, mask=mx.array(vis), sinks=sinks)
+        n = K.quantized_length
+        ref = reference(q, ks, vs, n, scale=0.125, gs=64, bits=4, sinks=sinks, mask=vis)
+        assert np.max(np.abs(to_f64(out) - ref)) < tolerance(), f"T={T}, n={n}"
+
+
 @pytest.mark.parametrize("L", [5, 1])
 def test_an_array_mask_is_cut_at_the_window(rng, L):
     # L = 1: a decode step with a full window, whose exact rows come in ring order.

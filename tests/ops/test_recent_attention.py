@@ -10,10 +10,12 @@ from support.helpers import DTYPES, assert_close, skip_without_window_kernel, to
 from mlxq.attention import recent_attention
 
 
-def union64(q, kq, vq, ke, ve, scale, causal=False):
+def union64(q, kq, vq, ke, ve, scale, causal=False, mask=None):
     """Float64 attention of q over two key sets (the "quantized" one plain
     here: only its output and log-sum-exp reach the primitive); ``causal``:
-    query l sees the window's rows j <= l + T - L."""
+    query l sees the window's rows j <= l + T - L; ``mask`` (numpy, bool or
+    additive, broadcastable to [B, Hq, L, T]): the window's rows. A row that
+    sees no key at all is zeros."""
     K = np.concatenate([to_f64(kq), to_f64(ke)], axis=2)
     V = np.concatenate([to_f64(vq), to_f64(ve)], axis=2)
     q64 = to_f64(q)
@@ -24,8 +26,14 @@ def union64(q, kq, vq, ke, ve, scale, causal=False):
         L, N, T = q.shape[2], kq.shape[2], ke.shape[2]
         j = np.arange(N + T)[None, :] - N
         s = np.where(j <= np.arange(L)[:, None] + T - L, s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    return (p / p.sum(-1, keepdims=True)) @ V
+    if mask is not None:
+        N = kq.shape[2]
+        m = np.broadcast_to(mask, s.shape[:3] + (s.shape[3] - N,))
+        m = np.where(m, 0.0, -np.inf) if m.dtype == bool else m.astype(np.float64)
+        s = s + np.concatenate([np.zeros(s.shape[:3] + (N,)), m], axis=-1)
+    seen = np.isfinite(s).any(-1, keepdims=True)
+    p = np.exp(s - np.where(seen, s.max(-1, keepdims=True), 0.0))
+    return np.where(seen, p / np.where(seen, p.sum(-1, keepdims=True), 1.0), 0.0) @ V
 
 
 def part64(q, k, v, scale):
@@ -79,6 +87,77 @@ def test_matches_float64_over_the_union(rng, dtype, B, Hq, Hkv, L, N, T, Dk, Dv,
         causal=causal,
     )
     assert_close(out, union64(q, kq, vq, ke, ve, scale, causal), dtype=dt)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize(
+    "B,Hq,Hkv,L,N,T,D,mask_kind,mask_shape",
+    [
+        # A sliding-window layer's first prompt chunk: nothing quantized, a
+        # band mask over the chunk's own rows as mlx-lm builds it ([L, T]).
+        (1, 4, 1, 70, 0, 70, 256, "band", "LT"),
+        (2, 6, 2, 9, 0, 40, 64, "bool", "BHLT"),
+        (1, 8, 4, 5, 33, 21, 128, "additive", "B1LT"),
+        (1, 4, 2, 3, 12, 65, 80, "bool", "1HLT"),
+        (1, 2, 1, 1, 50, 9, 512, "additive", "T"),
+    ],
+)
+def test_mask_matches_float64(rng, dtype, B, Hq, Hkv, L, N, T, D, mask_kind, mask_shape):
+    # The mask array runs in the CPU kernel on every machine (stream=mx.cpu).
+    dt = DTYPES[dtype]
+
+    def rand(*shape):
+        return mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dt)
+
+    scale = D**-0.5
+    q = rand(B, Hq, L, D)
+    kq, vq = rand(B, Hkv, N, D), rand(B, Hkv, N, D)
+    ke, ve = rand(B, Hkv, T, D), rand(B, Hkv, T, D)
+    dims = {"B": B, "H": Hq, "L": L, "T": T, "1": 1}
+    shape = tuple(dims[c] for c in mask_shape)
+    if mask_kind == "band":  # query l sees keys (l - 16, l]
+        j, i = np.arange(T)[None, :], np.arange(L)[:, None] + T - L
+        m = (j <= i) & (j > i - 16)
+    else:
+        m = rng.random(shape) < 0.6
+        m.reshape(-1, shape[-1])[::3] = False  # rows hidden whole
+    if mask_kind == "additive":
+        m = np.where(m, rng.standard_normal(shape), -np.inf).astype(np.float32)
+        mask = mx.array(m).astype(dt)
+        m = np.array(mask.astype(mx.float32))
+    else:
+        mask = mx.array(m)
+    if N:
+        out_q, lse_q = part64(q, kq, vq, scale)
+    else:
+        out_q, lse_q = np.zeros((B, Hq, L, D)), np.full((B, Hq, L), -np.inf)
+    out = recent_attention(
+        q,
+        ke,
+        ve,
+        mx.array(out_q.astype(np.float32)).astype(dt),
+        mx.array(lse_q.astype(np.float32)),
+        scale=scale,
+        mask=mask,
+        stream=mx.cpu,
+    )
+    assert_close(out, union64(q, kq, vq, ke, ve, scale, mask=m), dtype=dt)
+
+
+def test_mask_is_refused_where_no_kernel_takes_it():
+    q, k = mx.zeros((1, 4, 2, 64)), mx.zeros((1, 2, 8, 64))
+    o, lse = mx.zeros((1, 4, 2, 64)), mx.zeros((1, 4, 2))
+    ok = mx.ones((2, 8), dtype=mx.bool_)
+    with pytest.raises(ValueError, match="not both"):
+        recent_attention(q, k, k, o, lse, scale=1.0, causal=True, mask=ok, stream=mx.cpu)
+    with pytest.raises(ValueError, match="cannot be broadcast"):
+        recent_attention(q, k, k, o, lse, scale=1.0, mask=ok[:, :7], stream=mx.cpu)
+    with pytest.raises(ValueError, match="must be bool or float"):
+        recent_attention(q, k, k, o, lse, scale=1.0, mask=ok.astype(mx.int32), stream=mx.cpu)
+    if mx.default_device() == mx.cpu:
+        pytest.skip("no GPU stream here: the CPU checks above ran")
+    with pytest.raises(ValueError, match="(CPU only|not yet on Metal)"):
+        recent_attention(q, k, k, o, lse, scale=1.0, mask=ok, stream=mx.gpu)
 
 
 def test_strided_views(rng):
