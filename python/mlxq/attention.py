@@ -353,10 +353,12 @@ def _part_masks(keys, mask, L: int):
 
 def _exact_only(q, keys, values, scale: float, mask, sinks, stream) -> mx.array:
     """A recent-window step with no quantized row yet (a first prefill
-    chunk): attention over the exact rows alone. ``mx.fast`` where its rows
-    agree with mlxq's (no mask, or causal with every row seeing a key) and
-    it takes the sinks; else float32 MLX ops, whose ``O(L^2)`` scores a
-    GPU prefill chunk would otherwise hold for every layer of the step."""
+    chunk) that mlxq's window kernel does not take (a GPU's prefill chunk,
+    Metal, head dims over 512): attention over the exact rows alone.
+    ``mx.fast`` where its rows agree with mlxq's (no mask, or causal with
+    every row seeing a key) and it takes the sinks; else float32 MLX ops,
+    whose ``O(L^2)`` scores a GPU prefill chunk would otherwise hold for
+    every layer of the step."""
     L, T = q.shape[2], keys.shape[2]
     plain = mask is None or (mask == "causal" and L <= T)
     if plain and (sinks is None or sinks.dtype == q.dtype):
