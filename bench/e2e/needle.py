@@ -24,11 +24,12 @@ with the cache of each run:
   recipe   what kv_bits=4 gets under enable(): the last 128 tokens also kept
            exact (mlxq.mlx_lm's 4-bit recipe)
 
-and, with ``--runs``, four variants of it: ``recipe-rot`` (rows in a
-Hadamard basis), ``recipe-k8v4`` (8-bit keys, 4-bit values, the window),
-``recipe-g32`` (groups of 32, the window) and ``recipe-k8-global`` (the
-recipe, with 8-bit keys on the caches that hold the whole context: every
-cache but the sliding-window rings, ``enable(kv_layers=...)``).
+and, with ``--runs``, variants of it: ``recipe-rot`` (rows in a Hadamard
+basis), ``recipe-k8v4`` (8-bit keys, 4-bit values, the window),
+``recipe-g32`` (groups of 32, the window) and ``recipe-k8-global``,
+``recipe-k6-global``, ``recipe-k5-global`` (the recipe, with 8-, 6- or
+5-bit keys on the caches that hold the whole context: every cache but the
+sliding-window rings, ``enable(kv_layers=...)``).
 
     python bench/e2e/needle.py --lengths 4096 8192 16384
     python bench/e2e/needle.py --lengths 32768 --record      # on a GPU
@@ -61,6 +62,8 @@ RUNS = {
     "recipe-g32": (4, {}, 32),
     # (full_attention_kv: enable(kv_layers=...) for each full-attention cache)
     "recipe-k8-global": (4, dict(full_attention_kv="8/4+recent128"), 64),
+    "recipe-k6-global": (4, dict(full_attention_kv="6/4+recent128"), 64),
+    "recipe-k5-global": (4, dict(full_attention_kv="5/4+recent128"), 64),
 }
 DEFAULT_RUNS = ["bf16", "kv8", "kv4", "recipe"]
 INTRO = (
