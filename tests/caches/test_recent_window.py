@@ -346,8 +346,8 @@ def test_a_sliding_window_chunk_takes_the_window_kernel_on_the_cpu(
     """A sliding-window layer's prompt chunk comes with a band mask array.
     On the CPU mlxq's window kernel attends the chunk's exact rows through
     that mask (recent_attention), never float32 MLX matmuls
-    (dense_attention_with_lse): those made a model's time to first token
-    twice 4-bit's without the window."""
+    (dense_attention_with_lse), which score every key and double Gemma 3's
+    time to first token against 4-bit without the window."""
     import mlxq.attention as attention
 
     if mx.default_device() != mx.cpu:

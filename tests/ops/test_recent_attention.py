@@ -48,23 +48,10 @@ def part64(q, k, v, scale):
     return (p / p.sum(-1, keepdims=True)) @ V, lse
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize(
-    "B,Hq,Hkv,L,N,T,Dk,Dv,causal",
-    [
-        (1, 9, 3, 1, 200, 129, 64, 64, False),
-        (2, 4, 1, 1, 37, 1, 256, 256, False),
-        (1, 8, 8, 3, 10, 65, 128, 96, False),
-        (1, 2, 1, 1, 5, 300, 512, 512, False),
-        (1, 6, 2, 2, 0, 17, 80, 40, False),
-        (1, 9, 3, 70, 40, 198, 64, 64, True),
-        (2, 4, 2, 5, 0, 5, 128, 128, True),
-        (1, 4, 1, 130, 3, 131, 256, 256, True),
-    ],
-)
-def test_matches_float64_over_the_union(rng, dtype, B, Hq, Hkv, L, N, T, Dk, Dv, causal):
-    skip_without_window_kernel()
-    dt = DTYPES[dtype]
+def attend(rng, dt, B, Hq, Hkv, L, N, T, Dk, Dv, causal=False, mask=None):
+    """recent_attention over fresh random inputs of these shapes (``N``
+    other keys given by their float64 output and log-sum-exp, ``T`` window
+    rows), checked against float64 over the union."""
 
     def rand(*shape):
         return mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dt)
@@ -85,8 +72,34 @@ def test_matches_float64_over_the_union(rng, dtype, B, Hq, Hkv, L, N, T, Dk, Dv,
         mx.array(lse_q.astype(np.float32)),
         scale=scale,
         causal=causal,
+        mask=mask,
     )
-    assert_close(out, union64(q, kq, vq, ke, ve, scale, causal), dtype=dt)
+    # The reference reads the mask as the kernel does: its values in its dtype.
+    m = (
+        None
+        if mask is None
+        else np.array(mask if mask.dtype == mx.bool_ else mask.astype(mx.float32))
+    )
+    assert_close(out, union64(q, kq, vq, ke, ve, scale, causal, mask=m), dtype=dt)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize(
+    "B,Hq,Hkv,L,N,T,Dk,Dv,causal",
+    [
+        (1, 9, 3, 1, 200, 129, 64, 64, False),
+        (2, 4, 1, 1, 37, 1, 256, 256, False),
+        (1, 8, 8, 3, 10, 65, 128, 96, False),
+        (1, 2, 1, 1, 5, 300, 512, 512, False),
+        (1, 6, 2, 2, 0, 17, 80, 40, False),
+        (1, 9, 3, 70, 40, 198, 64, 64, True),
+        (2, 4, 2, 5, 0, 5, 128, 128, True),
+        (1, 4, 1, 130, 3, 131, 256, 256, True),
+    ],
+)
+def test_matches_float64_over_the_union(rng, dtype, B, Hq, Hkv, L, N, T, Dk, Dv, causal):
+    skip_without_window_kernel()
+    attend(rng, DTYPES[dtype], B, Hq, Hkv, L, N, T, Dk, Dv, causal=causal)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -105,19 +118,7 @@ def test_matches_float64_over_the_union(rng, dtype, B, Hq, Hkv, L, N, T, Dk, Dv,
 def test_mask_matches_float64(rng, dtype, B, Hq, Hkv, L, N, T, D, mask_kind, mask_shape):
     # The mask array runs in the CPU kernel on every machine: the inputs
     # are made on the CPU too, so no GPU stream feeds the CPU one.
-    with mx.stream(mx.cpu):
-        check_mask(rng, DTYPES[dtype], B, Hq, Hkv, L, N, T, D, mask_kind, mask_shape)
-
-
-def check_mask(rng, dt, B, Hq, Hkv, L, N, T, D, mask_kind, mask_shape):
-
-    def rand(*shape):
-        return mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dt)
-
-    scale = D**-0.5
-    q = rand(B, Hq, L, D)
-    kq, vq = rand(B, Hkv, N, D), rand(B, Hkv, N, D)
-    ke, ve = rand(B, Hkv, T, D), rand(B, Hkv, T, D)
+    dt = DTYPES[dtype]
     dims = {"B": B, "H": Hq, "L": L, "T": T, "1": 1}
     shape = tuple(dims[c] for c in mask_shape)
     if mask_kind == "band":  # query l sees keys (l - 16, l]
@@ -126,26 +127,13 @@ def check_mask(rng, dt, B, Hq, Hkv, L, N, T, D, mask_kind, mask_shape):
     else:
         m = rng.random(shape) < 0.6
         m.reshape(-1, shape[-1])[::3] = False  # rows hidden whole
-    if mask_kind == "additive":
-        m = np.where(m, rng.standard_normal(shape), -np.inf).astype(np.float32)
-        mask = mx.array(m).astype(dt)
-        m = np.array(mask.astype(mx.float32))
-    else:
-        mask = mx.array(m)
-    if N:
-        out_q, lse_q = part64(q, kq, vq, scale)
-    else:
-        out_q, lse_q = np.zeros((B, Hq, L, D)), np.full((B, Hq, L), -np.inf)
-    out = recent_attention(
-        q,
-        ke,
-        ve,
-        mx.array(out_q.astype(np.float32)).astype(dt),
-        mx.array(lse_q.astype(np.float32)),
-        scale=scale,
-        mask=mask,
-    )
-    assert_close(out, union64(q, kq, vq, ke, ve, scale, mask=m), dtype=dt)
+    with mx.stream(mx.cpu):
+        if mask_kind == "additive":
+            mask = mx.array(np.where(m, rng.standard_normal(shape), -np.inf).astype(np.float32))
+            mask = mask.astype(dt)
+        else:
+            mask = mx.array(m)
+        attend(rng, dt, B, Hq, Hkv, L, N, T, D, D, mask=mask)
 
 
 def test_mask_is_refused_where_no_kernel_takes_it():
