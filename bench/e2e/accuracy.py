@@ -62,12 +62,13 @@ def caches_for(model, run, bits, group):
     return mlxq_lm.make_prompt_cache(model, kv_bits=bits, kv_group_size=group)
 
 
-def mlxq_for(run, values, recent=0):
+def mlxq_for(run, bits, values, recent=0):
     """mlxq enabled for a run of its caches (rotated for mlxq-rot; values at
     their own (bits, group) when given; an exact window of recent)."""
     if run.startswith("mlxq"):
         v_bits, v_group = values or (None, None)
         return mlxq_lm.enable(
+            k_bits=None if v_bits else bits,  # the keys as asked: no recipe
             kv_hadamard=run == "mlxq-rot",
             v_bits=v_bits,
             v_group_size=v_group,
@@ -218,7 +219,7 @@ def main():
                 print(f"  skipped {run} {bits}:{group}: head dim {head_dim} is not a multiple")
                 continue
             t0 = time.time()
-            with mlxq_for(run, values, recent):
+            with mlxq_for(run, bits, values, recent):
                 ppl, top = teacher_forced(
                     model, ids, caches_for(model, run, bits, group), args.chunk
                 )

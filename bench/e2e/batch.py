@@ -173,7 +173,7 @@ def run(model, config, prompts, max_tokens):
     mx.synchronize()
     row = {"config": config, "prompts": len(prompts), "max_tokens": max_tokens}
     if config == "mlxq-kv4":
-        mlxq_lm.enable(kv_recent=0)  # plain 4-bit: no recent window
+        mlxq_lm.enable(kv_recent=0, k_bits=KV_BITS)  # plain 4-bit: no window, 4-bit keys
     try:
         mx.reset_peak_memory()
         _pool_peak()  # restarts it

@@ -166,8 +166,8 @@ def run(model, args, config, context, decode_tokens, seed, host_steps_n=16):
     compiled = config.endswith("-comp")
     bits = KV_BITS if "kv4" in config else None
     if ours:
-        # (kv_recent=0: a recent window's steps decode eagerly)
-        mlxq_lm.enable(compiled_decode=compiled, kv_recent=0)
+        # (kv_recent=0: a recent window's steps decode eagerly; k_bits: plain 4-bit)
+        mlxq_lm.enable(compiled_decode=compiled, kv_recent=0, k_bits=KV_BITS)
     try:
         if ours:
             cache = mlxq_lm.make_prompt_cache(model, kv_bits=bits, kv_group_size=KV_GROUP)

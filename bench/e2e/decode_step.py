@@ -160,7 +160,7 @@ def generate(model, caches, steps, ours):
 @contextlib.contextmanager
 def _mlxq_enabled(run):
     recent = 128 if run.endswith("-w128") else 0
-    handle = mlxq_lm.enable(kv_recent=recent) if run.startswith("mlxq") else None
+    handle = mlxq_lm.enable(kv_recent=recent, k_bits=4) if run.startswith("mlxq") else None
     try:
         yield
     finally:

@@ -19,6 +19,8 @@ random bf16 weights (``mlxq.random_models``), at long prompt lengths:
                enable(v_bits=4))
   mlxq-kv4-w128  mlxq kv4 that also keeps the last 128 tokens exact
                (enable(kv_recent=128), mlxq.cache.recent)
+  mlxq-recipe  what kv_bits=4 gets under a bare enable(): 8-bit keys, 4-bit
+               values and the window (mlxq.mlx_lm's 4-bit recipe)
   mlxq-kv4-w128-apart  the same with MLXQ_CUDA_FUSED_RECENT=0: on CUDA the
                window attended after the quantized part (RecentAttention)
                instead of in the decode kernel's own blocks
@@ -72,6 +74,7 @@ CONFIGS = [
     "mlxq-k8v4",
     "mlxq-kv4-w128",
     "mlxq-kv4-w128-apart",
+    "mlxq-recipe",
 ]
 DEFAULT_CONFIGS = CONFIGS[:3]
 KV_BITS, KV_GROUP = 4, 64
@@ -130,15 +133,14 @@ def run(model, config, n_prompt, decode_tokens, seed):
     prompt = mx.random.randint(0, 256, (n_prompt,), key=mx.random.key(seed))
     ours = config.startswith("mlxq")
     pair = config == "mlxq-k8v4"  # 8-bit keys, KV_BITS values
-    handle = (
-        mlxq_lm.enable(
-            kv_hadamard=config.endswith("-rot"),
-            v_bits=KV_BITS if pair else None,
-            kv_recent=128 if "-w128" in config else 0,
-        )
-        if ours
-        else None
+    # (mlxq-kv4*: 4-bit keys and the window as named, not the recipe's)
+    options = dict(
+        kv_hadamard=config.endswith("-rot"),
+        v_bits=KV_BITS if pair else None,
+        k_bits=None if pair else KV_BITS,
+        kv_recent=128 if "-w128" in config else 0,
     )
+    handle = mlxq_lm.enable(**({} if config == "mlxq-recipe" else options)) if ours else None
     apart = config.endswith("-apart")
     if apart:
         fused_recent = mlxq_ext._environment()["MLXQ_CUDA_FUSED_RECENT"]

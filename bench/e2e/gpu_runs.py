@@ -22,7 +22,7 @@ and three runs, back to back in one process for each (model, context):
                backend its quantized_matmul raises, and Gemma 4's rotating
                caches cannot quantize in stock mlx-lm: any exception is
                recorded and the benchmark goes on)
-  mlxq-kv4     mlxq.mlx_lm.enable(kv_recent=0), then the same generate_step(..., kv_bits=4,
+  mlxq-kv4     mlxq.mlx_lm.enable(kv_recent=0, k_bits=4), then the same generate_step(..., kv_bits=4,
                kv_group_size=64, quantized_kv_start=0) call, with no
                prompt_cache argument (mlxq quantizes the cache it makes from
                the first token; on a GPU it may send many-row prefill calls
@@ -244,7 +244,7 @@ def generate(model, config, prompt, decode_tokens):
     mx.synchronize()
     r = {"config": config, "generate_step_kwargs": kwargs}
     if ours:
-        mlxq_lm.enable(kv_recent=0)  # plain 4-bit: no recent window
+        mlxq_lm.enable(kv_recent=0, k_bits=KV_BITS)  # plain 4-bit: no window, 4-bit keys
         mlxq_lm.reset_counters()
         _route_counts()
     # Observe (not change) the cache generate_step makes for itself: the model

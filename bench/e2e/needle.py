@@ -21,15 +21,17 @@ with the cache of each run:
   bf16     mlx-lm's own caches, unquantized
   kv8      mlxq's caches at 8 bits (group 64) from the first token
   kv4      mlxq's caches at 4 bits (group 64) from the first token
-  recipe   what kv_bits=4 gets under enable(): the last 128 tokens also kept
-           exact (mlxq.mlx_lm's 4-bit recipe)
+  recipe   what kv_bits=4 gets under a bare enable(): 8-bit keys, 4-bit
+           values, the last 128 tokens also kept exact (mlxq.mlx_lm's
+           4-bit recipe)
 
-and, with ``--runs``, variants of it: ``recipe-rot`` (rows in a Hadamard
-basis), ``recipe-k8v4`` (8-bit keys, 4-bit values, the window),
-``recipe-g32`` (groups of 32, the window) and ``recipe-k8-global``,
-``recipe-k6-global``, ``recipe-k5-global`` (the recipe, with 8-, 6- or
-5-bit keys on the caches that hold the whole context: every cache but the
-sliding-window rings, ``enable(kv_layers=...)``).
+and, with ``--runs``: ``kv4-w128`` (4-bit keys and values with the window),
+its variants ``kv4-w128-rot`` (rows in a Hadamard basis), ``kv4-w128-g32``
+(groups of 32) and ``kv4-w128-k8-global``, ``kv4-w128-k6-global``,
+``kv4-w128-k5-global`` (8-, 6- or 5-bit keys on the caches that hold the
+whole context: every cache but the sliding-window rings,
+``enable(kv_layers=...)``), and ``k8v4-w128`` (8-bit keys, 4-bit values,
+the window, set as kv_bits=8 with v_bits=4: the recipe's caches).
 
     python bench/e2e/needle.py --lengths 4096 8192 16384
     python bench/e2e/needle.py --lengths 32768 --record      # on a GPU
@@ -55,15 +57,16 @@ import mlxq.mlx_lm as mlxq_lm  # noqa: E402
 RUNS = {
     "bf16": None,
     "kv8": (8, dict(kv_recent=0), 64),
-    "kv4": (4, dict(kv_recent=0), 64),
+    "kv4": (4, dict(kv_recent=0, k_bits=4), 64),
     "recipe": (4, {}, 64),
-    "recipe-rot": (4, dict(kv_hadamard=True), 64),
-    "recipe-k8v4": (8, dict(v_bits=4, kv_recent=128), 64),
-    "recipe-g32": (4, {}, 32),
+    "kv4-w128": (4, dict(k_bits=4), 64),
+    "kv4-w128-rot": (4, dict(k_bits=4, kv_hadamard=True), 64),
+    "kv4-w128-g32": (4, dict(k_bits=4), 32),
     # (full_attention_kv: enable(kv_layers=...) for each full-attention cache)
-    "recipe-k8-global": (4, dict(full_attention_kv="8/4+recent128"), 64),
-    "recipe-k6-global": (4, dict(full_attention_kv="6/4+recent128"), 64),
-    "recipe-k5-global": (4, dict(full_attention_kv="5/4+recent128"), 64),
+    "kv4-w128-k8-global": (4, dict(k_bits=4, full_attention_kv="8/4+recent128"), 64),
+    "kv4-w128-k6-global": (4, dict(k_bits=4, full_attention_kv="6/4+recent128"), 64),
+    "kv4-w128-k5-global": (4, dict(k_bits=4, full_attention_kv="5/4+recent128"), 64),
+    "k8v4-w128": (8, dict(v_bits=4, kv_recent=128), 64),
 }
 DEFAULT_RUNS = ["bf16", "kv8", "kv4", "recipe"]
 INTRO = (

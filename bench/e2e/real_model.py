@@ -8,9 +8,9 @@ repository's copy of the Apache License 2.0):
 
   stock-bf16   stock mlx-lm, unquantized KV cache
   stock-kv4    stock mlx-lm, ``kv_bits=4`` (group 64, ``quantized_kv_start=0``)
-  mlxq-kv4     ``mlxq.mlx_lm.enable(kv_recent=0)``, then the same ``kv_bits=4`` call
+  mlxq-kv4     ``mlxq.mlx_lm.enable(kv_recent=0, k_bits=4)``, then the same ``kv_bits=4`` call
   mlxq-recipe  ``mlxq.mlx_lm.enable()``, then the same call: the 4-bit recipe
-               (the last 128 tokens also kept exact)
+               (8-bit keys, 4-bit values, the last 128 tokens also kept exact)
 
 Each run feeds the text's first ``--tokens`` tokens (default 1024) in chunks
 of 64 into the run's KV cache, quantized from the first token (stock-kv4:
@@ -85,7 +85,7 @@ def measure(model, run, ids, decode_tokens):
 
     ours = run.startswith("mlxq")
     if ours:
-        mlxq_lm.enable(kv_recent=None if run == "mlxq-recipe" else 0)
+        mlxq_lm.enable(**({} if run == "mlxq-recipe" else dict(kv_recent=0, k_bits=BITS)))
     try:
         caches = make_caches(model, run)
         mx.clear_cache()

@@ -110,6 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"Group size for KV-cache quantization {GROUP_SIZES}.",
     )
     p.add_argument(
+        "--k-bits",
+        type=int,
+        default=None,
+        help="With --kv-bits: the keys' own bits (--kv-bits is then the values'). Default: "
+        "8 at --kv-bits 4 without --v-bits (the recipe: retrieval at 32k tokens equal to "
+        "bf16's, docs/results/accuracy.md), else --kv-bits; --k-bits 4 keeps 4-bit keys.",
+    )
+    p.add_argument(
         "--v-bits",
         type=int,
         default=None,
@@ -137,8 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="With --kv-bits: also keep the last N tokens' K/V exact (mlxq.cache.recent). "
-        "Default: 128 at 4 bits or fewer (the recipe: 4-bit KV near-lossless on the packaged "
-        "models, docs/results/accuracy.md), 0 above; 0 turns it off.",
+        "Default: 128 at 4 bits or fewer (the recipe: 4-bit values near-lossless on the "
+        "packaged models, docs/results/accuracy.md), 0 above; 0 turns it off.",
     )
     p.add_argument(
         "--kv-layers",
@@ -255,9 +263,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.kv_hadamard and (args.kv_bits is None or args.no_mlxq):
         parser.error("--kv-hadamard needs --kv-bits, and mlxq (not --no-mlxq)")
-    separate = args.v_bits is not None or args.v_group_size is not None
+    separate = any(x is not None for x in (args.k_bits, args.v_bits, args.v_group_size))
     if separate and (args.kv_bits is None or args.no_mlxq):
-        parser.error("--v-bits / --v-group-size need --kv-bits, and mlxq (not --no-mlxq)")
+        parser.error(
+            "--k-bits / --v-bits / --v-group-size need --kv-bits, and mlxq (not --no-mlxq)"
+        )
     if args.kv_recent is not None and (args.kv_bits is None or args.no_mlxq):
         parser.error("--kv-recent needs --kv-bits, and mlxq (not --no-mlxq)")
     if args.kv_layers is not None and (args.kv_bits is None or args.no_mlxq):
@@ -273,6 +283,7 @@ def main(argv=None) -> int:
         if args.no_mlxq
         else mlxq_lm.enable(
             kv_hadamard=args.kv_hadamard,
+            k_bits=args.k_bits,
             v_bits=args.v_bits,
             v_group_size=args.v_group_size,
             kv_recent=args.kv_recent,
@@ -313,7 +324,7 @@ def main(argv=None) -> int:
             # (--max-kv-size makes rings of models without their own caches.)
             rings = None if hasattr(model, "make_cache") else args.max_kv_size
             kv = "KV cache " + mlxq_lm.settings().describe(
-                args.kv_bits, args.kv_group_size, off="--kv-recent 0", max_kv_size=rings
+                args.kv_bits, args.kv_group_size, cli=True, max_kv_size=rings
             )
         name = (
             f"random {args.random_model} ({args.random_size})" if args.random_model else args.model

@@ -547,7 +547,8 @@ def test_the_recipe_is_what_kv_bits_gets(bits, recent, max_kv_size, want, capsys
 
         assert mlxq_lm.settings().recent_for(bits) == (want if max_kv_size is None else 128)
         caches = make_prompt_cache(model, max_kv_size, kv_bits=bits)
-    assert {(c.bits, c.recent) for c in caches} == {(bits, want)}
+    # (the values' bits: the recipe's keys are tests/lm/test_recipe.py's)
+    assert {(c.format.v_bits, c.recent) for c in caches} == {(bits, want)}
     if max_kv_size is None:
         args = ["--random-model", "llama", "--max-tokens", "2", "--prompt-tokens", "20"]
         args += ["--kv-bits", str(bits)] + ([] if recent is None else ["--kv-recent", str(recent)])
@@ -587,7 +588,7 @@ def test_the_recipe_passes_by_caches_that_keep_no_window():
     caches = [chunked(), ring]
     quantize_caches(caches, 0, 64, 4, Settings())
     assert caches[1].recent == 40 - 4 - 1  # a ring's window holds at most this
-    assert isinstance(caches[0], mlxq.ChunkedQuantizedKVCache) and caches[0].bits == 4
+    assert isinstance(caches[0], mlxq.ChunkedQuantizedKVCache) and caches[0].v_bits == 4
     with pytest.raises(ValueError, match="kv_recent=0"):
         quantize_caches([chunked()], 0, 64, 4, Settings(kv_recent=16))
 

@@ -101,7 +101,7 @@ def test_batch_generate_equals_one_by_one(enabled, arch):
     for p, ids, cache in zip(ps, got.token_ids, got.caches):
         layers = quantized_layers(cache)
         assert len(layers) == len(cache)  # every layer's cache came back quantized
-        assert all(c.bits == 4 for c in layers)
+        assert all((c.bits, c.v_bits) == (8, 4) for c in layers)  # the recipe
         # the prompt and every generated token (the last one too: mlx-lm
         # has fed it to the model for the next step before it stops)
         assert max(c.offset for c in cache) == len(p) + len(ids)

@@ -35,11 +35,11 @@ def test_each_named_cache_gets_its_own_setting(model):
     with mlxq_lm.enable(kv_layers={0: "8", 2: "8/4+hadamard", "3": 2}):
         mlxq_lm.reset_counters()
         _, cache = greedy(model, kv_bits=4, quantized_kv_start=0)
-        # The base setting (kv_bits=4) keeps the recipe's window; each
-        # kv_layers entry is its cache's whole setting.
+        # The base setting (kv_bits=4) gets the recipe (8-bit keys, the
+        # window); each kv_layers entry is its cache's whole setting.
         assert formats(cache) == [
             (8, 8, False, 0),
-            (4, 4, False, 128),
+            (8, 4, False, 128),
             (8, 4, True, 0),
             (2, 2, False, 0),
         ]
@@ -71,7 +71,7 @@ def test_batches_keep_each_layers_setting(model):
             return_prompt_caches=True,
         )
         for cache in out.caches:
-            assert [(c.bits, c.v_bits) for c in cache] == [(8, 8), (4, 4), (4, 4), (8, 4)]
+            assert [(c.bits, c.v_bits) for c in cache] == [(8, 8), (8, 4), (8, 4), (8, 4)]
 
 
 @pytest.mark.parametrize(
@@ -108,6 +108,6 @@ def test_fidelity_writes_the_file_enable_reads(model, tmp_path):
     per_layer = json.loads((tmp_path / "f.json").read_text())["per_layer"]["layers"]
     worst = max(per_layer, key=lambda r: r["kl_mean"])["layer"]
     assert written == {"kv_layers": {str(worst): "8"}, "ranked_by": "2"}
-    with mlxq_lm.enable(kv_layers=str(layers)):
+    with mlxq_lm.enable(kv_layers=str(layers), k_bits=4):  # (4-bit keys elsewhere)
         _, cache = greedy(model, kv_bits=4, quantized_kv_start=0)
         assert [c.bits for c in cache] == [8 if i == worst else 4 for i in range(4)]

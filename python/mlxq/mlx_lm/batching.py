@@ -52,15 +52,14 @@ def quantize_batch(cache, group_size: int, bits: int, options: Settings):
     ``options`` say (rotation, value quantization), an MLA latent cache
     where its role says so (families.py)."""
     kind = _batch_kind(cache)
-    extra = {"latent": True} if families.role_of(cache) == families.LATENT else {}
+    latent = families.role_of(cache) == families.LATENT
+    extra = {"latent": True} if latent else {}
     if not extra:
         recent = options.recent_for(bits)
         if kind is BatchRotatingQuantizedKVCache:
             recent = ring_window(recent, cache.max_size)
         extra = {"recent": recent}
-    return kind.quantize(
-        cache, group_size=group_size, bits=bits, **options.cache_options(), **extra
-    )
+    return kind.quantize(cache, **options.cache_options(group_size, bits, latent), **extra)
 
 
 def batch_to_quantized(self, group_size: int = 64, bits: int = 4):

@@ -71,11 +71,7 @@ def to_mlxq_quantized(cache, group_size: int, bits: int, options: Settings, late
             recent = ring_window(recent, ours.max_size, ours.keep)
         extra = {"latent": True} if latent else {}
         return ours.to_quantized(
-            recent=recent,
-            group_size=group_size,
-            bits=bits,
-            **options.cache_options(),
-            **extra,
+            recent=recent, **options.cache_options(group_size, bits, latent), **extra
         )
     except ValueError:  # e.g. a head dim that is not a multiple of group_size
         if latent:
@@ -97,9 +93,7 @@ def _chunked(cache, group_size: int, bits: int, options: Settings):
             f"[mlxq.mlx_lm] chunked-attention caches (ChunkedKVCache) keep no recent window, "
             f"and kv_recent={options.kv_recent} is set: enable() with kv_recent=0."
         )
-    return ChunkedQuantizedKVCache.from_cache(
-        cache, group_size=group_size, bits=bits, **options.cache_options()
-    )
+    return ChunkedQuantizedKVCache.from_cache(cache, **options.cache_options(group_size, bits))
 
 
 def _is_list(cache) -> bool:

@@ -139,6 +139,7 @@ def enable(
     kv_recent: Optional[int] = None,
     compiled_decode: Optional[bool] = None,
     *,
+    k_bits: Optional[int] = None,
     kv_layers=None,
     kv_rotate: Optional[bool] = None,
     kv_keep_recent: Optional[int] = None,
@@ -154,8 +155,14 @@ def enable(
           (mlxq.hadamard): opt-in, measured per model in
           docs/results/accuracy.md. Default False.
         v_bits (int, optional): The values' bits in those caches, apart from
-          the keys' ``kv_bits`` (``kv_bits=8`` with ``v_bits=4``: 8-bit keys,
-          4-bit values). Default: ``kv_bits``.
+          the keys' (``kv_bits=8`` with ``v_bits=4``: 8-bit keys, 4-bit
+          values). Default: ``kv_bits``.
+        k_bits (int, optional): The keys' bits in those caches, apart from
+          the values' ``kv_bits`` (or ``v_bits``). Default: the recipe, 8
+          for ``kv_bits=4`` unless ``v_bits`` is given (K8/V4: retrieval at
+          32k tokens equal to bf16's, where 4-bit keys miss keys;
+          docs/results/accuracy.md), else ``kv_bits``. ``k_bits=4`` keeps
+          4-bit keys.
         v_group_size (int, optional): The values' group size. Default:
           ``kv_group_size``.
         kv_recent (int, optional): How many of the most recent tokens
@@ -206,8 +213,12 @@ def enable(
         if not isinstance(kv_hadamard, bool):
             raise ValueError(f"[{where}] kv_hadamard must be a bool, got {kv_hadamard!r}.")
         changes["kv_hadamard"] = kv_hadamard
+    if k_bits is not None:
+        if type(k_bits) is not int or k_bits not in BITS:
+            raise ValueError(f"[{where}] k_bits must be one of {BITS}, got {k_bits!r}.")
+        changes["k_bits"] = k_bits
     if v_bits is not None or v_group_size is not None:
-        if v_bits is not None and v_bits not in BITS:
+        if v_bits is not None and (type(v_bits) is not int or v_bits not in BITS):
             raise ValueError(f"[mlxq.mlx_lm.enable] v_bits must be one of {BITS}, got {v_bits!r}.")
         if v_group_size is not None and v_group_size not in GROUP_SIZES:
             raise ValueError(

@@ -15,10 +15,14 @@ from typing import Optional, Tuple
 from ..kv_spec import KVSpec, parse_spec
 
 # The recipe: caches of at most RECIPE_BITS bits keep their last RECIPE_RECENT
-# tokens exact unless kv_recent says otherwise (docs/results/accuracy.md:
-# 4-bit KV within 1% of unquantized perplexity on the packaged models).
+# tokens exact unless kv_recent says otherwise, and caches of RECIPE_BITS
+# bits store their keys at RECIPE_K_BITS unless k_bits or v_bits says
+# otherwise (docs/results/accuracy.md: 4-bit values within 1% of unquantized
+# perplexity on the packaged models, and long-context retrieval equal to
+# bf16's, which 4-bit keys miss; K8/V4 has a fused kernel on every backend).
 RECIPE_BITS = 4
 RECIPE_RECENT = 128
+RECIPE_K_BITS = 8
 # Tokens mlx-lm's make_prompt_cache keeps at the start of its max_kv_size rings.
 MAX_KV_SIZE_KEEP = 4
 
@@ -31,14 +35,41 @@ class Settings:
     kv_hadamard: bool = False  # rows quantized in the Hadamard basis
     v_group_size: Optional[int] = None  # the values' own quantization; None: the keys'
     v_bits: Optional[int] = None
+    k_bits: Optional[int] = None  # the keys' own bits; None: the recipe's
     kv_recent: Optional[int] = None  # recent tokens also kept exact; None: the recipe
     compiled_decode: bool = False  # one-token steps through one mx.compile'd graph
     # (cache index, setting) of the caches quantized otherwise than kv_bits says
     kv_layers: Tuple[Tuple[int, KVSpec], ...] = ()
 
-    def cache_options(self) -> dict:
-        """The quantized caches' keyword arguments these settings give."""
-        return dict(hadamard=self.kv_hadamard, v_group_size=self.v_group_size, v_bits=self.v_bits)
+    def key_bits(self, bits: int) -> int:
+        """The keys' bits in a cache quantized at ``bits`` (mlx-lm's
+        ``kv_bits``): ``k_bits`` where given, else the recipe's
+        (RECIPE_K_BITS at RECIPE_BITS unless ``v_bits`` is given), else ``bits``."""
+        if self.k_bits is not None:
+            return self.k_bits
+        if self.v_bits is None and bits == RECIPE_BITS:
+            return RECIPE_K_BITS
+        return bits
+
+    def cache_options(self, group_size: int, bits: int, latent: bool = False) -> dict:
+        """The keyword arguments of the quantized cache these settings give
+        one quantized at ``group_size`` / ``bits`` (mlx-lm's ``kv_group_size``
+        / ``kv_bits``): keys at :meth:`key_bits`, values at ``v_bits`` or
+        ``bits``. An MLA latent cache quantizes its latent once, so the
+        recipe's keys pass it by (``k_bits``, like ``v_bits``, reaches it
+        and is refused)."""
+        k_bits = self.k_bits if latent else self.key_bits(bits)
+        k_bits = bits if k_bits is None else k_bits
+        v_bits = self.v_bits
+        if v_bits is None and k_bits != bits:
+            v_bits = bits
+        return dict(
+            group_size=group_size,
+            bits=k_bits,
+            hadamard=self.kv_hadamard,
+            v_group_size=self.v_group_size,
+            v_bits=v_bits,
+        )
 
     def recent_for(self, bits: int) -> int:
         """The exact window a cache of ``bits`` keeps: ``kv_recent`` where
@@ -51,17 +82,27 @@ class Settings:
         self,
         bits: int,
         group_size: int,
-        off: str = "kv_recent=0",
+        cli: bool = False,
         max_kv_size: Optional[int] = None,
     ) -> str:
-        """The KV setting caches of ``bits`` / ``group_size`` get, in words
-        (mlxq-generate and mlxq-server print it, naming their ``off``
-        option). ``max_kv_size``: the caches are mlx-lm's rings of that many
-        tokens (keeping 4), which hold less of a window than asked."""
+        """The KV setting caches quantized at ``bits`` / ``group_size`` get,
+        in words, naming the options that turn the recipe's parts off
+        (``cli``: as mlxq-generate's and mlxq-server's flags, else as
+        enable's keywords). ``max_kv_size``: the caches are mlx-lm's rings
+        of that many tokens (keeping 4), which hold less of a window than
+        asked."""
+
+        def option(name: str, value: int) -> str:
+            return f"--{name.replace('_', '-')} {value}" if cli else f"{name}={value}"
+
+        o = self.cache_options(group_size, bits)
+        k_bits, v_bits = o["bits"], o["v_bits"] or o["bits"]
+        v_group = o["v_group_size"] or group_size
         out = f"{bits}-bit, group {group_size}"
-        if self.v_bits is not None or self.v_group_size is not None:
-            v_bits, v_group = self.v_bits or bits, self.v_group_size or group_size
-            out = f"{bits}-bit K (group {group_size}), {v_bits}-bit V (group {v_group})"
+        if (k_bits, group_size) != (v_bits, v_group):
+            out = f"{k_bits}-bit K (group {group_size}), {v_bits}-bit V (group {v_group})"
+            if self.k_bits is None and k_bits != bits:
+                out += f" (the recipe's keys; {option('k_bits', bits)} turns them off)"
         if self.kv_hadamard:
             out += ", Hadamard basis"
         recent = self.recent_for(bits)
@@ -72,7 +113,10 @@ class Settings:
         if recent:
             out += f", the last {recent} tokens exact"
             if self.kv_recent is None:
-                out += f" (the recipe for {RECIPE_BITS} bits or fewer; {off} turns it off)"
+                out += (
+                    f" (the recipe for {RECIPE_BITS} bits or fewer; "
+                    f"{option('kv_recent', 0)} turns it off)"
+                )
         if self.kv_layers:
             out += f"; {len(self.kv_layers)} caches set apart by kv_layers"
         return out
@@ -96,6 +140,7 @@ class Settings:
             kv_hadamard=f.hadamard,
             v_group_size=f.v_group_size if f.separate else None,
             v_bits=f.v_bits if f.separate else None,
+            k_bits=f.bits,  # a setting names its keys: no recipe
             kv_recent=spec.recent,
             compiled_decode=compiled_decode,
         )
@@ -154,4 +199,12 @@ def install(value: Settings) -> None:
     _current = value
 
 
-__all__ = ["DEFAULT", "RECIPE_BITS", "RECIPE_RECENT", "Settings", "install", "settings"]
+__all__ = [
+    "DEFAULT",
+    "RECIPE_BITS",
+    "RECIPE_K_BITS",
+    "RECIPE_RECENT",
+    "Settings",
+    "install",
+    "settings",
+]

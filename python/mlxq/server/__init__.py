@@ -30,8 +30,11 @@ OpenAI-style endpoints) with :mod:`mlxq.mlx_lm` enabled, where:
 * ``--kv-recent N`` keeps every sequence's last ``N`` tokens exact beside
   the quantized cache (``enable(kv_recent=N)``; a sliding-window layer
   keeps what its ring holds). Without it, ``--kv-bits 4`` or fewer keeps
-  the recipe's 128 (``--kv-recent 0`` turns it off); the server prints its
-  KV setting at start.
+  the recipe's 128 (``--kv-recent 0`` turns it off);
+* ``--k-bits N`` stores keys at ``N`` bits (``enable(k_bits=N)``). Without
+  it, ``--kv-bits 4`` stores the recipe's 8-bit keys with 4-bit values
+  (``--k-bits 4`` turns them off). The server prints its KV setting at
+  start.
 
 Each time the decoding batch changes size, the log says how many
 sequences it decodes together.
@@ -138,13 +141,14 @@ def _kv_options(argv: List[str]):
 
 
 def _own_options(argv: List[str]):
-    """``(argv without them, max_kv_memory, kv_recent)``: the options
+    """``(argv without them, max_kv_memory, kv_recent, k_bits)``: the options
     mlxq-server adds to mlx-lm's (whose parser refuses what it does not know)."""
     p = argparse.ArgumentParser(prog="mlxq-server", add_help=False, allow_abbrev=False)
     p.add_argument("--max-kv-memory", type=_bytes, default=None)
     p.add_argument("--kv-recent", type=_tokens, default=None)
+    p.add_argument("--k-bits", type=int, default=None)
     known, rest = p.parse_known_args(argv)
-    return rest, known.max_kv_memory, known.kv_recent
+    return rest, known.max_kv_memory, known.kv_recent, known.k_bits
 
 
 def _tokens(text: str) -> int:
@@ -208,7 +212,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     from ..kv_format import BITS, GROUP_SIZES
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    argv, max_kv_memory, kv_recent = _own_options(argv)
+    argv, max_kv_memory, kv_recent, k_bits = _own_options(argv)
     argv, kv_bits, kv_group_size, start, max_tokens = _kv_options(argv)
     if kv_bits is not None and kv_bits not in BITS:
         raise SystemExit(f"mlxq.server: --kv-bits must be one of {BITS}, got {kv_bits}.")
@@ -218,9 +222,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         )
     if kv_recent is not None and kv_bits is None:
         raise SystemExit("mlxq.server: --kv-recent keeps recent tokens exact beside --kv-bits.")
-    bridge.enable(kv_recent=kv_recent)
+    if k_bits is not None and (kv_bits is None or k_bits not in BITS):
+        raise SystemExit(f"mlxq.server: --k-bits needs --kv-bits and one of {BITS}, got {k_bits}.")
+    bridge.enable(kv_recent=kv_recent, k_bits=k_bits)
     if kv_bits is not None:  # (before mlx-lm's server configures logging)
-        kv = bridge.settings().describe(kv_bits, kv_group_size, off="--kv-recent 0")
+        kv = bridge.settings().describe(kv_bits, kv_group_size, cli=True)
         print(f"mlxq: KV cache {kv}", file=sys.stderr)
     server = importlib.import_module("mlx_lm.server")
     metrics = Metrics()
