@@ -227,6 +227,7 @@ def report(group, args, model, tokens, logprobs, cache, seconds: float) -> dict:
                 "class": type(c).__name__,
                 "module": type(c).__module__,
                 "bits": getattr(c, "bits", None),
+                "v_bits": getattr(c, "v_bits", None),
                 "kv_heads": kv_heads(c),
                 "offset": int(c.offset),
             }

@@ -247,7 +247,7 @@ def test_cache_kinds(enabled):
     for c in cache:
         state, kv = c.caches
         assert type(state) is lm_cache.ArraysCache
-        assert type(kv) is mlxq.QuantizedKVCache and kv.bits == 4
+        assert type(kv) is mlxq.QuantizedKVCache and (kv.bits, kv.v_bits) == (8, 4)  # the recipe
     cache = mlxq_lm.make_prompt_cache(model_of("llama4"), kv_bits=4)
     kinds = [type(c).__name__ for c in cache]
     assert kinds == ["ChunkedQuantizedKVCache"] * 3 + ["QuantizedKVCache"], kinds

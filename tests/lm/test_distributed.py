@@ -189,7 +189,7 @@ def check_against(reports, reference, max_tokens: int = MAX_TOKENS):
         for c in r["caches"]:
             assert c["module"].startswith("mlxq.cache"), c
             assert c["class"] in ("QuantizedKVCache", "RotatingQuantizedKVCache"), c
-            assert c["bits"] == KV_BITS
+            assert (c["bits"], c["v_bits"]) == (8, KV_BITS)  # the recipe's 8-bit keys
             # the prompt and every generated token (the last one was fed in too)
             assert c["offset"] == prompt_len + max_tokens
     assert all(type(c).__module__.startswith("mlxq.cache") for c in cache)

@@ -238,7 +238,9 @@ def test_make_prompt_cache_with_kv_bits():
     assert [type(c).__name__ for c in quantized] == [
         "Rotating" * (type(c).__name__ == "RotatingKVCache") + "QuantizedKVCache" for c in plain
     ]
-    assert all(c.bits == 4 and c.group_size == 32 and c.empty() for c in quantized)
+    # (the recipe: 8-bit keys, 4-bit values, each at the group asked for)
+    assert all((c.bits, c.v_bits) == (8, 4) and c.empty() for c in quantized)
+    assert all(c.group_size == c.v_group_size == 32 for c in quantized)
     # Quantized from the first token: prefill runs on the fused kernel throughout.
     with mlxq_lm.enabled():
         mlxq_lm.reset_counters()
@@ -527,7 +529,7 @@ def test_cli_random_model_quantized(capsys):
     out, err = capsys.readouterr()
     assert "Generation: 8 tokens" in out and "Prompt: 300 tokens" in out
     assert "Peak memory:" in out
-    assert "RotatingQuantizedKVCache(4-bit, group 64)" in out
+    assert "RotatingQuantizedKVCache(K 8-bit group 64, V 4-bit group 64)" in out  # the recipe
     assert "prefill [" in err and "300/300 tokens" in err
     assert not mlxq_lm.is_enabled()
 

@@ -261,9 +261,10 @@ def test_prompt_cache_holds_quantized_caches_at_their_real_size():
     model, tok = random_model("llama", seed=12, dtype=mx.float32)
     rng = np.random.default_rng(0)
     prompts = [[int(t) for t in rng.integers(1, 255, n)] for n in (40, 70)]
-    # (kv_recent=0: the quantized size alone; the recipe's exact window would
-    # outweigh these short prompts' quantized rows, and nbytes counts it too)
-    with mlxq_lm.enable(kv_recent=0):
+    # (kv_recent=0, k_bits=4: 4-bit rows alone; the recipe's exact window
+    # would outweigh these short prompts' quantized rows, and nbytes counts
+    # it too)
+    with mlxq_lm.enable(kv_recent=0, k_bits=4):
         from mlx_lm.generate import batch_generate
 
         got = batch_generate(
@@ -495,7 +496,9 @@ def test_a_client_that_hangs_up_frees_its_slot_and_kv(long_server, stream):
 
 def test_requests_beyond_the_kv_budget_wait_in_the_queue(tight_server):
     url, log_path = tight_server
-    assert "mlxq: KV cache 4-bit, group 64, the last 8 tokens exact" in log_path.read_text()
+    log = log_path.read_text()
+    assert "mlxq: KV cache 8-bit K (group 64), 4-bit V (group 64)" in log
+    assert "--k-bits 4 turns them off), the last 8 tokens exact" in log
     requests = [("completion", False, f"request {i}: " + "abc " * i) for i in range(4)]
     body = lambda r: dict(  # noqa: E731
         prompt=r[2], max_tokens=160, temperature=0.0

@@ -52,14 +52,14 @@ def test_gemma3_answers_and_its_kv_quantizes(gemma3):
     ppl, top = teacher_forced(model, ids, make_prompt_cache(model))
     # Measured 9.00; without BOS 22.5, a broken conversion hundreds.
     assert 7.0 < ppl < 12.0, ppl
-    with mlxq_lm.enable(kv_recent=0):  # 4-bit alone (not the recipe's window)
+    with mlxq_lm.enable(kv_recent=0, k_bits=4):  # 4-bit alone (not the recipe)
         caches = mlxq_lm.make_prompt_cache(model, kv_bits=8, kv_group_size=32)
         kinds = {type(c).__name__ for c in caches}
         assert kinds == {"QuantizedKVCache", "RotatingQuantizedKVCache"}, kinds
         ppl8, top8 = teacher_forced(model, ids, caches)
         caches = mlxq_lm.make_prompt_cache(model, kv_bits=4, kv_group_size=64)
         ppl4, top4 = teacher_forced(model, ids, caches)
-    with mlxq_lm.enable(kv_recent=64):
+    with mlxq_lm.enable(kv_recent=64, k_bits=4):
         caches = mlxq_lm.make_prompt_cache(model, kv_bits=4, kv_group_size=64)
         assert all(c.recent == 64 for c in caches)  # the sliding layers too
         ppl4w, top4w = teacher_forced(model, ids, caches)

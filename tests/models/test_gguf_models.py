@@ -135,7 +135,8 @@ def test_smollm2_4bit_kv_with_a_recent_window(smollm2, unquantized):
 
 def test_smollm2_kv_bits_4_alone_gets_the_recipe(smollm2, unquantized):
     # What kv_bits=4 gives under enable() with no other option: the 4-bit
-    # recipe, the last 128 tokens exact beside 4-bit g64 rows. Over the same
+    # recipe, the last 128 tokens exact beside 8-bit keys and 4-bit values
+    # (g64). Over the same
     # 256 tokens (f32, chunks of 64): within 1% of unquantized perplexity,
     # where 4-bit alone costs +20-55% (test_smollm2_4bit_kv_and_rotation).
     model, _ = smollm2
@@ -144,7 +145,7 @@ def test_smollm2_kv_bits_4_alone_gets_the_recipe(smollm2, unquantized):
         from mlx_lm.models.cache import make_prompt_cache  # (enable() replaces it)
 
         caches = make_prompt_cache(model, kv_bits=4)
-        assert {(c.bits, c.recent) for c in caches} == {(4, 128)}
+        assert {(c.bits, c.v_bits, c.recent) for c in caches} == {(8, 4, 128)}
         ppl4, top4 = teacher_forced(model, ids, caches)
     assert abs(ppl4 / ppl - 1) < 0.01, (ppl, ppl4)
     assert (top4 == top).mean() >= 0.95
