@@ -52,12 +52,15 @@ def test_gemma3_answers_and_its_kv_quantizes(gemma3):
     ppl, top = teacher_forced(model, ids, make_prompt_cache(model))
     # Measured 9.00; without BOS 22.5, a broken conversion hundreds.
     assert 7.0 < ppl < 12.0, ppl
-    with mlxq_lm.enable(kv_recent=0, k_bits=4):  # 4-bit alone (not the recipe)
+    with mlxq_lm.enable(kv_recent=0):
         caches = mlxq_lm.make_prompt_cache(model, kv_bits=8, kv_group_size=32)
         kinds = {type(c).__name__ for c in caches}
         assert kinds == {"QuantizedKVCache", "RotatingQuantizedKVCache"}, kinds
+        assert {(c.bits, c.v_bits) for c in caches} == {(8, 8)}
         ppl8, top8 = teacher_forced(model, ids, caches)
+        mlxq_lm.enable(k_bits=4)  # 4-bit keys and values alone (not the recipe)
         caches = mlxq_lm.make_prompt_cache(model, kv_bits=4, kv_group_size=64)
+        assert {(c.bits, c.v_bits, c.recent) for c in caches} == {(4, 4, 0)}
         ppl4, top4 = teacher_forced(model, ids, caches)
     with mlxq_lm.enable(kv_recent=64, k_bits=4):
         caches = mlxq_lm.make_prompt_cache(model, kv_bits=4, kv_group_size=64)
