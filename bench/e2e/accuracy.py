@@ -68,7 +68,7 @@ def mlxq_for(run, bits, values, recent=0):
     if run.startswith("mlxq"):
         v_bits, v_group = values or (None, None)
         return mlxq_lm.enable(
-            k_bits=None if v_bits else bits,  # the keys as asked: no recipe
+            k_bits=bits,  # the keys as asked: no recipe
             kv_hadamard=run == "mlxq-rot",
             v_bits=v_bits,
             v_group_size=v_group,

@@ -53,8 +53,9 @@ def quantize_batch(cache, group_size: int, bits: int, options: Settings):
     where its role says so (families.py)."""
     kind = _batch_kind(cache)
     latent = families.role_of(cache) == families.LATENT
-    extra = {"latent": True} if latent else {}
-    if not extra:
+    if latent:
+        extra = {"latent": True}
+    else:
         recent = options.recent_for(bits)
         if kind is BatchRotatingQuantizedKVCache:
             recent = ring_window(recent, cache.max_size)

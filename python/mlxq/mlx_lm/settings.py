@@ -41,25 +41,18 @@ class Settings:
     # (cache index, setting) of the caches quantized otherwise than kv_bits says
     kv_layers: Tuple[Tuple[int, KVSpec], ...] = ()
 
-    def key_bits(self, bits: int) -> int:
-        """The keys' bits in a cache quantized at ``bits`` (mlx-lm's
-        ``kv_bits``): ``k_bits`` where given, else the recipe's
-        (RECIPE_K_BITS at RECIPE_BITS unless ``v_bits`` is given), else ``bits``."""
-        if self.k_bits is not None:
-            return self.k_bits
-        if self.v_bits is None and bits == RECIPE_BITS:
-            return RECIPE_K_BITS
-        return bits
-
     def cache_options(self, group_size: int, bits: int, latent: bool = False) -> dict:
         """The keyword arguments of the quantized cache these settings give
         one quantized at ``group_size`` / ``bits`` (mlx-lm's ``kv_group_size``
-        / ``kv_bits``): keys at :meth:`key_bits`, values at ``v_bits`` or
-        ``bits``. An MLA latent cache quantizes its latent once, so the
-        recipe's keys pass it by (``k_bits``, like ``v_bits``, reaches it
-        and is refused)."""
-        k_bits = self.k_bits if latent else self.key_bits(bits)
-        k_bits = bits if k_bits is None else k_bits
+        / ``kv_bits``): keys at ``k_bits`` where given, else the recipe's
+        (RECIPE_K_BITS at RECIPE_BITS unless ``v_bits`` is given), else
+        ``bits``; values at ``v_bits`` or ``bits``. An MLA latent cache
+        quantizes its latent once, so the recipe's keys pass it by
+        (``k_bits``, like ``v_bits``, reaches it and is refused)."""
+        k_bits = self.k_bits
+        if k_bits is None:
+            recipe = not latent and self.v_bits is None and bits == RECIPE_BITS
+            k_bits = RECIPE_K_BITS if recipe else bits
         v_bits = self.v_bits
         if v_bits is None and k_bits != bits:
             v_bits = bits
