@@ -1,11 +1,12 @@
 """KV settings named as text: ``4``, ``4g32``, ``8/4``, ``4+hadamard``,
-``4+recent128``, ``8g64/4g32+hadamard+recent64`` (mlxq-fidelity's
+``4+recent128``, ``8g64/4g32+hadamard+recent64``, ``recipe`` (mlxq-fidelity's
 ``--kv``, ``mlxq.mlx_lm.enable(kv_layers=...)``).
 
 ``K[gG][/V[gG]]`` gives the keys' bits and group size (group 64 when not
 given) and, after ``/``, the values' own; ``+hadamard`` stores rows in the
 Hadamard basis (mlxq.hadamard); ``+recentR`` keeps the last R tokens exact
-(mlxq.cache.recent).
+(mlxq.cache.recent). ``recipe`` names what ``kv_bits=4`` gets under
+``mlxq.mlx_lm.enable()`` with nothing else set: ``8/4+recent128``.
 """
 
 import dataclasses
@@ -19,7 +20,18 @@ _SPEC = re.compile(
     r"(?:/(?P<v_bits>\d+)(?:g(?P<v_group>\d+))?)?"
     r"(?P<options>(?:\+(?:hadamard|recent\d+))*)$"
 )
-GRAMMAR = "K[gG][/V[gG]][+hadamard][+recentR], e.g. 4, 4g32, 8/4, 4+hadamard, 4+recent128"
+GRAMMAR = "K[gG][/V[gG]][+hadamard][+recentR] or recipe, e.g. 4, 4g32, 8/4, 4+hadamard, 4+recent128"
+
+# The recipe: caches of at most RECIPE_BITS bits keep their last RECIPE_RECENT
+# tokens exact, and caches of RECIPE_BITS bits store their keys at
+# RECIPE_K_BITS (docs/results/accuracy.md: 4-bit values within 1% of
+# unquantized perplexity on the packaged models, and long-context retrieval
+# equal to bf16's, which 4-bit keys miss; K8/V4 has a fused kernel on every
+# backend). mlxq.mlx_lm.settings applies it unless the user says otherwise.
+RECIPE_BITS = 4
+RECIPE_RECENT = 128
+RECIPE_K_BITS = 8
+RECIPE = "recipe"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +61,8 @@ class KVSpec:
 def parse_spec(text: str) -> KVSpec:
     """A :class:`KVSpec` from its name (see the module docstring); ValueError
     naming the text and the grammar otherwise."""
+    if text.strip() == RECIPE:
+        text = f"{RECIPE_K_BITS}/{RECIPE_BITS}+recent{RECIPE_RECENT}"
     m = _SPEC.match(text.strip())
     if m is None:
         raise ValueError(f"[mlxq.kv_spec] KV setting {text!r} is not {GRAMMAR}.")

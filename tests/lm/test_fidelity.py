@@ -24,6 +24,7 @@ from mlxq.random_models import random_model
         ("8g128/4g32", "8g128/4g32", (128, 8, 32, 4, False), 0),
         ("4+hadamard", "4+hadamard", (64, 4, 64, 4, True), 0),
         ("4+recent128+hadamard", "4+hadamard+recent128", (64, 4, 64, 4, True), 128),
+        (" recipe", "8/4+recent128", (64, 8, 64, 4, False), 128),
     ],
 )
 def test_settings_parse(text, label, fmt, recent):
@@ -35,7 +36,8 @@ def test_settings_parse(text, label, fmt, recent):
 
 
 @pytest.mark.parametrize(
-    "text", ["", "four", "4g", "4+recent", "4+rot", "7", "4g48", "4+hadamard+hadamard"]
+    "text",
+    ["", "four", "4g", "4+recent", "4+rot", "7", "4g48", "4+hadamard+hadamard", "recipe+hadamard"],
 )
 def test_bad_settings_name_the_grammar(text):
     with pytest.raises(ValueError, match="mlxq"):

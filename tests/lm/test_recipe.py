@@ -47,6 +47,16 @@ def test_kv_bits_gets_the_recipes_keys(bits, options, want):
     assert formats(caches) == {want}
 
 
+def test_the_recipe_by_name_is_what_kv_bits_4_gets():
+    """``recipe`` (mlxq-fidelity --kv, kv_layers) names the caches a bare
+    ``enable()`` gives ``kv_bits=4``."""
+    f, opts = parse_spec("recipe").format, Settings().cache_options(64, 4)
+    named = (f.group_size, f.bits, f.v_group_size, f.v_bits, f.hadamard)
+    v_group = opts["v_group_size"] or opts["group_size"]  # None: the keys' group
+    assert named == (64, opts["bits"], v_group, opts["v_bits"], opts["hadamard"])
+    assert parse_spec("recipe").recent == Settings().recent_for(4)
+
+
 def test_the_recipe_reaches_batch_caches_and_rings():
     """A BatchGenerator's caches (Gemma 3: full-attention caches and
     sliding-window rings) store the recipe's keys."""

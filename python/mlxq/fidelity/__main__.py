@@ -1,7 +1,7 @@
 """``mlxq-fidelity`` / ``python -m mlxq.fidelity``: what KV settings cost a model.
 
 mlxq-fidelity smollm2-135m
-mlxq-fidelity gemma3-270m --kv 4 4+recent128 8/4 --per-layer 4 --tokens 2048
+mlxq-fidelity gemma3-270m --kv 4 4+recent128 recipe --per-layer 4 --tokens 2048
 mlxq-fidelity path/to/mlx-model --text book.txt --out fidelity.json
 """
 
@@ -12,7 +12,7 @@ import sys
 from . import DEFAULT_TEXT, GRAMMAR, default_dtype, load, measure, parse_spec, text_ids
 from .report import plot, save_json, table
 
-DEFAULT_SETTINGS = ("8", "4", "4+hadamard", "8/4", "4+recent128")
+DEFAULT_SETTINGS = ("8", "4", "4+hadamard", "8/4", "4+recent128", "recipe")
 
 
 def build_parser() -> argparse.ArgumentParser:

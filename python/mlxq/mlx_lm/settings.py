@@ -12,17 +12,9 @@ import json
 import os
 from typing import Optional, Tuple
 
-from ..kv_spec import KVSpec, parse_spec
+# The recipe (mlxq.kv_spec) applies unless kv_recent, k_bits or v_bits says otherwise.
+from ..kv_spec import RECIPE_BITS, RECIPE_K_BITS, RECIPE_RECENT, KVSpec, parse_spec
 
-# The recipe: caches of at most RECIPE_BITS bits keep their last RECIPE_RECENT
-# tokens exact unless kv_recent says otherwise, and caches of RECIPE_BITS
-# bits store their keys at RECIPE_K_BITS unless k_bits or v_bits says
-# otherwise (docs/results/accuracy.md: 4-bit values within 1% of unquantized
-# perplexity on the packaged models, and long-context retrieval equal to
-# bf16's, which 4-bit keys miss; K8/V4 has a fused kernel on every backend).
-RECIPE_BITS = 4
-RECIPE_RECENT = 128
-RECIPE_K_BITS = 8
 # Tokens mlx-lm's make_prompt_cache keeps at the start of its max_kv_size rings.
 MAX_KV_SIZE_KEEP = 4
 
