@@ -18,8 +18,10 @@ decodes ``--steps`` tokens three ways:
                (every primitive's eval_gpu, CUDA graph building and launch)
 
 for the ``--runs``: stock mlx-lm (bf16 KVCache), mlxq-kv4 (4-bit caches,
-mlxq.mlx_lm enabled with no recent window) and mlxq-kv4-w128 (the same with
-the last 128 tokens exact, the 4-bit recipe). ms per token are medians; "build" is the host time of one step's
+mlxq.mlx_lm enabled with no recent window), mlxq-kv4-w128 (the same with
+the last 128 tokens exact) and mlxq-recipe (what kv_bits=4 gets under a bare
+enable(): 8-bit keys, 4-bit values and the window; ``--shape-of`` only, as
+is mlxq-kv4-w128). ms per token are medians; "build" is the host time of one step's
 graph (Python + MLX op construction); build + encode is the host's share of a
 step, which the GPU hides only while it is shorter than the step's device
 time.
@@ -48,7 +50,9 @@ import mlxq  # noqa: E402
 import mlxq.mlx_lm as mlxq_lm  # noqa: E402
 from mlxq.random_models import random_model  # noqa: E402
 
-RUNS = ("stock-bf16", "mlxq-kv4", "mlxq-kv4-w128")
+RUNS = ("stock-bf16", "mlxq-kv4", "mlxq-kv4-w128", "mlxq-recipe")
+# The runs whose caches come from a prefill: --shape-of only.
+PREFILLED_ONLY = ("mlxq-kv4-w128", "mlxq-recipe")
 
 SHAPES = {
     "8b": dict(
@@ -159,8 +163,12 @@ def generate(model, caches, steps, ours):
 
 @contextlib.contextmanager
 def _mlxq_enabled(run):
-    recent = 128 if run.endswith("-w128") else 0
-    handle = mlxq_lm.enable(kv_recent=recent, k_bits=4) if run.startswith("mlxq") else None
+    if run == "mlxq-recipe":
+        handle = mlxq_lm.enable()  # nothing set: the recipe
+    elif run.startswith("mlxq"):
+        handle = mlxq_lm.enable(kv_recent=128 if run.endswith("-w128") else 0, k_bits=4)
+    else:
+        handle = None
     try:
         yield
     finally:
@@ -199,6 +207,9 @@ def main():
         model, _ = random_model(arch, "tiny", dtype=mx.bfloat16, **kw)
         name = args.shape_of
     else:
+        bad = [r for r in args.runs if r in PREFILLED_ONLY]
+        if bad:
+            p.error(f"--runs {' '.join(bad)} need --shape-of (their caches come from a prefill)")
         model, margs = llama(args.model, args.layers)
         name = args.model
     cols = [
