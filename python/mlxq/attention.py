@@ -526,24 +526,38 @@ def _recent_decode(
         or Hq // H >= routing.MIN_ROUTED_QUERY_ROWS
     ):
         return None
-    visible = keys.visible
-    if type(kq) is tuple and type(vq) is tuple:  # plain triples: the op itself
-        return _ext.quantized_sdpa(
-            q,
-            *kq,
-            *vq,
-            scale=scale,
-            mask=visible,
-            sinks=sinks,
-            recent_keys=ek,
-            recent_values=ev,
-            rows=rows,
-            **formats,
-        )
-    recent = (ek, ev, False)
-    return _fused(
-        q, kq, vq, scale=scale, mask=visible, sinks=sinks, recent=recent, rows=rows, **formats
+    if type(kq) is not tuple or type(vq) is not tuple:
+        # Values quantized apart from the keys (the Hadamard basis is ruled
+        # out above): the triples carry their widths. Read here rather than
+        # through _fused, whose general checks cost host time on every step.
+        formats = _carried_formats(formats, kq, vq)
+        kq, vq = tuple.__iter__(kq), tuple.__iter__(vq)
+    return _ext.quantized_sdpa(
+        q,
+        *kq,
+        *vq,
+        scale=scale,
+        mask=keys.visible,
+        sinks=sinks,
+        recent_keys=ek,
+        recent_values=ev,
+        rows=rows,
+        **formats,
     )
+
+
+def _carried_formats(formats: dict, keys, values) -> dict:
+    """``formats`` with the widths a :class:`FormattedTriple` carries filled
+    in where the caller left them None."""
+    out = dict(formats)
+    for t, g, b in ((keys, "group_size", "bits"), (values, "v_group_size", "v_bits")):
+        if isinstance(t, FormattedTriple):
+            group_size, bits = t.format.side(t.values)
+            if out[g] is None:
+                out[g] = group_size
+            if out[b] is None:
+                out[b] = bits
+    return out
 
 
 def _quantized_parts(keys, values):

