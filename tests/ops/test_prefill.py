@@ -433,7 +433,8 @@ def test_causal_skips_hidden_chunks(rng, device):
     Each row tile stops at its causal limit, so about half of the K/V chunks
     are never read (measured: 0.52x of the unmasked time; a bool causal mask,
     which reads every key chunk and skips only the value rows, 0.89x). Bound
-    0.75x, the fastest of 3 runs each, so a loaded machine does not flake it.
+    0.75x, the fastest of 5 alternating runs each, so a loaded machine (the
+    test runner's other workers) does not flake it.
     """
     import time
 
@@ -448,16 +449,17 @@ def test_causal_skips_hidden_chunks(rng, device):
         rng, Hq=8, Hkv=2, L=L, N=L, Dk=D, bits=BITS, group_size=GROUP_SIZE, kv_dtype=mx.bfloat16
     )
 
-    def best(mask):
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            mx.eval(mlxq.sdpa(q, k, v, scale=D**-0.5, mask=mask))
-            times.append(time.perf_counter() - t0)
-        return min(times)
+    def once(mask):
+        t0 = time.perf_counter()
+        mx.eval(mlxq.sdpa(q, k, v, scale=D**-0.5, mask=mask))
+        return time.perf_counter() - t0
 
-    best(None)  # warm-up
-    full, causal = best(None), best("causal")
+    once(None)  # warm-up
+    times = {None: [], "causal": []}
+    for _ in range(5):  # alternating: a load that comes and goes hits both
+        for mask, runs in times.items():
+            runs.append(once(mask))
+    full, causal = min(times[None]), min(times["causal"])
     assert causal <= 0.75 * full, f"causal {causal * 1e3:.0f} ms vs unmasked {full * 1e3:.0f} ms"
 
 
