@@ -218,6 +218,10 @@ void* ring_kernel();
 void* copy_kernel();
 void* quant_ring_kernel(int bits, int group_size);
 void* quant_kv_kernel(int bits, int group_size);
+// Both sides of a cache write of two quantizations in one launch (grid y:
+// the side), or nullptr where there is no such instance (8-bit keys with
+// 4-bit values of one group size have one).
+void* quant_kv_pair_kernel(int k_bits, int k_group_size, int v_bits, int v_group_size);
 void* fill_kernel();
 void* dequantize_kernel(int bits, int out_dtype);
 void* gemm_gather_kernel();

@@ -188,8 +188,13 @@ void QuantizedKVUpdate::eval_gpu(
         outputs);
     return;
   }
-  // K and V quantized apart: each side's kernel, one launch each (side[0]
-  // is the one a grid of height 1 reads).
+  // K and V quantized apart: one launch where a kernel takes the pair, else
+  // each side's kernel, one launch each (side[0] is the one a grid of
+  // height 1 reads).
+  if (void* pair = quant_kv_pair_kernel(bits_[0], group_size_[0], bits_[1], group_size_[1])) {
+    launch(enc, pair, dim3(rows, 2), dim3(kRowThreads), 0, q, reads, outputs);
+    return;
+  }
   for (int kv = 0; kv < 2; ++kv) {
     QuantKVArgs one = q;
     one.side[0] = q.side[kv];

@@ -7,7 +7,8 @@
 // group (looping); it writes one part of the quantized rows (a.part: codes,
 // scales or biases -- one launch per QuantizedRingUpdate part).
 // quant_kv_kernel: the same per row, for K and V rows (grid y) and all three
-// parts at once (QuantizedKVUpdate: one launch per cache write). Both reproduce
+// parts at once (QuantizedKVUpdate: one launch per cache write, K8/V4 pairs
+// included: quant_kv_k8v4_kernel). Both reproduce
 // MLX's CUDA affine quantize exactly: the group
 // max starts at 0 and the min at FLT_MAX, scale = max((max - min) / n_bins,
 // 1e-7) signed towards the larger-magnitude edge, the edge snapped to a
@@ -171,9 +172,8 @@ __global__ void quant_ring_kernel_impl(QuantRingArgs a) {
 // a recent window into its ring (in the same launch: a graph node less per
 // ring and step).
 template <int BITS, int GS>
-__global__ void quant_kv_kernel_impl(QuantKVArgs a) {
-  __shared__ uint8_t codes[4][GS];
-  const QuantKVSide& d = a.side[blockIdx.y];
+__device__ __forceinline__ void
+quant_kv_row(const QuantKVArgs& a, const QuantKVSide& d, uint8_t* stage) {
   const int row = blockIdx.x; // (b, h, t)
   const int t = row % a.T, bh = row / a.T;
   const int h = bh % a.H, b = bh / a.H;
@@ -181,17 +181,7 @@ __global__ void quant_kv_kernel_impl(QuantKVArgs a) {
   const int64_t p = a.pos ? int64_t(a.pos[0]) : int64_t(a.pos_value);
   const int64_t dst_row = int64_t(bh) * a.S + ring_row(p, t, a.S);
   quantize_row<BITS, GS>(
-      d.src,
-      src0,
-      d.src_st[3],
-      a.dtype,
-      d.G,
-      d.W,
-      dst_row,
-      d.codes,
-      d.scales,
-      d.biases,
-      codes[threadIdx.x / 32]);
+      d.src, src0, d.src_st[3], a.dtype, d.G, d.W, dst_row, d.codes, d.scales, d.biases, stage);
   if (d.recent) { // the row as it came, into the window's ring
     const char* rsrc = static_cast<const char*>(d.recent_src) +
         (b * d.recent_src_st[0] + h * d.recent_src_st[1] + t * d.recent_src_st[2]) * d.itemsize;
@@ -204,6 +194,27 @@ __global__ void quant_kv_kernel_impl(QuantKVArgs a) {
       copy_element(
           rsrc + i * d.recent_src_st[3] * d.itemsize, rdst + int64_t(i) * d.itemsize, d.itemsize);
     }
+  }
+}
+
+// K and V of one quantization (grid y: the side; side[0] alone where the
+// grid is one high).
+template <int BITS, int GS>
+__global__ void quant_kv_kernel_impl(QuantKVArgs a) {
+  __shared__ uint8_t codes[4][GS];
+  quant_kv_row<BITS, GS>(a, a.side[blockIdx.y], codes[threadIdx.x / 32]);
+}
+
+// 8-bit keys with 4-bit values in one group size (the 4-bit recipe's pair)
+// in one launch too: grid y picks the side, and with it the instance, the
+// same for the whole block.
+template <int GS>
+__global__ void quant_kv_k8v4_kernel_impl(QuantKVArgs a) {
+  __shared__ uint8_t codes[4][GS];
+  if (blockIdx.y == 0) {
+    quant_kv_row<8, GS>(a, a.side[0], codes[threadIdx.x / 32]);
+  } else {
+    quant_kv_row<4, GS>(a, a.side[1], codes[threadIdx.x / 32]);
   }
 }
 
@@ -255,6 +266,20 @@ void* quant_ring_kernel(int bits, int gs) {
 
 void* quant_kv_kernel(int bits, int gs) {
   return quant_for_bits(bits, gs, true);
+}
+
+void* quant_kv_pair_kernel(int k_bits, int k_group_size, int v_bits, int v_group_size) {
+  if (k_bits != 8 || v_bits != 4 || k_group_size != v_group_size) {
+    return nullptr;
+  }
+  switch (k_group_size) {
+    case 32:
+      return handle<quant_kv_k8v4_kernel_impl<32>>();
+    case 64:
+      return handle<quant_kv_k8v4_kernel_impl<64>>();
+    default:
+      return handle<quant_kv_k8v4_kernel_impl<128>>();
+  }
 }
 
 } // namespace mlxq::cuda

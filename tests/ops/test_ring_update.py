@@ -436,6 +436,62 @@ def test_quantized_kv_update_writes_a_recent_window(fetch, R, T, pos, ring_pos):
     np.testing.assert_array_equal(np.array(ring_v), before_v)
 
 
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+@pytest.mark.parametrize(
+    "k_format,v_format",
+    [
+        ((64, 8), (64, 4)),
+        ((32, 8), (32, 4)),
+        ((128, 8), (128, 4)),
+        ((64, 4), (64, 8)),
+        ((64, 8), (32, 4)),
+    ],
+)
+@pytest.mark.parametrize("recent", [False, True])
+def test_quantized_kv_update_writes_two_quantizations(dtype, k_format, v_format, recent):
+    """K and V of two quantizations (the 4-bit recipe's 8-bit keys beside
+    4-bit values, one launch on CUDA; other pairs a launch per side): each
+    triple exactly as quantized_ring_update writes it at its own width, over
+    rows that held other codes, wrapping, and the window's rows into its
+    rings."""
+    B, H, S, D, T, pos, R = 2, 3, 9, 128, 2, 8, 5
+    (kg, kb), (vg, vb) = k_format, v_format
+
+    def normal(*shape):
+        return mx.random.normal(shape).astype(dtype)
+
+    k_buf = tuple(mx.quantize(normal(B, H, S, D), group_size=kg, bits=kb))
+    v_buf = tuple(mx.quantize(normal(B, H, S, D), group_size=vg, bits=vb))
+    k_new, v_new = normal(B, H, T, D), normal(B, H, T, D)
+    ring_k, ring_v = normal(B, H, R, D), normal(B, H, R, D)
+    mx.eval(k_buf, v_buf, k_new, v_new, ring_k, ring_v)
+    want_k = mlxq.quantized_ring_update(k_buf, k_new, pos, group_size=kg, bits=kb)
+    want_v = mlxq.quantized_ring_update(v_buf, v_new, pos, group_size=vg, bits=vb)
+    mx.eval(want_k, want_v)
+    out = mlxq._ext.quantized_kv_update(
+        *k_buf,
+        *v_buf,
+        k_new,
+        v_new,
+        pos,
+        group_size=kg,
+        bits=kb,
+        v_group_size=vg,
+        v_bits=vb,
+        fetch=-1,
+        **(dict(recent_keys=ring_k, recent_values=ring_v) if recent else {}),
+    )
+    assert len(out) == (4 if recent else 2)
+    for got, want in zip(out[0] + out[1], want_k + want_v):
+        np.testing.assert_array_equal(np_of(got), np_of(want))
+    if recent:
+        slots = ring_rows(R, pos, T)
+        for ring, old, new in [(out[2], ring_k, k_new), (out[3], ring_v, v_new)]:
+            want = np_of(old).copy()
+            want[:, :, slots] = np_of(new)
+            np.testing.assert_array_equal(np_of(ring), want)
+
+
 def test_quantized_kv_update_writes_owned_recent_rings_in_place():
     # recent_owned: the rings are written in place though the caller holds
     # them (a cache that knows every earlier reader runs first); else copied.
