@@ -526,6 +526,19 @@ def _recent_decode(
         or Hq // H >= routing.MIN_ROUTED_QUERY_ROWS
     ):
         return None
+    if not (isinstance(kq, tuple) and isinstance(vq, tuple)):  # lists: the general checks
+        recent = (ek, ev, False)
+        return _fused(
+            q,
+            kq,
+            vq,
+            scale=scale,
+            mask=keys.visible,
+            sinks=sinks,
+            recent=recent,
+            rows=rows,
+            **formats,
+        )
     if type(kq) is not tuple or type(vq) is not tuple:
         # Values quantized apart from the keys (the Hadamard basis is ruled
         # out above): the triples carry their widths. Read here rather than

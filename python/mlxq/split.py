@@ -73,7 +73,8 @@ class RecentSplit(MlxqOnly, _RecentSplitFields):
         if self.rows is not None:
             return self.rows
         # Every attention call reads it: past the guard's frame check.
-        return tuple.__getitem__(self.quantized, 0).shape[2]
+        t = self.quantized
+        return (tuple.__getitem__(t, 0) if isinstance(t, tuple) else t[0]).shape[2]
 
     @property
     def quantized_rows(self) -> tuple:

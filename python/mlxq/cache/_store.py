@@ -162,7 +162,8 @@ class Quantized:
         )
 
     def length(self, t: Triple) -> int:
-        return tuple.__getitem__(t, 0).shape[2]  # a fetch too, past the guard's check
+        # A fetch too: a tuple's first entry past the guard's frame check.
+        return (tuple.__getitem__(t, 0) if isinstance(t, tuple) else t[0]).shape[2]
 
     def rows(self, t: Triple, start=None, stop=None) -> Triple:
         return tuple(a[..., start:stop, :] for a in t)
