@@ -142,12 +142,9 @@ def _fused(
     if isinstance(stream, mx.DeviceType):  # mx.cpu / mx.gpu, as MLX's ops take them
         stream = mx.Device(stream)
     # Fetches that carry their format (a cache's separate V widths).
-    if isinstance(keys, FormattedTriple):
-        group_size = keys.group_size if group_size is None else group_size
-        bits = keys.bits if bits is None else bits
-    if isinstance(values, FormattedTriple):
-        v_group_size = values.group_size if v_group_size is None else v_group_size
-        v_bits = values.bits if v_bits is None else v_bits
+    group_size, bits, v_group_size, v_bits = _carried_widths(
+        keys, values, (group_size, bits, v_group_size, v_bits)
+    )
     if recent is not None and (is_hadamard(keys) or is_hadamard(values)):
         raise ValueError(
             "[mlxq.quantized_sdpa] an exact window beside rows in the Hadamard basis is "
@@ -543,7 +540,9 @@ def _recent_decode(
         # Values quantized apart from the keys (the Hadamard basis is ruled
         # out above): the triples carry their widths. Read here rather than
         # through _fused, whose general checks cost host time on every step.
-        formats = _carried_formats(formats, kq, vq)
+        f = formats = dict(formats)
+        widths = (f["group_size"], f["bits"], f["v_group_size"], f["v_bits"])
+        f["group_size"], f["bits"], f["v_group_size"], f["v_bits"] = _carried_widths(kq, vq, widths)
         kq, vq = tuple.__iter__(kq), tuple.__iter__(vq)
     return _ext.quantized_sdpa(
         q,
@@ -559,18 +558,20 @@ def _recent_decode(
     )
 
 
-def _carried_formats(formats: dict, keys, values) -> dict:
-    """``formats`` with the widths a :class:`FormattedTriple` carries filled
-    in where the caller left them None."""
-    out = dict(formats)
-    for t, g, b in ((keys, "group_size", "bits"), (values, "v_group_size", "v_bits")):
-        if isinstance(t, FormattedTriple):
-            group_size, bits = t.format.side(t.values)
-            if out[g] is None:
-                out[g] = group_size
-            if out[b] is None:
-                out[b] = bits
-    return out
+def _carried_widths(keys, values, widths: tuple) -> tuple:
+    """``widths``, ``(group_size, bits, v_group_size, v_bits)``, with those
+    a :class:`FormattedTriple` of keys or values carries filled in where
+    the caller left them None."""
+    group_size, bits, v_group_size, v_bits = widths
+    if isinstance(keys, FormattedTriple):
+        g, b = keys.format.side(keys.values)
+        group_size = g if group_size is None else group_size
+        bits = b if bits is None else bits
+    if isinstance(values, FormattedTriple):
+        g, b = values.format.side(values.values)
+        v_group_size = g if v_group_size is None else v_group_size
+        v_bits = b if v_bits is None else v_bits
+    return group_size, bits, v_group_size, v_bits
 
 
 def _quantized_parts(keys, values):

@@ -39,6 +39,12 @@ def parts(fetch) -> tuple:
     return tuple(tuple.__iter__(fetch)) if isinstance(fetch, MlxqOnly) else tuple(fetch)
 
 
+def first(t):
+    """The first entry of a fetch or of any sequence, for mlxq's own reads
+    on every step: a tuple's without the frame check."""
+    return tuple.__getitem__(t, 0) if isinstance(t, tuple) else t[0]
+
+
 class MlxqOnly:
     """Mixin for tuple subclasses that only mlxq may unpack or index."""
 
@@ -56,4 +62,4 @@ class MlxqOnly:
         return tuple.__getitem__(self, index)
 
 
-__all__ = ["MlxqOnly", "parts"]
+__all__ = ["MlxqOnly", "first", "parts"]

@@ -6,7 +6,7 @@ from typing import NamedTuple, Optional
 import mlx.core as mx
 import numpy as np
 
-from .guard import MlxqOnly
+from .guard import MlxqOnly, first
 from .kv_format import FormattedTriple
 
 
@@ -72,9 +72,7 @@ class RecentSplit(MlxqOnly, _RecentSplitFields):
     def quantized_length(self) -> int:
         if self.rows is not None:
             return self.rows
-        # Every attention call reads it: past the guard's frame check.
-        t = self.quantized
-        return (tuple.__getitem__(t, 0) if isinstance(t, tuple) else t[0]).shape[2]
+        return first(self.quantized).shape[2]  # every attention call reads it
 
     @property
     def quantized_rows(self) -> tuple:

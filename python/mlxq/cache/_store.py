@@ -19,6 +19,7 @@ from typing import Sequence, Tuple
 import mlx.core as mx
 
 from .. import _ext
+from ..guard import first
 from ..hadamard import transform
 from ..kv_format import FormattedTriple, KVFormat
 from ..kv_format import fetch as handed_out
@@ -162,8 +163,7 @@ class Quantized:
         )
 
     def length(self, t: Triple) -> int:
-        # A fetch too: a tuple's first entry past the guard's frame check.
-        return (tuple.__getitem__(t, 0) if isinstance(t, tuple) else t[0]).shape[2]
+        return first(t).shape[2]  # a fetch too
 
     def rows(self, t: Triple, start=None, stop=None) -> Triple:
         return tuple(a[..., start:stop, :] for a in t)
