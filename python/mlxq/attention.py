@@ -5,6 +5,7 @@ from typing import Optional, Sequence, Tuple, Union
 import mlx.core as mx
 
 from . import _ext, routing
+from .guard import entries
 from .hadamard import check_head_dim, transform
 from .kv_format import FormattedTriple, is_hadamard
 from .split import is_split
@@ -543,7 +544,7 @@ def _recent_decode(
         f = formats = dict(formats)
         widths = (f["group_size"], f["bits"], f["v_group_size"], f["v_bits"])
         f["group_size"], f["bits"], f["v_group_size"], f["v_bits"] = _carried_widths(kq, vq, widths)
-        kq, vq = tuple.__iter__(kq), tuple.__iter__(vq)
+        kq, vq = entries(kq), entries(vq)
     return _ext.quantized_sdpa(
         q,
         *kq,

@@ -45,6 +45,12 @@ def first(t):
     return tuple.__getitem__(t, 0) if isinstance(t, tuple) else t[0]
 
 
+def entries(t):
+    """The entries of a fetch or of any sequence, for mlxq's own reads on
+    every step: a tuple's without the frame check."""
+    return tuple.__iter__(t) if isinstance(t, tuple) else iter(t)
+
+
 class MlxqOnly:
     """Mixin for tuple subclasses that only mlxq may unpack or index."""
 

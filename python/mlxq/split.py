@@ -6,7 +6,7 @@ from typing import NamedTuple, Optional
 import mlx.core as mx
 import numpy as np
 
-from .guard import MlxqOnly, first
+from .guard import MlxqOnly, entries, first
 from .kv_format import FormattedTriple
 
 
@@ -82,12 +82,10 @@ class RecentSplit(MlxqOnly, _RecentSplitFields):
         t = self.quantized
         if self.rows is None:
             return t
-        cut = [a[..., : self.rows, :] for a in tuple.__iter__(t)]
-        return (
-            FormattedTriple(cut, t.format, t.values)
-            if isinstance(t, FormattedTriple)
-            else tuple(cut)
-        )
+        cut = [a[..., : self.rows, :] for a in entries(t)]
+        if isinstance(t, FormattedTriple):
+            return FormattedTriple(cut, t.format, t.values)
+        return tuple(cut) if isinstance(t, tuple) else cut
 
     @property
     def exact_columns(self) -> Optional[np.ndarray]:

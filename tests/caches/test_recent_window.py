@@ -480,6 +480,29 @@ def test_mismatched_splits_are_refused(rng):
         mlxq.sdpa(q, K, RecentSplit(V.quantized, V.exact[..., 1:, :]), scale=0.1)
 
 
+
+@pytest.mark.parametrize("held", [tuple, list])
+def test_longer_buffers_attend_their_first_rows_only(rng, held):
+    # A cache may hand over whole buffers with the row count (rows=); a
+    # distributed rank's cache holds them as lists.
+    cache = mlxq.QuantizedKVCache(64, 4, recent=4)
+    cache.update_and_fetch(*kv(rng, 10, D=64))
+    K, V = cache.update_and_fetch(*kv(rng, 1, D=64))
+    n = K.quantized_length
+
+    def padded(part):
+        extra = [mx.array(rng.integers(0, 255, a.shape), a.dtype) for a in parts(part.quantized)]
+        longer = [mx.concatenate([a, e], axis=2) for a, e in zip(parts(part.quantized), extra)]
+        return RecentSplit(held(longer), part.exact, rows=n)
+
+    q = mx.array(rng.standard_normal((1, 2, 1, 64)), mx.float32)
+    Kp, Vp = padded(K), padded(V)
+    assert type(Kp.quantized_rows) is held
+    assert [a.shape[2] for a in Kp.quantized_rows] == [n] * 3
+    want = mlxq.sdpa(q, K, V, scale=0.125)
+    got = mlxq.sdpa(q, Kp, Vp, scale=0.125, group_size=64, bits=4)
+    assert np.array_equal(np.array(got), np.array(want))
+
 def generate(model, prompt, n, **kw):
     from mlx_lm.generate import generate_step
 
