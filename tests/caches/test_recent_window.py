@@ -480,7 +480,6 @@ def test_mismatched_splits_are_refused(rng):
         mlxq.sdpa(q, K, RecentSplit(V.quantized, V.exact[..., 1:, :]), scale=0.1)
 
 
-
 @pytest.mark.parametrize("held", [tuple, list])
 def test_longer_buffers_attend_their_first_rows_only(rng, held):
     # A cache may hand over whole buffers with the row count (rows=); a
@@ -502,6 +501,7 @@ def test_longer_buffers_attend_their_first_rows_only(rng, held):
     want = mlxq.sdpa(q, K, V, scale=0.125)
     got = mlxq.sdpa(q, Kp, Vp, scale=0.125, group_size=64, bits=4)
     assert np.array_equal(np.array(got), np.array(want))
+
 
 def generate(model, prompt, n, **kw):
     from mlx_lm.generate import generate_step
