@@ -191,13 +191,19 @@ def _fused(
     return (out, lse) if return_lse else out
 
 
-# Blocks of dense_attention_with_lse: its f32 scores are [B, H_q, rows, N].
-# A block takes as many query rows as fit in DENSE_SCORE_BYTES, and at least
-# DENSE_ROW_BLOCK (256 rows over 4k keys and 32 heads fill it): a prefill
-# chunk over a short window is one block, a dozen MLX ops, not one per 256
-# rows (on a GPU each op is host time).
-DENSE_SCORE_BYTES = 128 << 20
+# Blocks of dense_attention_with_lse: its f32 scores are [B, H_q, rows, N],
+# and a block holds about four tensors of that size at once (the scores,
+# masked, shifted and exponentiated). A block takes as many query rows as
+# fit in DENSE_SCORE_BYTES, and at least DENSE_ROW_BLOCK (256 rows over 1k
+# keys and 32 heads fill it): a prefill chunk of 2048 rows over a window of
+# 128 tokens and 4 heads is three blocks, a few dozen MLX ops, not one per
+# 256 rows (on a GPU each op is host time), and about 0.1 GB at once
+# rather than the 0.3 GB one block would hold.
+DENSE_SCORE_BYTES = 32 << 20
 DENSE_ROW_BLOCK = 256
+# A joined pass (_joined_attention) is MLX's attention over every row, whose
+# unfused path holds the step's [B, H_q, L, N] scores in the queries' dtype.
+JOINED_SCORE_BYTES = 128 << 20
 
 
 def _dense_rows(B: int, Hq: int, N: int) -> int:
@@ -353,16 +359,15 @@ def _exact_only(q, keys, values, scale: float, mask, sinks, stream) -> mx.array:
     """A recent-window step with no quantized row yet (a first prefill
     chunk) that mlxq's window kernel does not take (a GPU's prefill chunk,
     Metal, head dims over 512): attention over the exact rows alone.
-    ``mx.fast`` where its rows agree with mlxq's (no mask, or causal with
-    every row seeing a key) and it takes the sinks; else float32 MLX ops,
-    whose ``O(L^2)`` scores a GPU prefill chunk would otherwise hold for
-    every layer of the step."""
+    ``mx.fast`` where it takes the sinks and the mask (None, an array, or
+    causal with every row seeing a key); else float32 MLX ops in blocks.
+    A sliding-window layer's first chunk brings an array, and float32
+    blocks hold several tensors of its scores' size at once where
+    ``mx.fast`` holds at most one in the queries' dtype."""
     L, T = q.shape[2], keys.shape[2]
-    plain = mask is None or (mask == "causal" and L <= T)
-    if plain and (sinks is None or sinks.dtype == q.dtype):
-        return mx.fast.scaled_dot_product_attention(
-            q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
-        )
+    every_row_sees = not isinstance(mask, str) or L <= T
+    if every_row_sees and (sinks is None or sinks.dtype == q.dtype):
+        return _fast_attention(q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream)
     out, _ = dense_attention_with_lse(
         q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
     )
@@ -447,7 +452,7 @@ def _joined_prefill(q, keys, mask: Mask, sinks, stream) -> bool:
     ``mx.fast`` attention over ``[dequantized rows, window rows]``, MLX's
     unfused attention as the model's own layer runs it: on a GPU, a
     prefill-sized step of rows in order whose scores fit
-    ``DENSE_SCORE_BYTES`` (a sliding-window layer's chunk). Two parts
+    ``JOINED_SCORE_BYTES`` (a sliding-window layer's chunk). Two parts
     merged would attend the step's own rows in float32 MLX ops; a longer
     context (a global layer's) keeps them, so its scores stay bounded."""
     if not _rows_in_order(keys):
@@ -458,7 +463,7 @@ def _joined_prefill(q, keys, mask: Mask, sinks, stream) -> bool:
     if sinks is not None and sinks.dtype != q.dtype:
         return False  # (MLX's CUDA attention refuses sinks it cannot promote)
     N = keys.quantized_length + keys.exact.shape[2]
-    return 4 * B * Hq * L * N <= DENSE_SCORE_BYTES
+    return 4 * B * Hq * L * N <= JOINED_SCORE_BYTES
 
 
 def _joined_attention(q, keys, values, *, scale, mask: Mask, sinks, stream) -> mx.array:
@@ -473,8 +478,14 @@ def _joined_attention(q, keys, values, *, scale, mask: Mask, sinks, stream) -> m
         axis=2,
         stream=stream,
     )
+    return _fast_attention(q, k, v, scale=scale, mask=mask, sinks=sinks, stream=stream)
+
+
+def _fast_attention(q, keys, values, *, scale, mask: Mask, sinks, stream) -> mx.array:
+    """``mx.fast`` attention, except that rows whose mask array hides every
+    key (and no sink) get zeros, as mlxq's kernels give them."""
     out = mx.fast.scaled_dot_product_attention(
-        q, k, v, scale=scale, mask=mask, sinks=sinks, stream=stream
+        q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
     )
     if isinstance(mask, mx.array) and sinks is None:
         visible = mask if mask.dtype == mx.bool_ else mask > -mx.inf

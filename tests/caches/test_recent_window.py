@@ -224,7 +224,7 @@ def test_one_pass_prefill_attends_the_dequantized_rows_then_the_window(
 @pytest.mark.parametrize("ring", [False, True])
 def test_a_joined_pass_attends_the_dequantized_rows_then_the_window(rng, mask, rotate, ring):
     """On a GPU, a prefill step the op does not route (no fused MLX kernel:
-    256-dim heads on CUDA) whose scores fit DENSE_SCORE_BYTES runs as MLX's
+    256-dim heads on CUDA) whose scores fit JOINED_SCORE_BYTES runs as MLX's
     attention over [dequantized rows, window rows]; a row whose mask hides
     every key gets zeros, as mlxq's kernels give it. Checked here through
     the same function on this device's mx.fast."""
@@ -309,8 +309,9 @@ def test_a_windowed_prefill_step_is_routed_by_the_op(rng, mask, ring):
 @pytest.mark.parametrize("sinks_dtype", [None, mx.float32, mx.bfloat16])
 def test_a_first_chunk_attends_its_exact_rows_alone(rng, mask, sinks_dtype):
     """A window cache's first prefill chunk has no quantized row: on a GPU
-    it attends its exact rows through mx.fast where that agrees with mlxq
-    (else float32 MLX ops). Checked here through the same function."""
+    it attends its exact rows through mx.fast where that takes the mask and
+    sinks (else float32 MLX ops), with mlxq's zeros for a row that sees no
+    key. Checked here through the same function."""
     from mlxq.attention import _exact_only
 
     L = T = 24
@@ -323,6 +324,7 @@ def test_a_first_chunk_attends_its_exact_rows_alone(rng, mask, sinks_dtype):
     vis = np.tril(np.ones((L, T), bool)) if mask != "array" else rng.random((L, T)) < 0.6
     if mask == "array":
         vis[:, 0] = True
+        vis[5] = False  # a row that sees no key: zeros (the sink's value with sinks)
     m = mx.array(vis) if mask == "array" else mask
     out = _exact_only(q, k, v, 0.125, m, sinks, None)
     K, V = np.repeat(to_f64(k), 2, axis=1), np.repeat(to_f64(v), 2, axis=1)
@@ -333,8 +335,10 @@ def test_a_first_chunk_attends_its_exact_rows_alone(rng, mask, sinks_dtype):
         sink = np.broadcast_to(to_f64(sinks)[None, :, None, None], s.shape[:3] + (1,))
         s = np.concatenate([s, sink], axis=-1)
         V = np.concatenate([V, np.zeros_like(V[:, :, :1])], axis=2)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    ref = np.einsum("bhln,bhnd->bhld", p / p.sum(-1, keepdims=True), V)
+    top = s.max(-1, keepdims=True)
+    p = np.exp(s - np.where(np.isinf(top), 0.0, top))
+    total = p.sum(-1, keepdims=True)
+    ref = np.einsum("bhln,bhnd->bhld", p / np.where(total == 0, 1.0, total), V)
     assert np.max(np.abs(to_f64(out) - ref)) < 2e-2
 
 
