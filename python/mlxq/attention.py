@@ -191,15 +191,12 @@ def _fused(
     return (out, lse) if return_lse else out
 
 
-# Blocks of dense_attention_with_lse: its f32 scores are [B, H_q, rows, N],
-# and a block holds about four tensors of that size at once (the scores,
-# masked, shifted and exponentiated). A block takes as many query rows as
-# fit in DENSE_SCORE_BYTES, and at least DENSE_ROW_BLOCK (256 rows over 1k
-# keys and 32 heads fill it): a prefill chunk of 2048 rows over a window of
-# 128 tokens and 4 heads is three blocks, a few dozen MLX ops, not one per
-# 256 rows (on a GPU each op is host time), and about 0.1 GB at once
-# rather than the 0.3 GB one block would hold.
-DENSE_SCORE_BYTES = 32 << 20
+# Blocks of dense_attention_with_lse: its f32 scores are [B, H_q, rows, N].
+# A block takes as many query rows as fit in DENSE_SCORE_BYTES, and at least
+# DENSE_ROW_BLOCK (256 rows over 4k keys and 32 heads fill it): a prefill
+# chunk over a short window is one block, a dozen MLX ops, not one per 256
+# rows (on a GPU each op is host time).
+DENSE_SCORE_BYTES = 128 << 20
 DENSE_ROW_BLOCK = 256
 # A joined pass (_joined_attention) is MLX's attention over every row, whose
 # unfused path holds the step's [B, H_q, L, N] scores in the queries' dtype.
@@ -209,6 +206,19 @@ JOINED_SCORE_BYTES = 128 << 20
 def _dense_rows(B: int, Hq: int, N: int) -> int:
     """Query rows per block of :func:`dense_attention_with_lse`."""
     return max(DENSE_ROW_BLOCK, DENSE_SCORE_BYTES // max(1, 4 * B * Hq * N))
+
+
+def _weights(s: mx.array, lse: mx.array) -> mx.array:
+    """Each row's ``exp(s - lse)``; a row that saw no key (``lse = -inf``)
+    gets zeros."""
+    safe = mx.where(mx.isinf(lse), 0.0, lse)[..., None]
+    return mx.exp(s - safe)
+
+
+# One kernel on a GPU: there every elementwise op's result stays allocated
+# until the stream has run past it, so each unfused op of a block would hold
+# another tensor of its scores' size at once.
+_fused_weights = mx.compile(_weights)
 
 
 def dense_attention_with_lse(
@@ -238,6 +248,7 @@ def dense_attention_with_lse(
     v = values.astype(mx.float32, stream=stream)[:, :, None]
     outs, lses = [], []
     block = _dense_rows(B, Hq, N)
+    weights = _fused_weights if _device_of(stream).type == mx.gpu else _weights
     for r0 in range(0, L, block):
         r1 = min(L, r0 + block)
         qb = q[:, :, r0:r1].astype(mx.float32, stream=stream).reshape(B, Hkv, rep, r1 - r0, D)
@@ -256,8 +267,7 @@ def dense_attention_with_lse(
             lse = mx.logsumexp(mx.concatenate([s, sk], axis=-1), axis=-1)
         else:
             lse = mx.logsumexp(s, axis=-1)
-        safe = mx.where(mx.isinf(lse), 0.0, lse)[..., None]
-        p = mx.exp(s - safe).reshape(B, Hkv, rep, r1 - r0, N)
+        p = weights(s, lse).reshape(B, Hkv, rep, r1 - r0, N)
         outs.append((p @ v).reshape(B, Hq, r1 - r0, -1))
         lses.append(lse)
     out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
