@@ -101,3 +101,24 @@ def test_a_batch_generator_keeps_the_settings_it_was_built_with():
         gen = lm_generate.BatchGenerator(model, kv_bits=4)
         mlxq_lm.enable(kv_hadamard=False)
         assert gen.settings.kv_hadamard and not mlxq_lm.settings().kv_hadamard
+
+
+def test_mlxqs_functions_serve_calls_before_any_enable():
+    """mlxq.mlx_lm's own make_prompt_cache and generate_step call mlx-lm's
+    functions under them; in a process that never enabled mlxq they are
+    mlx-lm's module attributes (a fresh interpreter: this one has enabled).
+    The model's attention is mlx-lm's there, so the step runs on its caches."""
+    import subprocess
+
+    script = (
+        "import mlx.core as mx, mlxq.mlx_lm as m\n"
+        "from mlxq.random_models import random_model\n"
+        "model, _ = random_model('llama', seed=1)\n"
+        "c = m.make_prompt_cache(model, kv_bits=4)\n"
+        "assert type(c[0]).__name__ == 'QuantizedKVCache', type(c[0])\n"
+        "steps = m.generate_step(mx.array([1, 2, 3]), model, max_tokens=2)\n"
+        "assert len([t for t, _ in steps]) == 2\n"
+        "assert not m.is_enabled()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
