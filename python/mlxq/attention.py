@@ -215,9 +215,8 @@ def _weights(s: mx.array, lse: mx.array) -> mx.array:
     return mx.exp(s - safe)
 
 
-# One kernel on a GPU: there every elementwise op's result stays allocated
-# until the stream has run past it, so each unfused op of a block would hold
-# another tensor of its scores' size at once.
+# One kernel on a GPU rather than three launches, each writing a tensor of
+# the block's scores' size.
 _fused_weights = mx.compile(_weights)
 
 
