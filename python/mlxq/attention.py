@@ -215,8 +215,8 @@ def _weights(s: mx.array, lse: mx.array) -> mx.array:
     return mx.exp(s - safe)
 
 
-# One kernel on a GPU rather than three launches, each writing a tensor of
-# the block's scores' size.
+# One kernel on a GPU rather than a subtraction and an exponential, each a
+# launch writing a tensor of the block's scores' size.
 _fused_weights = mx.compile(_weights)
 
 
@@ -374,8 +374,10 @@ def _exact_only(q, keys, values, scale: float, mask, sinks, stream) -> mx.array:
     blocks hold several tensors of its scores' size at once where
     ``mx.fast`` holds at most one in the queries' dtype."""
     L, T = q.shape[2], keys.shape[2]
-    every_row_sees = not isinstance(mask, str) or L <= T
-    if every_row_sees and (sinks is None or sinks.dtype == q.dtype):
+    # (a causal mask with more queries than keys leaves rows seeing none,
+    # which mx.fast does not zero)
+    fast_takes_mask = not isinstance(mask, str) or L <= T
+    if fast_takes_mask and (sinks is None or sinks.dtype == q.dtype):
         return _fast_attention(q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream)
     out, _ = dense_attention_with_lse(
         q, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream
@@ -561,9 +563,9 @@ def _recent_decode(
         # Values quantized apart from the keys (the Hadamard basis is ruled
         # out above): the triples carry their widths. Read here rather than
         # through _fused, whose general checks cost host time on every step.
-        f = formats = dict(formats)
-        widths = (f["group_size"], f["bits"], f["v_group_size"], f["v_bits"])
-        f["group_size"], f["bits"], f["v_group_size"], f["v_bits"] = _carried_widths(kq, vq, widths)
+        names = ("group_size", "bits", "v_group_size", "v_bits")
+        widths = _carried_widths(kq, vq, tuple(formats[n] for n in names))
+        formats = dict(formats, **dict(zip(names, widths)))
         kq, vq = entries(kq), entries(vq)
     return _ext.quantized_sdpa(
         q,

@@ -68,4 +68,4 @@ class MlxqOnly:
         return tuple.__getitem__(self, index)
 
 
-__all__ = ["MlxqOnly", "first", "parts"]
+__all__ = ["MlxqOnly", "entries", "first", "parts"]
